@@ -1,0 +1,59 @@
+"""The ``indexer_topk`` op: its contract, workload and hook registration.
+
+``dispatch("indexer_topk", scores, lengths, k=2048)``: scores ``[rows, max_keys]`` float32,
+bfloat16 or float16, lengths ``[rows]`` int32. Returns int32 ``[rows, k]``: for each row the exact
+top-k of its first ``lengths[r]`` scores by (score descending, position ascending), emitted in
+ascending position order, padded with -1 when a row has fewer than k valid keys. NaN ranks below
+-inf; +inf and -inf are ordinary values. No approximation, no dropped candidates on ties.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from registry import OpSpec, Workload, hookimpl
+from registry.errors import WorkloadError
+
+OP = "indexer_topk"
+
+__all__ = ["OP", "IndexerTopkWorkload", "call_key"]
+
+
+class IndexerTopkWorkload(Workload):
+    op = OP
+
+    k: int = Field(ge=1, description="keys selected per row")
+    num_rows: int = Field(ge=0, description="scores.shape[0]")
+    max_keys: int = Field(ge=0, description="scores.shape[1]")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(description="scores.dtype")
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def call_key(scores: Any, lengths: Any, k: int = 2048, **unknown: Any) -> tuple[Any, ...]:
+    """``(op, device index, k, num_rows, max_keys, dtype)``; never reads device memory."""
+    if unknown:
+        raise WorkloadError(f"indexer_topk got unknown keyword(s) {sorted(unknown)}; accepted: k")
+    try:
+        rows, keys = scores.shape
+    except (AttributeError, ValueError):
+        raise WorkloadError(f"indexer_topk expects scores [rows, max_keys]; got "
+                            f"{getattr(scores, 'shape', type(scores).__name__)}") from None
+    dt = scores.dtype
+    name = _DTYPES.get(dt)
+    if name is None:
+        name = _DTYPES[dt] = str(dt).removeprefix("torch.")
+    return (OP, scores.get_device(), k, rows, keys, name)
+
+
+SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
+              reference="reference.indexer_topk", error_bound=lambda dtype: 0.0,
+              doc=(__doc__ or "").strip().splitlines()[0])
+
+
+@hookimpl
+def kreg_ops() -> list[OpSpec]:
+    return [SPEC]

@@ -1,0 +1,122 @@
+"""The ``sparse_prefill`` op: its contract, workload and hook registration.
+
+Query rows attend only to per-row selected KV slots (online softmax, GQA). Two kinds:
+
+* ``prefill`` — ``dispatch("sparse_prefill", q, k, v, indices, kind="prefill", lengths=None,
+  sm_scale=None)``; q ``[total_q, num_q_heads, head_dim]``, k/v ``[num_slots, num_kv_heads,
+  head_dim]``, indices ``[total_q, topk]`` int32 slot ids shared by all KV heads (query head j reads
+  KV head ``j // group_size``), lengths ``[total_q]`` int32 valid leading entries.
+* ``chunk`` — rows continue a cached prefix: the same plus ``cu_seqlens_q`` ``[num_requests + 1]``
+  int32, ``prefix_lens`` ``[num_requests]`` int32, ``page_table`` ``[num_requests, max_pages]``
+  int32, ``page_size`` (host int, default 1) and ``max_q`` (host int: the longest request's row
+  count; required, because kreg never reads ``cu_seqlens_q`` from the device). Row r of request
+  b sits at position ``prefix_lens[b] + r - cu_seqlens_q[b]``; its indices are token positions of
+  request b, valid when ``0 <= t <= position``, translated to slot
+  ``page_table[b, t // page_size] * page_size + t % page_size``.
+
+Negative or out-of-range indices and entries past ``lengths`` are skipped; a row with nothing
+valid yields zeros. The output has q's shape and dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from registry import OpSpec, Workload, hookimpl
+from registry.errors import WorkloadError
+
+OP = "sparse_prefill"
+
+__all__ = ["OP", "SparsePrefillWorkload", "call_key", "error_bound"]
+
+
+class SparsePrefillWorkload(Workload):
+    op = OP
+
+    kind: Literal["prefill", "chunk"] = Field(description="prefill (prefix-free) or chunk")
+    topk: int = Field(ge=1, description="selected KV slots per query row (indices.shape[1])")
+    head_dim: int = Field(ge=1, le=1024, description="q.shape[2]")
+    group_size: int = Field(ge=1, description="query heads per KV head")
+    num_kv_heads: int = Field(ge=1, description="k.shape[1]")
+    total_q: int = Field(ge=0, description="query rows in the batch (q.shape[0])")
+    num_requests: int = Field(ge=1, description="requests in the batch")
+    max_q: int = Field(ge=0, description="the longest request's query rows")
+    dtype: Literal["float16", "bfloat16", "float32", "float64"] = Field(description="q.dtype")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SparsePrefillWorkload:
+        if self.max_q > self.total_q:
+            raise ValueError(f"max_q={self.max_q} exceeds total_q={self.total_q}: the longest "
+                             f"request cannot have more rows than the batch")
+        if self.max_q * self.num_requests < self.total_q:
+            raise ValueError(f"max_q={self.max_q} * num_requests={self.num_requests} < "
+                             f"total_q={self.total_q}: max_q must be the longest request's rows")
+        return self
+
+
+def error_bound(dtype: str) -> float:
+    """Max-abs error bound against the fp32 reference (the seed's 2e-2 for bf16)."""
+    return {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-3, "float64": 1e-6}[dtype]
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = str(dtype).removeprefix("torch.")
+        _DTYPES[dtype] = name
+    return name
+
+
+def call_key(q: Any, k: Any, v: Any, indices: Any, *, kind: str = "prefill", lengths: Any = None,
+             sm_scale: float | None = None, cu_seqlens_q: Any = None, prefix_lens: Any = None,
+             page_table: Any = None, page_size: int = 1, max_q: int | None = None,
+             **unknown: Any) -> tuple[Any, ...]:
+    """``(op, device index, kind, topk, head_dim, group_size, num_kv_heads, total_q,
+    num_requests, max_q, dtype)`` from shapes and host arguments; never reads device memory."""
+    if unknown:
+        raise WorkloadError(f"sparse_prefill got unknown keyword(s) {sorted(unknown)}; accepted: "
+                            "kind, lengths, sm_scale, cu_seqlens_q, prefix_lens, page_table, "
+                            "page_size, max_q")
+    try:
+        total_q, hq, d = q.shape
+        hk = k.shape[1]
+        topk = indices.shape[1]
+    except (AttributeError, ValueError, IndexError):
+        raise WorkloadError(
+            "sparse_prefill expects q [total_q, num_q_heads, head_dim], k/v [num_slots, "
+            f"num_kv_heads, head_dim] and indices [total_q, topk]; got q {_shape(q)}, "
+            f"k {_shape(k)}, indices {_shape(indices)}") from None
+    if hk < 1 or hq % hk:
+        raise WorkloadError(f"group_size: num_q_heads={hq} is not a multiple of num_kv_heads={hk}; "
+                            "every KV head must serve the same number of query heads")
+    if kind == "prefill":
+        return (OP, q.get_device(), kind, topk, d, hq // hk, hk, total_q, 1, total_q,
+                _dtype_name(q.dtype))
+    if kind == "chunk":
+        if cu_seqlens_q is None or max_q is None:
+            raise WorkloadError("sparse_prefill kind='chunk' needs cu_seqlens_q=[num_requests+1] "
+                                "int32 and max_q=<longest request's rows> (a host int: kreg never "
+                                "reads cu_seqlens_q from the device)")
+        return (OP, q.get_device(), kind, topk, d, hq // hk, hk, total_q,
+                cu_seqlens_q.shape[0] - 1, max_q, _dtype_name(q.dtype))
+    raise WorkloadError(f"sparse_prefill kind={kind!r} is not one of 'prefill', 'chunk'")
+
+
+def _shape(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    return str(list(shape)) if shape is not None else type(x).__name__
+
+
+SPEC = OpSpec(name=OP, workload_model=SparsePrefillWorkload, call_key=call_key,
+              reference="reference.sparse_prefill", error_bound=error_bound,
+              doc=(__doc__ or "").strip().splitlines()[0])
+
+
+@hookimpl
+def kreg_ops() -> list[OpSpec]:
+    return [SPEC]

@@ -1,0 +1,59 @@
+"""Portable Triton kernels with table geometry; priority 10.
+
+``sparse_prefill_table`` is the H20/L20-style table of the sm120 seed: the head tile is
+``max(16, next_power_of_2(group_size))`` and the rest depends on total_q only.
+"""
+
+from __future__ import annotations
+
+from registry import DeviceFacts, Implementation, Workload, hookimpl
+from registry.requirements import field_at_most, triton_runtime
+
+PRIORITY = 10
+
+# (total_q upper bound, BLOCK_N, num_warps, num_stages); the last row covers everything above.
+SPARSE_PREFILL_TABLE: tuple[tuple[int | None, int, int, int], ...] = (
+    (32, 32, 8, 2),
+    (64, 64, 8, 2),
+    (128, 64, 4, 2),
+    (512, 32, 4, 2),
+    (None, 16, 1, 2),
+)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def sparse_prefill_table_config(group_size: int, total_q: int) -> dict[str, int]:
+    """The table geometry for a workload: what every device gets without a tuned family."""
+    block_m = max(16, next_power_of_2(group_size))
+    for bound, block_n, warps, stages in SPARSE_PREFILL_TABLE:
+        if bound is None or total_q <= bound:
+            return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps,
+                    "num_stages": stages}
+    raise AssertionError("unreachable: the table's last row has no bound")
+
+
+def _table(f: DeviceFacts, w: Workload) -> dict[str, int]:
+    return sparse_prefill_table_config(w.group_size, w.total_q)  # type: ignore[attr-defined]
+
+
+# The portable radix geometry: a slice per 4,096 keys keeps long rows parallel without
+# flooding short ones; see backends/indexer_topk for the keys.
+INDEXER_TOPK_RADIX_CONFIG: dict[str, int] = {"SLICE_KEYS": 4096, "MAX_SLICES": 64, "num_warps": 4}
+
+
+@hookimpl
+def kreg_implementations() -> list[Implementation]:
+    return [
+        Implementation(op="sparse_prefill", name="generic.sparse_prefill_table", priority=PRIORITY,
+                       requirements=(triton_runtime(), field_at_most("head_dim", 256)),
+                       config=_table,
+                       kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
+                       description="portable Triton kernel, geometry from the total_q table"),
+        Implementation(op="indexer_topk", name="generic.indexer_topk_radix", priority=PRIORITY,
+                       requirements=(triton_runtime(),), config=INDEXER_TOPK_RADIX_CONFIG,
+                       kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
+                       description="portable sliced radix select, exact"),
+    ]

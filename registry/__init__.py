@@ -1,0 +1,122 @@
+"""kreg: a kernel backend registry for LLM inference frameworks.
+
+``registry.dispatch(op, ...)`` picks an implementation for this device and workload, caches the
+choice, records why, and runs it; ``registry.select`` returns the decision without running
+anything, also for device profiles you do not have. See DESIGN.md for the contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from registry import errors
+from registry._decision import Candidate, Decision, OverrideInfo
+from registry._facts import DeviceFacts
+from registry._facts import profiles as profiles
+from registry._registry import PluginRecord, Registry, get_registry, reset_registry
+from registry._requirements import Check, Requirement
+from registry._spec import Implementation, OpSpec
+from registry._workload import Workload
+from registry.hookspecs import hookimpl, hookspec
+
+from registry import _registry as _r  # isort: skip
+
+__all__ = [
+    "Candidate",
+    "Check",
+    "Decision",
+    "DeviceFacts",
+    "Implementation",
+    "OpSpec",
+    "OverrideInfo",
+    "PluginRecord",
+    "Registry",
+    "Requirement",
+    "Workload",
+    "dispatch",
+    "errors",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "implementations",
+    "invalidate",
+    "ops",
+    "override",
+    "plugins",
+    "probe",
+    "profiles",
+    "register_plugin",
+    "reset_registry",
+    "select",
+    "unregister_plugin",
+]
+
+
+def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
+    """Run ``op`` on the implementation selected for this call's device and workload.
+
+    The hit path: one key from shapes and host arguments, one dict lookup, the call. No pydantic
+    model, no device read, no lock (safe during CUDA graph capture).
+    """
+    reg = _r._default
+    if reg is None:
+        reg = get_registry()
+    spec = reg.ops.get(op)
+    if spec is None:
+        reg.spec(op)  # raises UnknownOpError listing the known ops
+    key = spec.call_key(*args, **kwargs)  # type: ignore[union-attr]
+    fn = reg.dispatch_map.get(key)
+    if fn is None:
+        fn = reg.dispatch_miss(op, key)
+    if reg.observers:
+        return reg.observe(key, fn, args, kwargs)
+    return fn(*args, **kwargs)
+
+
+def select(op: str, workload: Mapping[str, Any] | Workload,
+           device: DeviceFacts | str | None = None) -> Decision:
+    """The decision for ``workload`` on ``device`` (DeviceFacts, a profile name, or None for this
+    machine's current device), with every candidate's verdicts. Raises a ``KregError`` subclass
+    for an unknown op, an invalid workload, or when nothing can run it."""
+    return get_registry().select(op, workload, device)
+
+
+def probe() -> DeviceFacts:
+    """DeviceFacts of this machine's current device (read once per device index)."""
+    return get_registry().resolve_device(None)
+
+
+@contextmanager
+def override(op: str, implementation: str) -> Iterator[None]:
+    """Prefer ``implementation`` (``auto``, a name, or ``name:measure``) for ``op`` in the block."""
+    with get_registry().override(op, implementation):
+        yield
+
+
+def invalidate() -> None:
+    """Forget every cached decision (e.g. after changing ``KREG_SELECT_<OP>`` in-process)."""
+    get_registry().invalidate()
+
+
+def register_plugin(plugin: object, name: str) -> None:
+    """Register a plugin object at run time (the cache is invalidated)."""
+    get_registry().register_plugin(plugin, name)
+
+
+def unregister_plugin(name: str) -> None:
+    get_registry().unregister_plugin(name)
+
+
+def plugins() -> list[PluginRecord]:
+    """Every plugin seen: loaded ones with their ops and implementations, and failures."""
+    return sorted(get_registry().plugins.values(), key=lambda p: p.name)
+
+
+def ops() -> list[str]:
+    return sorted(get_registry().ops)
+
+
+def implementations(op: str) -> list[Implementation]:
+    return sorted(get_registry().implementations(op), key=lambda i: (-i.priority, i.name))

@@ -1,0 +1,119 @@
+"""Every environment setting kreg reads, declared once and typed.
+
+Read a knob through ``knobs.<name>``; each read consults the environment, so tests can use
+``monkeypatch.setenv``. A bad value fails with ``Unable to use KREG_X='val': expected ...``.
+The per-op override variable ``KREG_SELECT_<OP>`` is read through :func:`select_override`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from registry.errors import ConfigError
+
+T = TypeVar("T")
+
+__all__ = ["knobs", "select_override_var"]
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"Unable to use {name}={raw!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def _parse_fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"Unable to use {name}={raw!r}: expected a number in [0, 1]") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"Unable to use {name}={raw!r}: expected a number in [0, 1]")
+    return value
+
+
+def _parse_list(name: str, raw: str) -> frozenset[str] | None:
+    items = frozenset(p.strip() for p in raw.split(",") if p.strip())
+    return items or None
+
+
+def _parse_path(name: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    name: str
+    default: Callable[[], T]
+    parse: Callable[[str, str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default()
+        return self.parse(self.name, raw)
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "kreg"
+
+
+class _Knobs:
+    """Typed access to kreg's environment settings (one read per access)."""
+
+    home_knob = Knob("KREG_HOME", _default_home, _parse_path,
+                     "Directory of the tuning store and the decision journal.")
+    strict_knob = Knob("KREG_STRICT", lambda: False, _parse_bool,
+                       "Make override fallbacks and fallbacks to the torch reference errors.")
+    plugins_knob = Knob("KREG_PLUGINS", lambda: None, _parse_list,
+                        "Allow-list of plugin names (comma separated); unset loads all.")
+    disable_knob = Knob("KREG_DISABLE_PLUGINS", lambda: None, _parse_list,
+                        "Deny-list of plugin names (comma separated).")
+    daemon_knob = Knob("KREG_DAEMON", lambda: None, lambda n, r: r.strip() or None,
+                       "Socket path of the dispatch daemon, or 1 for the default path.")
+    check_knob = Knob("KREG_CHECK", lambda: 0.0, _parse_fraction,
+                      "Fraction of dispatches re-run through the reference and compared.")
+
+    @property
+    def home(self) -> Path:
+        return self.home_knob.get()
+
+    @property
+    def strict(self) -> bool:
+        return self.strict_knob.get()
+
+    @property
+    def plugins(self) -> frozenset[str] | None:
+        return self.plugins_knob.get()
+
+    @property
+    def disable_plugins(self) -> frozenset[str] | None:
+        return self.disable_knob.get()
+
+    @property
+    def daemon(self) -> str | None:
+        return self.daemon_knob.get()
+
+    @property
+    def check(self) -> float:
+        return self.check_knob.get()
+
+    def all(self) -> list[Knob[object]]:
+        return [self.home_knob, self.strict_knob, self.plugins_knob, self.disable_knob,
+                self.daemon_knob, self.check_knob]  # type: ignore[list-item]
+
+
+knobs = _Knobs()
+
+
+def select_override_var(op: str) -> str:
+    """The name of the per-op override variable: ``KREG_SELECT_SPARSE_PREFILL``."""
+    return "KREG_SELECT_" + op.upper()

@@ -1,0 +1,423 @@
+"""The registry's state: loaded plugins, ops, implementations, overrides and caches.
+
+Two caches, both cleared whenever the answer could change (a plugin registered, an override
+entered or left, ``invalidate()``):
+
+* the decision cache (bounded LRU) maps ``(op, facts fingerprint, workload key, override)`` to
+  the Decision, for ``select``;
+* the dispatch map maps ``(op, device index, workload key)`` to the bound kernel, for
+  ``dispatch``. Its hit path is one dict lookup: no pydantic model, no device read, no
+  environment read, no lock; safe during CUDA graph capture.
+
+The plugin set and override state are not spelled out in the keys: a change to either clears
+both caches and bumps ``generation``, which is equivalent and keeps the hit path short.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from registry import hookspecs
+from registry._decision import Decision
+from registry._facts import DeviceFacts, probe_index, profiles
+from registry._knobs import knobs, select_override_var
+from registry._select import OverrideRequest, parse_override, select_pure
+from registry._spec import Implementation, OpSpec
+from registry._workload import Workload, make_workload
+from registry.errors import (
+    ConfigError,
+    KregError,
+    PluginError,
+    UnknownDeviceError,
+    UnknownImplementationError,
+    UnknownOpError,
+)
+
+logger = logging.getLogger("registry")
+
+__all__ = ["PluginRecord", "Registry", "get_registry"]
+
+ENTRY_POINT_GROUP = "kreg"
+DECISION_CACHE_SIZE = 4096
+DISPATCH_MAP_SIZE = 4096
+
+
+@dataclass
+class PluginRecord:
+    """What ``kreg plugins`` shows for one plugin."""
+
+    name: str
+    source: str  # "entry point backends.sparse_prefill" / "registered"
+    loaded: bool
+    error: str | None = None
+    ops: list[str] = field(default_factory=list)
+    implementations: list[str] = field(default_factory=list)
+    skipped_reason: str | None = None
+
+
+class Registry:
+    """One registry of ops and implementations. ``registry.*`` functions use a process default."""
+
+    def __init__(self, *, load_entry_points: bool = True) -> None:
+        self._lock = threading.RLock()
+        self.pm = pluggy.PluginManager("kreg")
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginRecord] = {}
+        self.ops: dict[str, OpSpec] = {}
+        self.impls: dict[str, dict[str, Implementation]] = {}
+        self.generation = 0
+        self._context_overrides: dict[str, list[str]] = {}
+        self._env_seen: dict[str, str | None] = {}
+        self._decisions: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
+        self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.last_decisions: dict[tuple[Any, ...], Decision] = {}
+        # Called with (decision, args, kwargs, run) around each dispatch when non-empty: the
+        # launch recorder and check mode. Empty in production: the hit path tests it once.
+        self.observers: list[Callable[..., Any]] = []
+        self._facts: dict[int, DeviceFacts] = {}
+        self._warned: set[tuple[Any, ...]] = set()
+        self.listeners: list[Callable[[Decision], None]] = []
+        if load_entry_points:
+            self._load_entry_points()
+        self._rebuild()
+
+    # -----------------------------------------------------------------------------------------
+    # plugins
+
+    def _load_entry_points(self) -> None:
+        allow, deny = knobs.plugins, knobs.disable_plugins or frozenset()
+        eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        seen: set[str] = set()
+        for ep in eps:
+            if ep.name in seen:
+                continue  # the same distribution seen twice on sys.path
+            seen.add(ep.name)
+            rec = PluginRecord(name=ep.name, source=f"entry point {ep.value}", loaded=False)
+            self.plugins[ep.name] = rec
+            if allow is not None and ep.name not in allow:
+                rec.skipped_reason = "not in KREG_PLUGINS"
+                continue
+            if ep.name in deny:
+                rec.skipped_reason = "in KREG_DISABLE_PLUGINS"
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:  # any import failure is isolated and named
+                rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+                logger.warning("%s", rec.error)
+                continue
+            try:
+                self.pm.register(obj, name=ep.name)
+            except Exception as exc:
+                rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+                logger.warning("%s", rec.error)
+                continue
+            rec.loaded = True
+
+    def register_plugin(self, plugin: object, name: str) -> None:
+        """Register a plugin object (a module or any object with hookimpls) at run time."""
+        with self._lock:
+            if name in self.plugins and self.plugins[name].loaded:
+                raise PluginError(f"a plugin named {name!r} is already registered "
+                                  f"({self.plugins[name].source}); choose another name")
+            self.pm.register(plugin, name=name)
+            self.plugins[name] = PluginRecord(name=name, source="registered", loaded=True)
+            self._rebuild()
+
+    def unregister_plugin(self, name: str) -> None:
+        with self._lock:
+            if self.pm.get_plugin(name) is None:
+                raise PluginError(f"no plugin named {name!r} is registered; registered: "
+                                  f"{', '.join(sorted(self.plugins))}")
+            self.pm.unregister(name=name)
+            self.plugins.pop(name, None)
+            self._rebuild()
+
+    def _call_each(self, hook: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Call one hook on every plugin separately, so a raising plugin is isolated."""
+        caller = getattr(self.pm.hook, hook)
+        for impl in reversed(caller.get_hookimpls()):  # registration order
+            name = impl.plugin_name
+            try:
+                result = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+            except Exception as exc:
+                rec = self.plugins.setdefault(name, PluginRecord(name, "registered", True))
+                rec.error = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
+                rec.loaded = False
+                logger.warning("%s", rec.error)
+                continue
+            if result is not None:
+                yield name, result
+
+    def _rebuild(self) -> None:
+        ops: dict[str, OpSpec] = {}
+        op_owner: dict[str, str] = {}
+        for rec in self.plugins.values():
+            rec.ops, rec.implementations = [], []
+        for name, specs in self._call_each("kreg_ops"):
+            for spec in specs:
+                if spec.name in ops:
+                    self._fail(name, f"op {spec.name!r} is already defined by plugin "
+                                     f"{op_owner[spec.name]!r}; rename one of them")
+                    continue
+                ops[spec.name] = spec
+                op_owner[spec.name] = name
+                self.plugins[name].ops.append(spec.name)
+        impls: dict[str, dict[str, Implementation]] = {op: {} for op in ops}
+        owner: dict[str, str] = {}
+        for name, found in self._call_each("kreg_implementations"):
+            for impl in found:
+                if impl.op not in ops:
+                    self._fail(name, f"implementation {impl.name!r} is for op {impl.op!r}, which "
+                                     f"no loaded plugin defines (loaded ops: {', '.join(ops)})")
+                    continue
+                if impl.name in owner:
+                    self._fail(name, f"implementation {impl.name!r} is already registered by "
+                                     f"plugin {owner[impl.name]!r}")
+                    continue
+                if impl.plugin != name:
+                    logger.debug("implementation %s registered by plugin %s", impl.name, name)
+                impls[impl.op][impl.name] = impl
+                owner[impl.name] = name
+                self.plugins[name].implementations.append(impl.name)
+        self.ops, self.impls = ops, impls
+        self._facts.clear()
+        self.invalidate()
+
+    def _fail(self, plugin: str, message: str) -> None:
+        rec = self.plugins.setdefault(plugin, PluginRecord(plugin, "registered", True))
+        rec.error = message if rec.error is None else rec.error + "; " + message
+        logger.warning("plugin %r: %s", plugin, message)
+
+    def plugin_fingerprint(self) -> str:
+        import hashlib
+
+        parts = sorted(f"{op}:{n}:{i.priority}" for op, d in self.impls.items() for n, i in d.items())
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    # -----------------------------------------------------------------------------------------
+    # caches and overrides
+
+    def invalidate(self) -> None:
+        """Forget every cached decision (plugins, overrides or environment changed)."""
+        with self._lock:
+            self._decisions.clear()
+            self.dispatch_map.clear()
+            self.last_decisions.clear()
+            self.generation += 1
+
+    def spec(self, op: str) -> OpSpec:
+        spec = self.ops.get(op)
+        if spec is None:
+            raise UnknownOpError(f"unknown op {op!r}; known ops: "
+                                 f"{', '.join(sorted(self.ops)) or '(none loaded: see kreg plugins)'}")
+        return spec
+
+    def implementations(self, op: str) -> list[Implementation]:
+        self.spec(op)
+        return list(self.impls.get(op, {}).values())
+
+    def implementation(self, op: str, name: str) -> Implementation:
+        impl = self.impls.get(self.spec(op).name, {}).get(name)
+        if impl is None:
+            raise UnknownImplementationError(
+                f"no implementation {name!r} for op {op!r}; known: "
+                f"{', '.join(sorted(self.impls.get(op, {}))) or '(none)'}")
+        return impl
+
+    def _override_raw(self, op: str) -> tuple[str, str] | None:
+        stack = self._context_overrides.get(op)
+        if stack:
+            return stack[-1], "registry.override()"
+        var = select_override_var(op)
+        raw = os.environ.get(var)
+        if self._env_seen.get(op, None) != raw:
+            # An environment change after a decision was cached: drop the stale answers.
+            if op in self._env_seen:
+                self.invalidate()
+            self._env_seen[op] = raw
+        if raw is None or raw.strip() in ("", "auto"):
+            return None
+        return raw, var
+
+    def override_request(self, op: str) -> OverrideRequest | None:
+        raw = self._override_raw(op)
+        if raw is None:
+            return None
+        return parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
+
+    @contextmanager
+    def override(self, op: str, value: str) -> Iterator[None]:
+        """Prefer ``value`` (``auto``, an implementation, or ``impl:measure``) inside the block."""
+        self.spec(op)
+        parse_override(op, value, "registry.override()", self.impls.get(op, {}))  # fail now
+        with self._lock:
+            self._context_overrides.setdefault(op, []).append(value)
+            self.invalidate()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._context_overrides[op].pop()
+                self.invalidate()
+
+    # -----------------------------------------------------------------------------------------
+    # facts
+
+    def facts_for_index(self, index: int) -> DeviceFacts:
+        facts = self._facts.get(index)
+        if facts is None:
+            facts = probe_index(index)
+            extra: dict[str, str] = {}
+            for _, more in self._call_each("kreg_enrich_facts", facts=facts):
+                extra.update({str(k): str(v) for k, v in dict(more).items()})
+            if extra:
+                facts = facts.what_if(extra={**facts.extra, **extra})
+            self._facts[index] = facts
+        return facts
+
+    def resolve_device(self, device: DeviceFacts | str | None) -> DeviceFacts:
+        if isinstance(device, DeviceFacts):
+            return device
+        if device is None:
+            import torch
+
+            index = torch.cuda.current_device() if torch.cuda.is_available() else -1
+            return self.facts_for_index(index)
+        if isinstance(device, str):
+            prof = profiles()
+            if device in prof:
+                return prof[device]
+            raise UnknownDeviceError(f"unknown device profile {device!r}; known profiles: "
+                                     f"{', '.join(sorted(prof))} (or pass DeviceFacts, or None "
+                                     f"for this machine)")
+        raise ConfigError(f"device must be DeviceFacts, a profile name or None, not "
+                          f"{type(device).__name__}")
+
+    # -----------------------------------------------------------------------------------------
+    # selection
+
+    def workload(self, op: str, workload: Mapping[str, Any] | Workload) -> Workload:
+        return make_workload(self.spec(op).workload_model, workload)
+
+    def select(self, op: str, workload: Mapping[str, Any] | Workload,
+               device: DeviceFacts | str | None = None) -> Decision:
+        spec = self.spec(op)
+        facts = self.resolve_device(device)
+        raw = self._override_raw(op)
+        if isinstance(workload, Workload):
+            wkey: tuple[Any, ...] = (type(workload), workload.key())
+        else:
+            try:
+                wkey = tuple(workload.items())
+                hash(wkey)
+            except (AttributeError, TypeError):
+                wkey = ()
+        key = (op, facts.fingerprint, wkey, raw)
+        if wkey:
+            hit = self._decisions.get(key)
+            if hit is not None:
+                return hit
+        wl = make_workload(spec.workload_model, workload)
+        decision = self._decide(op, facts, wl, raw)
+        if wkey:
+            with self._lock:
+                self._decisions[key] = decision.model_copy(update={"cached": True})
+                if len(self._decisions) > DECISION_CACHE_SIZE:
+                    self._decisions.popitem(last=False)
+        return decision
+
+    def _decide(self, op: str, facts: DeviceFacts, wl: Workload,
+                raw: tuple[str, str] | None) -> Decision:
+        override = None
+        if raw is not None:
+            override = parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
+        decision = select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), override,
+                               strict=knobs.strict)
+        if decision.override is not None and not decision.override.honoured:
+            wkey = (op, facts.fingerprint, wl.key(), decision.override.value)
+            if wkey not in self._warned:
+                self._warned.add(wkey)
+                logger.warning("%s: override %s=%s not honoured for [%s]: %s", op,
+                               decision.override.source, decision.override.value, wl.short(),
+                               decision.override.reason)
+        logger.info("%s", decision.one_line())
+        for listener in list(self.listeners):
+            try:
+                listener(decision)
+            except Exception:  # a listener must never break selection
+                logger.exception("decision listener %r failed", listener)
+        return decision
+
+    # -----------------------------------------------------------------------------------------
+    # dispatch
+
+    def observe(self, key: tuple[Any, ...], fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        """The dispatch path while an observer (recorder, check mode) is installed."""
+        decision = self.last_decisions.get(key)
+        if decision is None:  # evicted between the lookup and here: decide again
+            fn = self.dispatch_miss(key[0], key)
+            decision = self.last_decisions[key]
+        result = fn(*args, **kwargs)
+        for obs in list(self.observers):
+            obs(decision, args, kwargs, result)
+        return result
+
+    def dispatch_miss(self, op: str, key: tuple[Any, ...]) -> Callable[..., Any]:
+        """Decide for a dispatch key ``(op, device index, *workload values)`` and bind the kernel."""
+        spec = self.spec(op)
+        if not (isinstance(key, tuple) and len(key) >= 2 and key[0] == op):
+            raise PluginError(f"op {op!r}: its call_key returned {key!r}; it must return "
+                              f"(op name, device index, *workload values)")
+        facts = self.facts_for_index(key[1])
+        wl = spec.workload_from_key(key[2:])
+        decision = self.select(op, wl, facts)
+        impl = self.impls[op][decision.implementation]
+        fn = impl.bind(decision.config)
+        with self._lock:
+            if len(self.dispatch_map) >= DISPATCH_MAP_SIZE:
+                # Bounded: drop the oldest insertion (dicts keep insertion order).
+                self.dispatch_map.pop(next(iter(self.dispatch_map)))
+            self.dispatch_map[key] = fn
+            if len(self.last_decisions) >= DISPATCH_MAP_SIZE:
+                self.last_decisions.pop(next(iter(self.last_decisions)))
+            self.last_decisions[key] = decision
+        return fn
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process's default registry, loading the entry-point plugins on first use."""
+    global _default
+    reg = _default
+    if reg is None:
+        with _default_lock:
+            if _default is None:
+                _default = Registry()
+            reg = _default
+    return reg
+
+
+def reset_registry(registry: Registry | None = None) -> Registry:
+    """Replace the default registry (tests; after installing or removing a plugin package)."""
+    global _default
+    with _default_lock:
+        _default = registry if registry is not None else Registry()
+        return _default
+
+
+__all__ += ["reset_registry", "KregError"]

@@ -1,0 +1,129 @@
+"""The two things plugins contribute: op specifications and implementations."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry._facts import DeviceFacts
+from registry._requirements import Requirement
+from registry._workload import Workload
+from registry.errors import KernelUnavailableError, WorkloadError
+
+__all__ = ["Implementation", "OpSpec", "load_object"]
+
+ConfigResolver = Callable[[DeviceFacts, Workload], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op's contract, contributed by its package in ``backends/``.
+
+    ``call_key(*args, **kwargs)`` returns ``(op name, device index, *workload field values)``
+    for one call (device index -1 for the CPU; field values in the model's field order), from
+    shapes, dtypes and host arguments only. It is the dispatch cache key and runs on the hot path:
+    it must be cheap and must never read device memory. ``workload_from_key`` builds the validated
+    model from the values.
+    """
+
+    name: str
+    workload_model: type[Workload]
+    call_key: Callable[..., tuple[Any, ...]]
+    reference: str = ""
+    error_bound: Callable[[str], float] | None = None
+    doc: str = ""
+
+    def workload_from_key(self, key: tuple[Any, ...]) -> Workload:
+        fields = list(self.workload_model.model_fields)
+        from registry._workload import make_workload
+
+        if len(key) != len(fields):
+            raise WorkloadError(f"{self.name}: workload key has {len(key)} values, "
+                                f"expected {len(fields)} ({', '.join(fields)})")
+        return make_workload(self.workload_model, dict(zip(fields, key, strict=True)))
+
+
+def load_object(path: str) -> Any:
+    """Import ``'package.module:attr'``."""
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split(".") if attr else []:
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One way to run an op: a kernel plus the conditions under which it may run.
+
+    ``name`` is ``plugin.impl``. ``kernel`` is ``'module:function'`` (imported at first dispatch,
+    so selection imports neither torch nor Triton) or a callable, or None while the kernel does not
+    exist yet (dispatch then raises :class:`KernelUnavailableError`). When ``configurable``, the
+    kernel is called as ``kernel(*args, config=config, **kwargs)``.
+    """
+
+    op: str
+    name: str
+    priority: int
+    requirements: tuple[Requirement, ...] = ()
+    config: ConfigResolver | Mapping[str, Any] | None = None
+    kernel: str | Callable[..., Any] | None = None
+    configurable: bool = True
+    fallback: bool = False
+    description: str = ""
+    _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if "." not in self.name:
+            raise ValueError(f"implementation name {self.name!r} must be 'plugin.impl'")
+        if any(r.kind not in ("capability", "envelope") for r in self.requirements):
+            raise ValueError(f"{self.name}: requirement kinds must be capability or envelope")
+
+    @property
+    def plugin(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    def resolve_config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:
+        cfg = self.config
+        if cfg is None:
+            return None
+        if callable(cfg):
+            out = cfg(facts, workload)
+            return None if out is None else dict(out)
+        return dict(cfg)
+
+    def load_kernel(self) -> Callable[..., Any]:
+        fn = self._loaded.get("fn")
+        if fn is not None:
+            return fn  # type: ignore[no-any-return]
+        if self.kernel is None:
+            raise KernelUnavailableError(
+                f"{self.name} has no kernel in this installation yet; select another "
+                f"implementation with KREG_SELECT_{self.op.upper()}=<name> or "
+                f"registry.override({self.op!r}, <name>)")
+        if callable(self.kernel):
+            fn = self.kernel
+        else:
+            try:
+                fn = load_object(self.kernel)
+            except (ImportError, AttributeError) as exc:
+                raise KernelUnavailableError(
+                    f"{self.name}: cannot load kernel {self.kernel!r}: {exc}; install the "
+                    f"package that provides it or select another implementation") from exc
+        self._loaded["fn"] = fn
+        return fn  # type: ignore[no-any-return]
+
+    def bind(self, config: Mapping[str, Any] | None) -> Callable[..., Any]:
+        """The ready-to-call kernel for one config (what the dispatch cache stores)."""
+        fn = self.load_kernel()
+        if not self.configurable:
+            return fn
+        frozen = dict(config or {})
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, config=frozen, **kwargs)
+
+        call.__name__ = f"{self.name}[{','.join(f'{k}={v}' for k, v in frozen.items())}]"
+        return call

@@ -1,0 +1,66 @@
+"""Interleaved device timing shared by ``kreg bench`` and ``kreg tune``.
+
+Timed providers alternate inside one window: sequential per-provider runs measure the first
+provider up to several percent high from clock state (the sm120 seed saw 6.8%), so ratios are
+only meaningful between providers timed together.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["interleaved_median_ms", "isolated_median_ms"]
+
+
+def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int = 10,
+                          iters: int = 100) -> dict[str, float]:
+    """Median milliseconds of each callable, timed round-robin with CUDA events in one window.
+
+    Each iteration runs every provider once, in a rotated order so no provider is always first.
+    Falls back to ``time.perf_counter`` around a synchronize when CUDA is absent (CPU runs).
+    """
+    import torch
+
+    names = list(fns)
+    if not names:
+        return {}
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                   for _ in names] for _ in range(iters)]
+        for it in range(iters):
+            shift = it % len(names)
+            for j in range(len(names)):
+                slot = (j + shift) % len(names)
+                start, end = events[it][slot]
+                start.record()
+                fns[names[slot]]()
+                end.record()
+        torch.cuda.synchronize()
+        for it in range(iters):
+            for slot, name in enumerate(names):
+                start, end = events[it][slot]
+                samples[name].append(start.elapsed_time(end))
+    else:
+        import time
+
+        for it in range(iters):
+            shift = it % len(names)
+            for j in range(len(names)):
+                name = names[(j + shift) % len(names)]
+                t0 = time.perf_counter()
+                fns[name]()
+                samples[name].append((time.perf_counter() - t0) * 1e3)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def isolated_median_ms(fn: Callable[[], Any], *, warmup: int = 1, iters: int = 3) -> float:
+    """Median milliseconds of one callable in its own short window (context columns)."""
+    return interleaved_median_ms({"_": fn}, warmup=warmup, iters=iters)["_"]

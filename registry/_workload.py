@@ -1,0 +1,69 @@
+"""Workloads: the decision-relevant fields of one call of an op.
+
+Each op package in ``backends/`` defines a :class:`Workload` subclass (fields and validators) and
+contributes it through the ``kreg_ops`` hook. A workload is built from host-side facts only
+(shapes, dtypes, Python arguments); building one never reads device memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from registry.errors import WorkloadError
+
+__all__ = ["Workload", "make_workload"]
+
+
+class Workload(BaseModel):
+    """Base of every op's workload model (frozen, unknown fields forbidden)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: ClassVar[str] = ""
+
+    def key(self) -> tuple[Any, ...]:
+        """Field values in declaration order: the workload part of every cache key."""
+        return tuple(getattr(self, f) for f in type(self).model_fields)
+
+    def short(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
+
+
+def _field_hint(model: type[Workload], loc: tuple[Any, ...]) -> str:
+    if not loc:
+        return ""
+    field = model.model_fields.get(str(loc[0]))
+    if field is not None and field.description:
+        return f" ({field.description})"
+    return ""
+
+
+def make_workload(model: type[Workload], data: Mapping[str, Any] | Workload) -> Workload:
+    """Validate ``data`` into ``model``; errors become :class:`WorkloadError` naming each field."""
+    if isinstance(data, model):
+        return data
+    if isinstance(data, Workload):
+        raise WorkloadError(f"a {type(data).__name__} was given where a {model.__name__} "
+                            f"(op {model.op!r}) is needed")
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"workload for op {model.op!r} must be a mapping of field -> value, "
+                            f"not {type(data).__name__}")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = err.get("loc", ())
+            where = ".".join(str(p) for p in loc) or "workload"
+            msg = err.get("msg", "invalid")
+            if err.get("type") == "extra_forbidden":
+                msg = f"unknown field; {model.op} workloads have: {', '.join(model.model_fields)}"
+            elif err.get("type") == "missing":
+                msg = "required field is missing"
+            problems.append(f"{where}: {msg}{_field_hint(model, loc)}; got {err.get('input')!r}"
+                            if err.get("type") not in ("missing", "extra_forbidden")
+                            else f"{where}: {msg}")
+        raise WorkloadError(f"invalid {model.op} workload: " + "; ".join(problems)) from None
