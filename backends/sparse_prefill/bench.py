@@ -1,0 +1,406 @@
+"""Benchmark library for ``sparse_prefill`` and the click command ``bench_command``.
+
+``kreg bench sparse_prefill`` (the lead attaches :data:`bench_command`) and
+``benchmarks/bench_sparse_prefill.py`` run it. Importing this module imports neither torch nor
+Triton (``kreg --help`` stays fast); both load inside the functions that need them.
+
+Inputs (deterministic, :func:`make_inputs`): q, k, v ~ N(0, 1) from a seeded generator. Indices
+are an *affine walk over each row's visible range*: row ``r`` with ``V`` visible positions selects
+``n = min(topk, V)`` entries ``t_j = (r * 7919 + j * 1000003) mod V`` for ``j < n`` (1000003 is a
+prime larger than any ``V`` here, so the walk visits ``n`` distinct positions in a scattered
+order) and ``-1`` for ``j >= n``; ``lengths[r] = n``. So rows whose visible context is shorter
+than ``topk`` stream less, as in the seed.
+
+* ``prefill``: ``num_slots = kv_len``; row ``r`` sees ``V = min(kv_len, max(0, kv_len - total_q)
+  + r + 1)`` slots (``kv_len == total_q`` is the seed's prefix-free ramp).
+* ``chunk``: requests of ``req_lens`` rows (default one request of ``total_q`` rows); each has a
+  context of ``kv_len`` tokens, so ``prefix = kv_len - rows`` and row ``i`` of it is at position
+  ``prefix + i`` and sees ``V = prefix + i + 1`` tokens. The KV cache holds ``num_requests *
+  kv_len`` slots; request ``b``'s page table maps its pages to a scattered permutation of its
+  own page range (``page = b * P + (i * 1000003 + 17) mod P``), with ``page_size`` tokens a page.
+
+Providers (``--providers``, comma separated):
+
+* ``reference``: the torch reference (fp32 math), in its own short window.
+* ``gather-sdpa``: materialize the selected K/V rows, then torch SDPA with a boolean mask (row
+  chunks of 512), in its own short window.
+* ``table``: the Triton kernel at the generic table geometry (:func:`table_config`).
+* ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
+  (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``even`` (EVEN_TILES=1), ``rev``
+  (REVERSE_ROWS=1).
+* ``h200``: the measured H200 family of ``triton_kernels.H200_CONFIGS`` for (kind, group).
+* ``auto`` and implementation names, optionally with ``:measure``: through the registry
+  (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
+
+Timed providers alternate in one window (``registry._timing.interleaved_median_ms``). Every
+provider is checked against the fp32 reference on every run (output memory poisoned with NaN
+first); the command exits non-zero when one is past ``error_bound(dtype)``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+__all__ = ["BenchCase", "bench_command", "make_inputs", "parse_provider", "run_case",
+           "workload_of"]
+
+_P = 1000003
+_UNTIMED = ("reference", "gather-sdpa")
+
+
+@dataclass
+class BenchCase:
+    kind: str = "chunk"
+    group_size: int = 6
+    kv_heads: int = 1
+    kv_len: int = 8192
+    total_q: int = 8192
+    req_lens: tuple[int, ...] | None = None
+    topk: int = 2051
+    head_dim: int = 256
+    dtype: str = "bfloat16"
+    page_size: int = 1
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        req = f" reqs={len(self.req_lens)}" if self.req_lens and len(self.req_lens) > 1 else ""
+        return (f"{self.kind} g={self.group_size} hkv={self.kv_heads} kv={self.kv_len} "
+                f"q={self.total_q}{req}")
+
+
+def make_inputs(case: BenchCase, device: Any = None) -> dict[str, Any]:
+    """Deterministic inputs of ``case`` (see the module doc): the call's tensors and kwargs."""
+    import torch
+
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    dt = getattr(torch, case.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(case.seed)
+    hq = case.group_size * case.kv_heads
+    tq, kv, topk = case.total_q, case.kv_len, case.topk
+    r = torch.arange(tq, device=dev, dtype=torch.int64)
+    j = torch.arange(topk, device=dev, dtype=torch.int64)
+    kw: dict[str, Any] = {"kind": case.kind}
+    if case.kind == "prefill":
+        num_slots = kv
+        vis = torch.clamp(max(0, kv - tq) + r + 1, max=kv)
+    elif case.kind == "chunk":
+        reqs = tuple(case.req_lens) if case.req_lens else (tq,)
+        if sum(reqs) != tq:
+            raise click.BadParameter(f"req_lens sum to {sum(reqs)} but total_q={tq}")
+        if max(reqs) > kv:
+            raise click.BadParameter(f"a request of {max(reqs)} rows exceeds kv_len={kv}")
+        nreq = len(reqs)
+        cu = torch.tensor([0, *torch.tensor(reqs).cumsum(0).tolist()], dtype=torch.int32)
+        prefix = torch.tensor([kv - n for n in reqs], dtype=torch.int32)
+        ps = case.page_size
+        pages = -(-kv // ps)
+        num_slots = nreq * pages * ps
+        i = torch.arange(pages, dtype=torch.int64)
+        pt = torch.stack([b * pages + (i * _P + 17) % pages for b in range(nreq)])
+        b_of_row = torch.repeat_interleave(torch.arange(nreq), torch.tensor(reqs))
+        pos = prefix.to(torch.int64)[b_of_row] + (torch.arange(tq) - cu[:-1].to(torch.int64)[
+            b_of_row])
+        vis = (pos + 1).to(dev)
+        kw.update(cu_seqlens_q=cu.to(dev), prefix_lens=prefix.to(dev),
+                  page_table=pt.to(torch.int32).to(dev), page_size=ps, max_q=max(reqs))
+    else:
+        raise click.BadParameter(f"kind={case.kind!r}: expected prefill or chunk")
+    n = torch.clamp(vis, max=topk)
+    t = (r[:, None] * 7919 + j[None, :] * _P) % vis[:, None]
+    idx = torch.where(j[None, :] < n[:, None], t, torch.full_like(t, -1)).to(torch.int32)
+    q = torch.randn((tq, hq, case.head_dim), generator=gen).to(dt).to(dev)
+    k = torch.randn((num_slots, case.kv_heads, case.head_dim), generator=gen).to(dt).to(dev)
+    v = torch.randn((num_slots, case.kv_heads, case.head_dim), generator=gen).to(dt).to(dev)
+    kw["lengths"] = n.to(torch.int32)
+    return {"q": q, "k": k, "v": v, "indices": idx.contiguous(), "kwargs": kw}
+
+
+def workload_of(case: BenchCase) -> dict[str, Any]:
+    reqs = tuple(case.req_lens) if (case.kind == "chunk" and case.req_lens) else (case.total_q,)
+    return {"kind": case.kind, "topk": case.topk, "head_dim": case.head_dim,
+            "group_size": case.group_size, "num_kv_heads": case.kv_heads,
+            "total_q": case.total_q, "num_requests": len(reqs) if case.kind == "chunk" else 1,
+            "max_q": max(reqs), "dtype": case.dtype}
+
+
+_OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
+         "pre": ("CHUNK_MODE", "pretranslate"), "fused": ("CHUNK_MODE", "fused"),
+         "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1)}
+
+
+def parse_geometry(spec: str) -> dict[str, Any]:
+    """``BMxBNxWxS[:opt...]`` -> config dict (see the module doc for the options)."""
+    head, *opts = spec.split(":")
+    parts = head.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"geometry={spec!r}: expected BMxBNxWxS like 16x64x4x3")
+    cfg: dict[str, Any] = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                                   map(int, parts)))
+    for o in opts:
+        if o not in _OPTS:
+            raise click.BadParameter(f"geometry option {o!r}: expected one of {sorted(_OPTS)}")
+        key, val = _OPTS[o]
+        cfg[key] = val
+    return cfg
+
+
+def format_geometry(cfg: dict[str, Any]) -> str:
+    s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+    rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
+    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS"):
+        if key in cfg and (key, cfg[key]) in rev:
+            s += ":" + rev[(key, cfg[key])]
+    return s
+
+
+def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | None]:
+    """-> (kind of provider, config or None). Kinds: reference, gather-sdpa, triton, registry."""
+    from backends.sparse_prefill.triton_kernels import H200_CONFIGS, table_config
+
+    if name in _UNTIMED:
+        return name, None
+    if name == "table":
+        return "triton", table_config(case.group_size, case.total_q)
+    if name == "h200":
+        cfg = H200_CONFIGS.get((case.kind, case.group_size))
+        if cfg is None:
+            raise click.BadParameter(f"h200: no measured config for ({case.kind}, "
+                                     f"group {case.group_size}); measured: {sorted(H200_CONFIGS)}")
+        return "triton", dict(cfg)
+    if name.startswith("geometry="):
+        return "triton", parse_geometry(name.split("=", 1)[1])
+    return "registry", None
+
+
+def _gather_sdpa(inp: dict[str, Any], rows_per_chunk: int = 512) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    from backends.sparse_prefill.reference import resolve_slots
+
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    tq, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    out = torch.empty_like(q)
+    for r0 in range(0, tq, rows_per_chunk):
+        r1 = min(tq, r0 + rows_per_chunk)
+        slot, valid = resolve_slots(idx[r0:r1], kind=kw["kind"], lengths=kw.get("lengths"),
+                                    num_slots=k.shape[0], cu_seqlens_q=kw.get("cu_seqlens_q"),
+                                    prefix_lens=kw.get("prefix_lens"),
+                                    page_table=kw.get("page_table"),
+                                    page_size=kw.get("page_size", 1), row_start=r0)
+        rows, topk = slot.shape
+        kg = k[slot.reshape(-1)].reshape(rows, topk, hkv, d).permute(0, 2, 1, 3)
+        vg = v[slot.reshape(-1)].reshape(rows, topk, hkv, d).permute(0, 2, 1, 3)
+        kg = kg.repeat_interleave(g, dim=1)
+        vg = vg.repeat_interleave(g, dim=1)
+        qq = q[r0:r1].unsqueeze(2)  # [rows, hq, 1, d]
+        o = F.scaled_dot_product_attention(qq, kg, vg, attn_mask=valid[:, None, None, :])
+        o = torch.where(valid.any(dim=1)[:, None, None, None], o, torch.zeros_like(o))
+        out[r0:r1] = o.squeeze(2)
+    return out
+
+
+def _make_fn(provider: str, case: BenchCase, inp: dict[str, Any]) -> tuple[Any, str]:
+    """-> (zero-arg callable returning the output, description of what runs)."""
+    from backends.sparse_prefill.reference import sparse_prefill_reference
+    from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
+
+    kind, cfg = parse_provider(provider, case)
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    if kind == "reference":
+        return (lambda: sparse_prefill_reference(q, k, v, idx, **kw)), "torch reference"
+    if kind == "gather-sdpa":
+        return (lambda: _gather_sdpa(inp)), "gather + torch SDPA"
+    if kind == "triton":
+        return (lambda: sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)), \
+            format_geometry(cfg)
+    try:
+        import registry
+    except ImportError as exc:  # the registry is optional for this module
+        raise click.UsageError(f"provider {provider!r} needs the registry package: {exc}")
+    name = provider
+    measure = name.endswith(":measure")
+    wl = workload_of(case)
+    if name in ("auto", "auto:measure"):
+        dec = registry.select("sparse_prefill", wl)
+        desc = f"{dec.implementation} {dec.config}"
+
+        def fn() -> Any:
+            return registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
+        return fn, desc
+    with registry.override("sparse_prefill", name):
+        dec = registry.select("sparse_prefill", wl)
+    desc = f"{dec.implementation} {dec.config}" + (" (measure)" if measure else "")
+
+    def fn_override() -> Any:
+        with registry.override("sparse_prefill", name):
+            return registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
+    return fn_override, desc
+
+
+def _poison(like: Any) -> None:
+    import torch
+
+    t = torch.empty_like(like)
+    t.fill_(float("nan"))
+    del t
+
+
+def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: int = 30,
+             baseline: str | None = None, device: Any = None) -> list[dict[str, Any]]:
+    """Check every provider against the fp32 reference, then time them; one record each."""
+    import torch
+
+    from backends.sparse_prefill.reference import sparse_prefill_reference
+    from backends.sparse_prefill.triton_kernels import error_bound
+    from registry._timing import interleaved_median_ms, isolated_median_ms
+
+    inp = make_inputs(case, device)
+    ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
+                                   out_dtype=torch.float32, **inp["kwargs"])
+    bound = error_bound(case.dtype)
+    recs: dict[str, dict[str, Any]] = {}
+    fns: dict[str, Any] = {}
+    for p in providers:
+        rec: dict[str, Any] = {"case": case.label(), "provider": p, "workload": workload_of(case)}
+        try:
+            fn, desc = _make_fn(p, case, inp)
+            _poison(inp["q"])
+            out = fn()
+            finite = bool(torch.isfinite(out).all())
+            err = float((out.float() - ref).abs().max()) if finite else float("inf")
+            rec.update(runs=desc, max_abs_err=err, bound=bound, ok=finite and err <= bound)
+            fns[p] = fn
+        except Exception as exc:  # report and continue with the other providers
+            if isinstance(exc, click.ClickException):
+                raise
+            rec.update(runs="-", error=f"{type(exc).__name__}: {exc}", ok=False)
+        recs[p] = rec
+    timed = {p: f for p, f in fns.items() if p not in _UNTIMED}
+    if timed:
+        for p, ms in interleaved_median_ms(timed, warmup=warmup, iters=iters).items():
+            recs[p]["ms"] = ms
+    for p in (p for p in fns if p in _UNTIMED):
+        recs[p]["ms"] = isolated_median_ms(fns[p], warmup=1, iters=3)
+    base = recs.get(baseline or "", {}).get("ms")
+    for rec in recs.values():
+        if base and rec.get("ms"):
+            rec["ratio"] = rec["ms"] / base
+    return list(recs.values())
+
+
+def _ints(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
+
+
+def _format_table(records: list[dict[str, Any]], baseline: str | None) -> str:
+    head = f"{'case':<40} {'provider':<28} {'ms':>9} {'ratio':>7} {'err':>9}  runs"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        ms = f"{r['ms']:.4f}" if r.get("ms") is not None else "-"
+        ratio = f"{r['ratio']:.3f}" if r.get("ratio") is not None else "-"
+        err = f"{r['max_abs_err']:.2e}" if r.get("max_abs_err") is not None else "-"
+        flag = "" if r.get("ok") else "  FAIL " + r.get("error", f"err > {r.get('bound')}")
+        lines.append(f"{r['case']:<40} {r['provider']:<28} {ms:>9} {ratio:>7} {err:>9}  "
+                     f"{r.get('runs', '-')}{flag}")
+    if baseline:
+        lines.append(f"ratio = ms / ms of baseline {baseline!r} in the same window (lower is "
+                     "faster)")
+    return "\n".join(lines)
+
+
+def _plot(records: list[dict[str, Any]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise click.UsageError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    by_prov: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r.get("ms") is not None:
+            by_prov.setdefault(f"{r['provider']} g{r['workload']['group_size']} "
+                               f"kv{r['case'].split('kv=')[1].split()[0]}", []).append(
+                (r["workload"]["total_q"], r["ms"]))
+    for name, pts in sorted(by_prov.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("total_q")
+    ax.set_ylabel("ms (median)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+@click.command("sparse_prefill")
+@click.option("--kind", type=click.Choice(["prefill", "chunk"]), default="chunk",
+              show_default=True)
+@click.option("--group-size", default="6,12", show_default=True,
+              help="query heads per KV head (comma list)")
+@click.option("--kv-heads", type=int, default=1, show_default=True)
+@click.option("--kv-len", default="8192", show_default=True, help="KV lengths (comma list)")
+@click.option("--total-q", default="8192", show_default=True, help="query rows (comma list)")
+@click.option("--req-lens", default=None,
+              help="chunk: rows of each request (comma list; sets total_q to their sum)")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
+              default="bfloat16", show_default=True)
+@click.option("--topk", type=int, default=2051, show_default=True)
+@click.option("--head-dim", type=int, default=256, show_default=True)
+@click.option("--page-size", type=int, default=1, show_default=True)
+@click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--iters", type=int, default=30, show_default=True)
+@click.option("--providers", default="table,h200", show_default=True,
+              help="comma list: reference, gather-sdpa, table, h200, geometry=BMxBNxWxS[:opt], "
+                   "auto, <implementation>[:measure]")
+@click.option("--baseline", default="table", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON records instead of a table")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="write a ms-vs-total_q plot (needs matplotlib)")
+def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_q: str,
+                  req_lens: str | None, dtype: str, topk: int, head_dim: int, page_size: int,
+                  warmup: int, iters: int, providers: str, baseline: str, as_json: bool,
+                  plot: str | None) -> None:
+    """Time sparse_prefill providers side by side and check each against the fp32 reference."""
+    provs = [p.strip() for p in providers.split(",") if p.strip()]
+    if baseline and baseline not in provs:
+        provs.insert(0, baseline)
+    reqs = tuple(_ints(req_lens)) or None
+    tqs = [sum(reqs)] if reqs else _ints(total_q)
+    cases = [BenchCase(kind=kind, group_size=g, kv_heads=kv_heads, kv_len=kv, total_q=tq,
+                       req_lens=reqs, topk=topk, head_dim=head_dim, dtype=dtype,
+                       page_size=page_size)
+             for g in _ints(group_size) for kv in _ints(kv_len) for tq in tqs]
+    records: list[dict[str, Any]] = []
+    with click.progressbar(cases, label="sparse_prefill", file=sys.stderr,
+                           item_show_func=lambda c: c.label() if c else None) as bar:
+        for case in bar:
+            records.extend(run_case(case, provs, warmup=warmup, iters=iters, baseline=baseline))
+    if as_json:
+        click.echo(json.dumps(records, indent=1))
+    else:
+        click.echo(_format_table(records, baseline))
+    if plot:
+        _plot(records, plot)
+    bad = [r for r in records if not r.get("ok")]
+    if bad:
+        click.echo(f"{len(bad)} provider run(s) failed the check against the fp32 reference "
+                   "or raised", err=True)
+        sys.exit(1)

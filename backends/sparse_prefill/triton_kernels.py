@@ -1,0 +1,458 @@
+"""Triton kernels for ``sparse_prefill`` (vendor-neutral) and their launch wrappers.
+
+One program handles one query row and one KV head; its ``BLOCK_M`` rows tile the query heads of
+that KV group (so ``BLOCK_M >= group_size``). It streams the row's selected KV slots ``BLOCK_N``
+at a time: gathers K, scores, online softmax in fp32 (exp2 with log2(e) folded into the scale),
+gathers V, accumulates. Head dims up to 256 (non powers of two are padded and masked). Invalid
+entries (past ``lengths[r]``, negative, out of range, not visible, unmapped page) are never read:
+their loads are masked.
+
+Config keys (``config`` dict; ints or strings only):
+
+==============  =========  ==================================================================
+key             default    meaning
+==============  =========  ==================================================================
+BLOCK_M         required   query-head tile (power of two, >= group_size)
+BLOCK_N         required   selected slots per inner step (power of two, >= 16)
+num_warps       required   warps per program
+num_stages      required   software-pipelining depth of the inner loop
+LAYOUT          "rows"     "rows": S = Q K^T is [BLOCK_M, BLOCK_N] (the plain kernel).
+                           "keys": S^T = K Q^T is [BLOCK_N, BLOCK_M] and O^T = V^T P^T, so the
+                           gathered K/V tile is the MMA's M operand (on Hopper Triton can then
+                           feed it from shared memory to wgmma; wants BLOCK_N % 64 == 0 and
+                           num_warps % 4 == 0 there, any power of two >= 16 is correct).
+CHUNK_MODE      "fused"    chunk kind only. "fused": the page-table translation happens inside
+                           the attention loop. "pretranslate": a small kernel first writes the
+                           slot of every entry (-1 when invalid) and the prefill kernel runs on
+                           it (one dependent gather less in the hot loop; an int32
+                           [total_q, topk] scratch tensor).
+EVEN_TILES      0          1: full tiles (j < lengths[r] everywhere) run without the length
+                           mask; only the last partial tile is masked by length.
+REVERSE_ROWS    0          1: program i handles row total_q - 1 - i, so long rows of a causal
+                           ramp start first (less tail imbalance).
+==============  =========  ==================================================================
+
+Public: :func:`sparse_prefill_triton`, :func:`error_bound`, :func:`validate_config`,
+:data:`DEFAULT_VARIANT`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from registry.errors import ConfigError, WorkloadError
+
+__all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_triton", "table_config",
+           "validate_config"]
+
+REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
+                                   "REVERSE_ROWS": 0}
+_CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
+                                        "CHUNK_MODE": ("fused", "pretranslate"),
+                                        "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1)}
+_MAX_HEAD_DIM = 256
+_LOG2E = 1.4426950408889634
+
+
+def error_bound(dtype: Any) -> float:
+    """Max-abs error bound of the kernels' output against the fp32 (or fp64) reference.
+
+    bf16: 2e-2 (the seed's bound). fp16: 4e-3 (P is rounded to fp16 for the PV product, unit
+    roundoff 4.9e-4, times |v| of a few units, plus the fp16 output rounding). fp32: 1e-4 (fp32
+    products with ``input_precision="ieee"``; only summation order differs). fp64: 1e-9.
+    """
+    name = str(dtype).replace("torch.", "")
+    bounds = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-4, "float64": 1e-9}
+    if name not in bounds:
+        raise WorkloadError(f"dtype={name}: sparse_prefill supports bfloat16, float16, float32"
+                            " (float64 only in the reference)")
+    return bounds[name]
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> None:
+    """Raise :class:`ConfigError` if ``config`` cannot run a group of ``group_size`` heads."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"config={config!r}: expected a dict with keys {', '.join(REQUIRED_KEYS)}")
+    for key in REQUIRED_KEYS:
+        if key not in config:
+            raise ConfigError(f"config is missing {key}: a sparse_prefill config needs "
+                              f"{', '.join(REQUIRED_KEYS)} (got {sorted(config)})")
+        val = config[key]
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ConfigError(f"{key}={val!r}: expected a positive int")
+    for key in config:
+        if key not in REQUIRED_KEYS and key not in DEFAULT_VARIANT:
+            raise ConfigError(f"config key {key!r} is unknown: sparse_prefill configs take "
+                              f"{', '.join(REQUIRED_KEYS + tuple(DEFAULT_VARIANT))}")
+    for key, choices in _CHOICES.items():
+        if key in config and config[key] not in choices:
+            raise ConfigError(f"{key}={config[key]!r}: expected one of {choices}")
+    bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
+    if bm < group_size:
+        fix = max(16, triton.next_power_of_2(group_size))
+        raise ConfigError(f"BLOCK_M={bm} is below group_size={group_size}: one program tiles all "
+                          f"query heads of a KV group, so BLOCK_M must be >= {group_size} "
+                          f"(use {fix})")
+    if not _is_pow2(bm):
+        raise ConfigError(f"BLOCK_M={bm} is not a power of two: use "
+                          f"{triton.next_power_of_2(bm)}")
+    if not _is_pow2(bn) or bn < 16:
+        raise ConfigError(f"BLOCK_N={bn}: expected a power of two >= 16 (it is the reduction "
+                          f"dim of the PV product); use {max(16, triton.next_power_of_2(bn))}")
+    if not _is_pow2(nw) or nw > 32:
+        raise ConfigError(f"num_warps={nw}: expected a power of two <= 32")
+    if head_dim < 1 or head_dim > _MAX_HEAD_DIM:
+        raise ConfigError(f"head_dim={head_dim}: the sparse_prefill kernels support 1..256")
+
+
+def _variant(config: dict[str, Any]) -> dict[str, Any]:
+    out = dict(DEFAULT_VARIANT)
+    out.update({k: config[k] for k in DEFAULT_VARIANT if k in config})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _row_request(CU, r, num_req):
+    """Largest b in [0, num_req) with cu_seqlens_q[b] <= r (binary search)."""
+    lo = r * 0
+    hi = lo + num_req - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        c = tl.load(CU + mid)
+        go_up = c <= r
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_up, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                CHUNK: tl.constexpr, MASK_N: tl.constexpr):
+    """Slots (int64) and validity of index entries ``j`` of one row."""
+    if MASK_N:
+        jm = j < n
+        t = tl.load(IDX_row + j, mask=jm, other=-1)
+        ok = jm & (t >= 0)
+    else:
+        t = tl.load(IDX_row + j)
+        ok = t >= 0
+    if CHUNK:
+        ok = ok & (t <= pos)
+        page_no = tl.where(ok, t, 0) // page_size
+        ok = ok & (page_no < max_pages)
+        page = tl.load(PT_row + page_no, mask=ok, other=-1)
+        slot = page.to(tl.int64) * page_size + (tl.where(ok, t, 0) % page_size)
+        ok = ok & (page >= 0) & (slot < num_slots)
+    else:
+        slot = t.to(tl.int64)
+        ok = ok & (t < num_slots)
+    return slot, ok
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
+                 page_size, max_pages, s_kt, s_vt, offs_d, d_mask, qk_scale,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 CHUNK: tl.constexpr, MASK_N: tl.constexpr, KEYS_MAJOR: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    j = start + tl.arange(0, BLOCK_N)
+    slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                           CHUNK, MASK_N)
+    if HEAD_DIM == D_PAD:
+        kv_mask = ok[:, None]
+    else:
+        kv_mask = ok[:, None] & d_mask[None, :]
+    k = tl.load(K_h + slot[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V_h + slot[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+    if KEYS_MAJOR:
+        st = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BN, BM]
+        st = tl.where(ok[:, None], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(st - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha[None, :]
+        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc, input_precision=DOT_PREC)  # [D, BM]
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BM, BN]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)  # [BM, D]
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
+                        qk_scale, total_q, num_slots, topk, group, page_size, max_pages, num_req,
+                        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb,
+                        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_LENS: tl.constexpr,
+                        KEYS_MAJOR: tl.constexpr, EVEN_TILES: tl.constexpr,
+                        REVERSE_ROWS: tl.constexpr, DOT_PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    if REVERSE_ROWS:
+        r = total_q - 1 - pid
+    else:
+        r = pid
+    h = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_mask = offs_m < group
+    d_mask = offs_d < HEAD_DIM
+    heads = h * group + offs_m
+    q = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if HAS_LENS:
+        n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
+    else:
+        n = topk
+    if CHUNK:
+        b = _row_request(CU, r, num_req)
+        pos = tl.load(PREFIX + b) + (r - tl.load(CU + b))
+        PT_row = PT + b.to(tl.int64) * s_pb
+    else:
+        pos = 0
+        PT_row = PT
+    IDX_row = IDX + r64 * s_it
+    K_h = K + h.to(tl.int64) * s_kh
+    V_h = V + h.to(tl.int64) * s_vh
+    if KEYS_MAJOR:
+        acc = tl.zeros([D_PAD, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if EVEN_TILES:
+        n_full = (n // BLOCK_N) * BLOCK_N
+        for start in range(0, n_full, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
+                                         pos, num_slots, page_size, max_pages, s_kt, s_vt,
+                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
+                                         CHUNK, False, KEYS_MAJOR, DOT_PREC)
+        if n_full < n:
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, n_full, n,
+                                         pos, num_slots, page_size, max_pages, s_kt, s_vt,
+                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
+                                         CHUNK, True, KEYS_MAJOR, DOT_PREC)
+    else:
+        for start in range(0, n, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
+                                         pos, num_slots, page_size, max_pages, s_kt, s_vt,
+                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
+                                         CHUNK, True, KEYS_MAJOR, DOT_PREC)
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    O_row = OUT + r64 * s_ot
+    if KEYS_MAJOR:
+        o = acc / l_safe[None, :]
+        o_ptr = O_row + heads[None, :] * s_oh + offs_d[:, None]
+        tl.store(o_ptr, o.to(OUT.dtype.element_ty), mask=d_mask[:, None] & m_mask[None, :])
+    else:
+        o = acc / l_safe[:, None]
+        o_ptr = O_row + heads[:, None] * s_oh + offs_d[None, :]
+        tl.store(o_ptr, o.to(OUT.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _translate_chunk(IDX, LENS, SLOTS, CU, PREFIX, PT, num_slots, topk, page_size, max_pages,
+                     num_req, s_it, s_st, s_pb, HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """SLOTS[r, j] = KV slot of chunk entry (r, j), or -1 when the entry is invalid."""
+    r = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    if HAS_LENS:
+        n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
+    else:
+        n = topk
+    b = _row_request(CU, r, num_req)
+    pos = tl.load(PREFIX + b) + (r - tl.load(CU + b))
+    slot, ok = _tile_slots(IDX + r.to(tl.int64) * s_it, PT + b.to(tl.int64) * s_pb, j, n, pos,
+                           num_slots, page_size, max_pages, True, True)
+    tl.store(SLOTS + r.to(tl.int64) * s_st + j, tl.where(ok, slot, -1).to(tl.int32),
+             mask=j < topk)
+
+
+# --------------------------------------------------------------------------------------------
+# wrapper
+# --------------------------------------------------------------------------------------------
+
+
+def _fail(msg: str) -> None:
+    raise WorkloadError(msg)
+
+
+def _check_int_tensor(name: str, t: Any, shape: tuple[int, ...], device: Any) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name}: expected an int32 tensor of shape {list(shape)}, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        _fail(f"{name}.dtype={t.dtype}: must be torch.int32 (use {name}.to(torch.int32))")
+    if tuple(t.shape) != shape:
+        _fail(f"{name}.shape={list(t.shape)}: must be {list(shape)}")
+    if t.device != device:
+        _fail(f"{name} is on {t.device} but q is on {device}: move it to q's device")
+
+
+def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any,
+                  cu_seqlens_q: Any, prefix_lens: Any, page_table: Any, page_size: Any) -> None:
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v), ("indices", indices)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if kind not in ("prefill", "chunk"):
+        _fail(f"kind={kind!r}: must be 'prefill' or 'chunk'")
+    if q.dim() != 3:
+        _fail(f"q.shape={list(q.shape)}: must be [total_q, num_q_heads, head_dim]")
+    if k.dim() != 3 or v.dim() != 3:
+        _fail(f"k.shape={list(k.shape)}, v.shape={list(v.shape)}: must be "
+              "[num_slots, num_kv_heads, head_dim]")
+    if tuple(k.shape) != tuple(v.shape):
+        _fail(f"k.shape={list(k.shape)} != v.shape={list(v.shape)}: k and v must match")
+    total_q, hq, d = q.shape
+    num_slots, hkv, dk = k.shape
+    if dk != d:
+        _fail(f"k head_dim {dk} != q head_dim {d}: q, k, v must share head_dim")
+    if d < 1 or d > _MAX_HEAD_DIM:
+        _fail(f"head_dim={d}: the Triton kernels support 1..{_MAX_HEAD_DIM} (use the reference)")
+    if hkv < 1 or hq % hkv != 0:
+        _fail(f"num_q_heads={hq} is not a multiple of num_kv_heads={hkv}: GQA needs "
+              "num_q_heads = group_size * num_kv_heads")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        _fail(f"q.dtype={q.dtype}: the Triton kernels take bfloat16, float16 or float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        _fail(f"dtypes q={q.dtype}, k={k.dtype}, v={v.dtype}: must all be equal (cast k/v)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            _fail(f"{name}.stride(-1)={t.stride(-1)}: the head_dim axis must be contiguous "
+                  f"(use {name}.contiguous())")
+        if t.device != q.device:
+            _fail(f"{name} is on {t.device} but q is on {q.device}: keep q, k, v together")
+    if indices.dim() != 2 or indices.shape[0] != total_q:
+        _fail(f"indices.shape={list(indices.shape)}: must be [total_q={total_q}, topk]")
+    _check_int_tensor("indices", indices, (total_q, indices.shape[1]), q.device)
+    if indices.stride(-1) != 1:
+        _fail("indices.stride(-1) must be 1 (use indices.contiguous())")
+    if lengths is not None:
+        _check_int_tensor("lengths", lengths, (total_q,), q.device)
+    if num_slots >= 2**31 - 1:
+        _fail(f"num_slots={num_slots}: must be < 2**31 - 1 (slot ids are int32)")
+    if kind == "chunk":
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("prefix_lens", prefix_lens),
+                        ("page_table", page_table)):
+            if t is None:
+                _fail(f"{name} is required for kind='chunk' (see the op contract)")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+            _fail(f"cu_seqlens_q.shape={list(cu_seqlens_q.shape)}: must be [num_requests + 1] "
+                  "with num_requests >= 1")
+        nreq = cu_seqlens_q.shape[0] - 1
+        _check_int_tensor("cu_seqlens_q", cu_seqlens_q, (nreq + 1,), q.device)
+        _check_int_tensor("prefix_lens", prefix_lens, (nreq,), q.device)
+        if page_table.dim() != 2 or page_table.shape[0] != nreq:
+            _fail(f"page_table.shape={list(page_table.shape)}: must be "
+                  f"[num_requests={nreq}, max_pages]")
+        _check_int_tensor("page_table", page_table, tuple(page_table.shape), q.device)
+        if page_table.stride(-1) != 1:
+            _fail("page_table.stride(-1) must be 1 (use page_table.contiguous())")
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            _fail(f"page_size={page_size!r}: must be a python int >= 1")
+
+
+def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[str, Any],
+                          kind: str = "prefill", lengths: Any = None,
+                          sm_scale: float | None = None, cu_seqlens_q: Any = None,
+                          prefix_lens: Any = None, page_table: Any = None, page_size: int = 1,
+                          max_q: int | None = None) -> Any:
+    """Sparse GQA prefill attention (see the op contract in ``reference.py``).
+
+    ``max_q`` is accepted for workload selection and ignored here. Never reads device memory on
+    the host and never synchronizes.
+    """
+    import torch
+
+    _check_inputs(q, k, v, indices, kind, lengths, cu_seqlens_q, prefix_lens, page_table,
+                  page_size)
+    total_q, hq, d = q.shape
+    num_slots, hkv, _ = k.shape
+    group = hq // hkv
+    topk = indices.shape[1]
+    validate_config(config, group, d)
+    var = _variant(config)
+    out = torch.empty((total_q, hq, d), device=q.device, dtype=q.dtype)
+    if total_q == 0:
+        return out
+    if num_slots == 0 or topk == 0:
+        return out.zero_()
+    scale = float(sm_scale) if sm_scale is not None else d ** -0.5
+    d_pad = max(16, triton.next_power_of_2(d))
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    has_lens = lengths is not None
+    lens = lengths if has_lens else indices  # dummy pointer when absent
+    chunk = kind == "chunk"
+    idx = indices
+    if chunk:
+        nreq = cu_seqlens_q.shape[0] - 1
+        max_pages = page_table.shape[1]
+        pt, cu, prefix, s_pb = page_table, cu_seqlens_q, prefix_lens, page_table.stride(0)
+        if var["CHUNK_MODE"] == "pretranslate":
+            slots = torch.empty((total_q, topk), device=q.device, dtype=torch.int32)
+            tb = 256
+            _translate_chunk[(total_q, triton.cdiv(topk, tb))](
+                indices, lens, slots, cu, prefix, pt, num_slots, topk, page_size, max_pages,
+                nreq, indices.stride(0), slots.stride(0), s_pb, HAS_LENS=has_lens, BLOCK=tb,
+                num_warps=4)
+            idx, chunk = slots, False
+    else:
+        nreq, max_pages, s_pb = 1, 0, 0
+        pt = cu = prefix = indices  # dummy pointers, never read
+    _sparse_prefill_fwd[(total_q, hkv)](
+        q, k, v, idx, lens, out, cu, prefix, pt,
+        scale * _LOG2E, total_q, num_slots, topk, group, page_size, max_pages, nreq,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        idx.stride(0), out.stride(0), out.stride(1), s_pb,
+        HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+        CHUNK=chunk, HAS_LENS=has_lens, KEYS_MAJOR=var["LAYOUT"] == "keys",
+        EVEN_TILES=bool(var["EVEN_TILES"]), REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
+        DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return out
+
+
+def table_config(group_size: int, total_q: int) -> dict[str, int]:
+    """The generic table geometry (policy of generic.sparse_prefill_table), for benchmarks."""
+    bm = max(16, triton.next_power_of_2(group_size))
+    if total_q <= 32:
+        bn, w, s = 32, 8, 2
+    elif total_q <= 64:
+        bn, w, s = 64, 8, 2
+    elif total_q <= 128:
+        bn, w, s = 64, 4, 2
+    elif total_q <= 512:
+        bn, w, s = 32, 4, 2
+    else:
+        bn, w, s = 16, 1, 2
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+
+
+
+# Measured H200 family (kind, group_size) -> config; filled from the measurements in
+# docs/notes/sparse_prefill.md. Valid for the seed workload (topk 2051, head_dim 256, bf16).
+H200_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {}
