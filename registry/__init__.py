@@ -35,6 +35,8 @@ __all__ = [
     "Registry",
     "Requirement",
     "Workload",
+    "agree",
+    "check",
     "dispatch",
     "errors",
     "get_registry",
@@ -47,9 +49,11 @@ __all__ = [
     "plugins",
     "probe",
     "profiles",
+    "record",
     "register_plugin",
     "reset_registry",
     "select",
+    "stats",
     "unregister_plugin",
 ]
 
@@ -112,6 +116,37 @@ def unregister_plugin(name: str) -> None:
 def plugins() -> list[PluginRecord]:
     """Every plugin seen: loaded ones with their ops and implementations, and failures."""
     return sorted(get_registry().plugins.values(), key=lambda p: p.name)
+
+
+def record() -> Any:
+    """``with registry.record() as launches:`` captures (op, implementation, config, workload)
+    of every dispatch in the block, so a test can assert the geometry that actually ran."""
+    from registry._observe import record as _record
+
+    return _record()
+
+
+def check(rate: float) -> Any:
+    """Re-run a sampled fraction of dispatches through the op's reference and compare (also a
+    context manager restoring the previous rate); see ``KREG_CHECK``."""
+    from registry._observe import check as _check
+
+    return _check(rate)
+
+
+def stats() -> Any:
+    """Dispatch and check-mode counters of this process."""
+    from registry._observe import stats as _stats
+
+    return _stats()
+
+
+def agree(group: Any = None, adopt: bool = False) -> Any:
+    """A torch.distributed collective: all-gather every rank's decision digests, report each
+    divergence, and with ``adopt=True`` pin rank 0's decisions on every rank."""
+    from registry._agree import agree as _agree
+
+    return _agree(group=group, adopt=adopt)
 
 
 def ops() -> list[str]:

@@ -342,8 +342,20 @@ class Registry:
         override = None
         if raw is not None:
             override = parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
+        note = None
+        if knobs.daemon:
+            # The daemon shares one decision per key across the node's processes; when it is
+            # gone, slow or refuses, selection stays in-process and the decision says why.
+            from registry._daemon_client import remote_select
+
+            remote, note = remote_select(self, op, facts, wl, raw)
+            if remote is not None:
+                self._notify(remote)
+                return remote
         decision = select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), override,
                                strict=knobs.strict)
+        if note:
+            decision = decision.model_copy(update={"notes": [*decision.notes, note]})
         if decision.override is not None and not decision.override.honoured:
             wkey = (op, facts.fingerprint, wl.key(), decision.override.value)
             if wkey not in self._warned:
@@ -351,13 +363,29 @@ class Registry:
                 logger.warning("%s: override %s=%s not honoured for [%s]: %s", op,
                                decision.override.source, decision.override.value, wl.short(),
                                decision.override.reason)
+        self._notify(decision)
+        return decision
+
+    def decide_local(self, op: str, facts: DeviceFacts, workload: Mapping[str, Any] | Workload,
+                     override: str | None = None) -> Decision:
+        """Decide in this process, ignoring caches and the daemon (the daemon's own path).
+
+        ``override`` is the raw override value the asking client had in force, or None.
+        """
+        wl = make_workload(self.spec(op).workload_model, workload)
+        req = None
+        if override is not None and override.strip() not in ("", "auto"):
+            req = parse_override(op, override, "client override", self.impls.get(op, {}))
+        return select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), req,
+                           strict=False)
+
+    def _notify(self, decision: Decision) -> None:
         logger.info("%s", decision.one_line())
         for listener in list(self.listeners):
             try:
                 listener(decision)
             except Exception:  # a listener must never break selection
                 logger.exception("decision listener %r failed", listener)
-        return decision
 
     # -----------------------------------------------------------------------------------------
     # dispatch

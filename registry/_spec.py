@@ -34,6 +34,12 @@ class OpSpec:
     reference: str = ""
     error_bound: Callable[[str], float] | None = None
     doc: str = ""
+    # "module:function" comparing a kernel's output with the reference's: returns None when
+    # within the op's bound, else a one-line description of the violation (check mode, the
+    # conformance kit).
+    compare: str = ""
+    # "module" holding the op's conformance cases (the conformance kit).
+    conformance: str = ""
 
     def workload_from_key(self, key: tuple[Any, ...]) -> Workload:
         fields = list(self.workload_model.model_fields)
