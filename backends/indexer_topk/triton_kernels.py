@@ -1,0 +1,505 @@
+"""Triton kernels for ``indexer_topk``: an exact sliced radix select, and their launch wrapper.
+
+Keys. Every score becomes the order-preserving int32 key of :func:`reference.score_keys`
+(float32 bits with the sign folded so signed int32 order is float order; ``-0.0`` first mapped
+to ``+0.0``, so the two are equal and tie by position; every NaN -> ``INT32_MIN + 1``, below
+``-inf``; ``INT32_MIN`` marks "no key" and is never a real key). fp16/bf16 widen to float32
+exactly.
+
+Algorithm (exact on every input; no spin barrier, no co-residency assumption: each stage is a
+separate launch, later launches read what earlier ones wrote):
+
+1. ``_gmax_kernel`` grid ``(rows, slices)``: one full read of the scores. Each slice (a run of
+   about ``SLICE_KEYS`` keys, at most ``MAX_SLICES`` slices a row) writes the maximum key of every
+   group of ``GROUP`` consecutive keys (``gm``).
+2. ``_bound_kernel`` grid ``(rows,)``: ``L`` = the exact k-th largest group maximum (a value
+   search by halving ``[min gm, max gm]`` with counts over the row's ``gm`` in registers). The
+   ``k`` group maxima at or above ``L`` are ``k`` distinct keys of the row, so the row's k-th
+   largest key ``T`` is ``>= L``: every key of the top-k is ``>= L`` (a lower bound, no
+   estimate). Rows with fewer than ``k`` groups get ``L = INT32_MIN`` (every key a candidate).
+3. ``_place_kernel`` grid ``(rows, slices)``: the candidates (valid keys ``>= L``) of each slice,
+   read only from groups whose maximum is ``>= L`` (about ``k`` of the row's groups on random
+   data, a fraction of the row), are counted (``COUNT_ONLY``), then written in position order
+   to a per-row buffer of ``CAND_CAP`` (position, key) pairs at the slice's exclusive prefix.
+   With one slice a row the count and the placement are one launch.
+4. ``_select_kernel`` grid ``(rows,)``: ``T`` = the largest key with at least ``k`` candidates
+   ``>= T`` (halving ``[L, max]``), ``m = k - #(key > T)``; the output is the candidates with
+   key ``> T`` or key ``== T`` among the first ``m`` such ties in position order, written in
+   position order (a running prefix sum). When a row has more than ``CAND_CAP`` candidates
+   (tie-heavy rows: all equal, a few repeated values) the buffer is not trusted: the same
+   search and placement run over the row itself, reading the groups whose maximum reaches the
+   probe. Exact either way, never a silently truncated buffer.
+   Rows with ``length <= k`` take the fast path: positions ``0..length-1`` then -1 (stages 1-3
+   return at once for them).
+
+Config keys (dict of ints):
+
+==============  =========  ==================================================================
+key             default    meaning
+==============  =========  ==================================================================
+SLICE_KEYS      1024       keys per slice (rounded up to a multiple of GROUP * GROUP_BLOCK)
+MAX_SLICES      64         most slices per row (1..1024); fewer when max_keys is short
+num_warps       4          warps of the streaming kernels (stages 1 and 3)
+GROUP           16         keys per group maximum (power of two, 2..256)
+GROUP_BLOCK     64         groups per inner step of stages 1 and 3 (power of two)
+SEARCH_WARPS    8          warps of the per-row kernels (stages 2 and 4)
+BOUND_TILE      8192       register tile of stage 2; rows with more groups loop over memory
+CAND_CAP        8192       candidate buffer per row (power of two, >= k); also stage 4's tile
+==============  =========  ==================================================================
+
+Scratch per row (:func:`scratch_bytes_per_row`): ``4 * ceil(max_keys / GROUP)`` (group maxima)
+``+ 8 * CAND_CAP`` (candidates) ``+ 4 * (slices + 2)``; for max_keys 131072, GROUP 16,
+CAND_CAP 8192: 98,568 bytes (19% of an fp32 row).
+
+Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
+:func:`scratch_bytes_per_row`, :func:`plan`, :data:`DEFAULT_CONFIG`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from registry.errors import ConfigError, WorkloadError
+
+__all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
+           "scratch_bytes_per_row", "validate_config"]
+
+DEFAULT_CONFIG: dict[str, int] = {
+    "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
+    "SEARCH_WARPS": 8, "BOUND_TILE": 8192, "CAND_CAP": 8192,
+}
+_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_CAP")
+_WARPS = (1, 2, 4, 8, 16, 32)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132) -> dict[str, int]:
+    """A reasonable config for a workload: enough slices to fill the device, GROUP so that a row
+    has at most 8192 groups, CAND_CAP >= 4k."""
+    cfg = dict(DEFAULT_CONFIG)
+    cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(max(max_keys, 1), 8192))))
+    want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
+    slices = min(64, want)
+    block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
+    cfg["SLICE_KEYS"] = max(block, _cdiv(_cdiv(max(max_keys, 1), slices), block) * block)
+    cfg["CAND_CAP"] = max(8192, _next_pow2(4 * k))
+    return cfg
+
+
+def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
+    """Raise :class:`ConfigError` naming the key, the rule and the fix."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"indexer_topk config must be a dict of ints; got "
+                          f"{type(config).__name__}; pass e.g. {DEFAULT_CONFIG}")
+    unknown = sorted(set(config) - set(DEFAULT_CONFIG))
+    if unknown:
+        raise ConfigError(f"indexer_topk config has unknown key(s) {unknown}; known keys: "
+                          f"{sorted(DEFAULT_CONFIG)}; remove them")
+    cfg = {**DEFAULT_CONFIG, **config}
+    for key, val in cfg.items():
+        if not isinstance(val, int) or isinstance(val, bool):
+            raise ConfigError(f"indexer_topk config {key}={val!r}: must be an int; "
+                              f"use e.g. {DEFAULT_CONFIG[key]}")
+    for key in _POW2_KEYS:
+        if not _pow2(cfg[key]):
+            raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be a power of two; "
+                              f"use {_next_pow2(cfg[key])}")
+    for key in ("num_warps", "SEARCH_WARPS"):
+        if cfg[key] not in _WARPS:
+            raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be one of {_WARPS}; "
+                              "use 4 or 8")
+    if not 2 <= cfg["GROUP"] <= 256:
+        raise ConfigError(f"indexer_topk config GROUP={cfg['GROUP']}: must be in [2, 256]; "
+                          "use 16 (or max_keys / 8192 for very long rows)")
+    if cfg["GROUP"] * cfg["GROUP_BLOCK"] > 65536:
+        raise ConfigError(f"indexer_topk config GROUP*GROUP_BLOCK="
+                          f"{cfg['GROUP'] * cfg['GROUP_BLOCK']}: must be <= 65536 keys per "
+                          "inner step; lower GROUP_BLOCK")
+    if cfg["SLICE_KEYS"] < 1:
+        raise ConfigError(f"indexer_topk config SLICE_KEYS={cfg['SLICE_KEYS']}: must be >= 1; "
+                          "use 1024")
+    if not 1 <= cfg["MAX_SLICES"] <= 1024:
+        raise ConfigError(f"indexer_topk config MAX_SLICES={cfg['MAX_SLICES']}: must be in "
+                          "[1, 1024]; use 64")
+    if cfg["CAND_CAP"] < k:
+        raise ConfigError(f"indexer_topk config CAND_CAP={cfg['CAND_CAP']}: must be >= k ({k}); "
+                          f"use {max(8192, _next_pow2(4 * k))}")
+    if cfg["CAND_CAP"] > 65536 or cfg["BOUND_TILE"] > 65536:
+        raise ConfigError("indexer_topk config CAND_CAP and BOUND_TILE: must be <= 65536 "
+                          "(register tiles); lower them")
+    if max_keys < 0:
+        raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
+
+
+def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
+    """Resolved launch geometry: slices, slice_len, groups, block."""
+    cfg = {**DEFAULT_CONFIG, **config}
+    block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
+    n = max(int(max_keys), 1)
+    s0 = max(1, min(cfg["MAX_SLICES"], _cdiv(n, cfg["SLICE_KEYS"])))
+    slice_len = _cdiv(_cdiv(n, s0), block) * block
+    slices = _cdiv(n, slice_len)
+    groups = _cdiv(n, cfg["GROUP"])
+    return {"slices": slices, "slice_len": slice_len, "groups": groups, "block": block}
+
+
+def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
+    cfg = {**DEFAULT_CONFIG, **config}
+    p = plan(cfg, max_keys)
+    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2)
+
+
+# ----------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _to_key(x):
+    """float32 tile -> int32 order keys (NaN -> INT32_MIN + 1, -0.0 -> +0.0)."""
+    b = x.to(tl.int32, bitcast=True)
+    b = tl.where(b == -2147483648, 0, b)
+    key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return tl.where(x != x, -2147483647, key)
+
+
+@triton.jit
+def _row_len(lengths_ptr, row, n_keys):
+    length = tl.load(lengths_ptr + row)
+    return tl.minimum(tl.maximum(length, 0), n_keys)
+
+
+@triton.jit
+def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
+                 GS: tl.constexpr, GB: tl.constexpr):
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        start = sl * slice_len
+        end = tl.minimum(start + slice_len, length)
+        src = scores_ptr + row.to(tl.int64) * stride_s
+        dst = gm_ptr + row.to(tl.int64) * n_groups
+        g_off = tl.arange(0, GB)
+        j = tl.arange(0, GS)
+        for c0 in range(start, end, GB * GS):
+            pos = c0 + g_off[:, None] * GS + j[None, :]
+            m = pos < end
+            x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
+            key = tl.where(m, _to_key(x), -2147483648)
+            g = tl.max(key, axis=1)
+            gidx = c0 // GS + g_off
+            tl.store(dst + gidx, g, mask=gidx * GS < end)
+
+
+@triton.jit
+def _kth_search_tile(x, k, lo, hi):
+    """Largest t in [lo, hi] with #(x >= t) >= k (x: 1-D int32 tile; entries < lo+1 never count
+    wrongly because every probe is > lo). lo, hi: int64 scalars."""
+    while lo < hi:
+        mid = lo + (hi - lo + 1) // 2
+        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0)
+        ge = c >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _count_ge_mem(ptr, n, t, CH: tl.constexpr):
+    offs = tl.arange(0, CH)
+    c = tl.sum(tl.zeros([CH], dtype=tl.int32), axis=0)
+    for c0 in range(0, n, CH):
+        v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+        c += tl.sum((v >= t).to(tl.int32), axis=0)
+    return c
+
+
+@triton.jit
+def _bound_kernel(gm_ptr, lengths_ptr, bound_ptr, n_keys, n_groups, k,
+                  GS: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr):
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        ng = (length + GS - 1) // GS
+        src = gm_ptr + row.to(tl.int64) * n_groups
+        offs = tl.arange(0, GT)
+        if ng < k:
+            res = tl.full([], -2147483648, tl.int64)
+        else:
+            if CHUNKED:
+                hi = tl.full([], -2147483648, tl.int32)
+                lo = tl.full([], 2147483647, tl.int32)
+                for c0 in range(0, ng, GT):
+                    m = c0 + offs < ng
+                    v = tl.load(src + c0 + offs, mask=m, other=-2147483648)
+                    hi = tl.maximum(hi, tl.max(v, axis=0))
+                    lo = tl.minimum(lo, tl.min(tl.where(m, v, 2147483647), axis=0))
+                lo64 = lo.to(tl.int64)
+                hi64 = hi.to(tl.int64)
+                while lo64 < hi64:
+                    mid = lo64 + (hi64 - lo64 + 1) // 2
+                    c = _count_ge_mem(src, ng, mid.to(tl.int32), GT)
+                    ge = c >= k
+                    lo64 = tl.where(ge, mid, lo64)
+                    hi64 = tl.where(ge, hi64, mid - 1)
+                res = lo64
+            else:
+                m = offs < ng
+                v = tl.load(src + offs, mask=m, other=-2147483648)
+                hi = tl.max(v, axis=0).to(tl.int64)
+                lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+                res = _kth_search_tile(v, k, lo, hi)
+        tl.store(bound_ptr + row, res.to(tl.int32))
+
+
+@triton.jit
+def _place_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, cnt_ptr, ncand_ptr,
+                  cpos_ptr, ckey_ptr, n_keys, stride_s, n_groups, slice_len, n_slices, k, cap,
+                  GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr,
+                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr):
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        lb = tl.load(bound_ptr + row)
+        start = sl * slice_len
+        end = tl.minimum(start + slice_len, length)
+        src = scores_ptr + row.to(tl.int64) * stride_s
+        gsrc = gm_ptr + row.to(tl.int64) * n_groups
+        row_c = row.to(tl.int64) * cap
+        base = tl.full([], 0, tl.int32)
+        go = True
+        if not COUNT_ONLY:
+            if not SINGLE:
+                si = tl.arange(0, SP)
+                cnts = tl.load(cnt_ptr + row.to(tl.int64) * n_slices + si, mask=si < n_slices,
+                               other=0)
+                base = tl.sum(tl.where(si < sl, cnts, 0), axis=0)
+                total = tl.sum(cnts, axis=0)
+                go = total <= cap
+                if sl == 0:
+                    tl.store(ncand_ptr + row, total)
+        g_off = tl.arange(0, GB)
+        j = tl.arange(0, GS)
+        run = base
+        if go:
+            for c0 in range(start, end, GB * GS):
+                gidx = c0 // GS + g_off
+                gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
+                act = gval >= lb
+                if tl.sum(act.to(tl.int32), axis=0) > 0:
+                    pos = c0 + g_off[:, None] * GS + j[None, :]
+                    m = act[:, None] & (pos < end)
+                    x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
+                    key = _to_key(x)
+                    cand = m & (key >= lb)
+                    ci = cand.to(tl.int32)
+                    if COUNT_ONLY:
+                        run += tl.sum(tl.sum(ci, axis=1), axis=0)
+                    else:
+                        flat_c = tl.reshape(ci, [GB * GS])
+                        flat_p = tl.reshape(pos, [GB * GS])
+                        flat_k = tl.reshape(key, [GB * GS])
+                        dst = run + tl.cumsum(flat_c, axis=0) - flat_c
+                        wm = (flat_c != 0) & (dst < cap)
+                        tl.store(cpos_ptr + row_c + dst, flat_p, mask=wm)
+                        tl.store(ckey_ptr + row_c + dst, flat_k, mask=wm)
+                        run += tl.sum(flat_c, axis=0)
+        if COUNT_ONLY:
+            tl.store(cnt_ptr + row.to(tl.int64) * n_slices + sl, run)
+        elif SINGLE:
+            tl.store(ncand_ptr + row, run)
+
+
+@triton.jit
+def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr):
+    """#(valid keys >= t) of a row, reading only groups whose maximum is >= t."""
+    g_off = tl.arange(0, GB)
+    j = tl.arange(0, GS)
+    c = tl.full([], 0, tl.int32)
+    for c0 in range(0, length, GB * GS):
+        gidx = c0 // GS + g_off
+        gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
+        act = gval >= t
+        if tl.sum(act.to(tl.int32), axis=0) > 0:
+            pos = c0 + g_off[:, None] * GS + j[None, :]
+            m = act[:, None] & (pos < length)
+            key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
+            c += tl.sum(tl.sum((m & (key >= t)).to(tl.int32), axis=1), axis=0)
+    return c
+
+
+@triton.jit
+def _select_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, ncand_ptr, cpos_ptr, ckey_ptr,
+                   out_ptr, n_keys, stride_s, n_groups, k, cap,
+                   GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr):
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    out = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        ko = tl.arange(0, KB)
+        for c0 in range(0, k, KB):
+            i = c0 + ko
+            tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
+    else:
+        lb = tl.load(bound_ptr + row)
+        n = tl.load(ncand_ptr + row)
+        if n <= cap:
+            offs = tl.arange(0, CAP)
+            cm = offs < n
+            row_c = row.to(tl.int64) * cap
+            keys = tl.load(ckey_ptr + row_c + offs, mask=cm, other=-2147483648)
+            hi = tl.max(keys, axis=0).to(tl.int64)
+            t = _kth_search_tile(keys, k, lb.to(tl.int64), hi).to(tl.int32)
+            gt = keys > t
+            need = k - tl.sum(gt.to(tl.int32), axis=0)
+            eq = (keys == t).to(tl.int32)
+            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
+            si = sel.to(tl.int32)
+            dst = tl.cumsum(si, axis=0) - si
+            p = tl.load(cpos_ptr + row_c + offs, mask=sel, other=0)
+            tl.store(out + dst, p, mask=sel)
+        else:
+            # Too many candidates for the buffer (tie-heavy row): search and place over the row.
+            src = scores_ptr + row.to(tl.int64) * stride_s
+            gsrc = gm_ptr + row.to(tl.int64) * n_groups
+            ng = (length + GS - 1) // GS
+            go = tl.arange(0, GB)
+            hi32 = tl.full([], -2147483648, tl.int32)
+            for g0 in range(0, ng, GB):
+                gv = tl.load(gsrc + g0 + go, mask=g0 + go < ng, other=-2147483648)
+                hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
+            lo64 = lb.to(tl.int64)
+            hi64 = hi32.to(tl.int64)
+            while lo64 < hi64:
+                mid = lo64 + (hi64 - lo64 + 1) // 2
+                c = _count_ge_row(src, gsrc, length, mid.to(tl.int32), GS, GB)
+                ge = c >= k
+                lo64 = tl.where(ge, mid, lo64)
+                hi64 = tl.where(ge, hi64, mid - 1)
+            t = lo64.to(tl.int32)
+            # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
+            need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB)
+            j = tl.arange(0, GS)
+            run_sel = tl.full([], 0, tl.int32)
+            run_eq = tl.full([], 0, tl.int32)
+            for c0 in range(0, length, GB * GS):
+                gidx = c0 // GS + go
+                gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
+                act = gval >= t
+                if tl.sum(act.to(tl.int32), axis=0) > 0:
+                    pos = c0 + go[:, None] * GS + j[None, :]
+                    m = act[:, None] & (pos < length)
+                    key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
+                    fm = tl.reshape(m, [GB * GS])
+                    fk = tl.reshape(key, [GB * GS])
+                    fp = tl.reshape(pos, [GB * GS])
+                    eq = (fm & (fk == t)).to(tl.int32)
+                    gt = fm & (fk > t)
+                    sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+                    si = sel.to(tl.int32)
+                    dst = run_sel + tl.cumsum(si, axis=0) - si
+                    tl.store(out + dst, fp, mask=sel)
+                    run_sel += tl.sum(si, axis=0)
+                    run_eq += tl.sum(eq, axis=0)
+
+
+# ----------------------------------------------------------------------------------- wrapper
+
+def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
+    import torch
+
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
+        raise WorkloadError(f"indexer_topk: scores must be a 2-D tensor [rows, max_keys]; got "
+                            f"{getattr(scores, 'shape', type(scores).__name__)}")
+    if scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise WorkloadError(f"indexer_topk: scores dtype must be float32, bfloat16 or float16; "
+                            f"got {scores.dtype}; cast the scores first")
+    if scores.shape[1] > 1 and scores.stride(1) != 1:
+        raise WorkloadError("indexer_topk: scores must have unit stride along keys; "
+                            "pass scores.contiguous()")
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 \
+            or lengths.shape[0] != scores.shape[0]:
+        raise WorkloadError(f"indexer_topk: lengths must be a 1-D tensor of {scores.shape[0]} "
+                            f"entries; got {getattr(lengths, 'shape', type(lengths).__name__)}")
+    if lengths.dtype != torch.int32:
+        raise WorkloadError(f"indexer_topk: lengths must be int32; got {lengths.dtype}; "
+                            "use lengths.to(torch.int32)")
+    if lengths.device != scores.device:
+        raise WorkloadError(f"indexer_topk: lengths is on {lengths.device} but scores on "
+                            f"{scores.device}; move both to one device")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise WorkloadError(f"indexer_topk: k must be a positive int; got {k!r}")
+    if scores.shape[1] >= 2 ** 31 - 65536:
+        raise WorkloadError(f"indexer_topk: max_keys {scores.shape[1]} too large; must be "
+                            "< 2**31 - 65536 (int32 positions)")
+    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > scores.shape[1]:
+        raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
+                            f"got max {int(lengths.max())}; clamp lengths or widen scores")
+
+
+def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
+                        config: dict[str, Any]) -> Any:
+    """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
+
+    Never synchronizes the device and never reads device memory on the host. Lengths above
+    ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
+    """
+    import torch
+
+    _check_inputs(scores, lengths, k)
+    rows, n = scores.shape
+    validate_config(config, k, n)
+    cfg = {**DEFAULT_CONFIG, **config}
+    dev = scores.device
+    out = torch.empty((rows, k), dtype=torch.int32, device=dev)
+    if rows == 0:
+        return out
+    p = plan(cfg, n)
+    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
+    slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
+    stride = scores.stride(0)
+    kb = min(_next_pow2(k), 4096)
+    if n <= k:
+        # Every row has <= k valid keys: only the fast path runs.
+        dummy = torch.empty(1, dtype=torch.int32, device=dev)
+        _select_kernel[(rows,)](scores, lengths, dummy, dummy, dummy, dummy, dummy, out,
+                                n, stride, 1, k, cap, GS=gs, GB=gb, CAP=16, KB=kb,
+                                num_warps=cfg["SEARCH_WARPS"])
+        return out
+    gm = torch.empty((rows, groups), dtype=torch.int32, device=dev)
+    bound = torch.empty(rows, dtype=torch.int32, device=dev)
+    ncand = torch.empty(rows, dtype=torch.int32, device=dev)
+    cnt = torch.empty((rows, slices), dtype=torch.int32, device=dev)
+    cpos = torch.empty((rows, cap), dtype=torch.int32, device=dev)
+    ckey = torch.empty((rows, cap), dtype=torch.int32, device=dev)
+    nw = cfg["num_warps"]
+    sw = cfg["SEARCH_WARPS"]
+    _gmax_kernel[(rows, slices)](scores, lengths, gm, n, stride, groups, slice_len, k,
+                                 GS=gs, GB=gb, num_warps=nw)
+    gt_tile = min(cfg["BOUND_TILE"], _next_pow2(groups))
+    _bound_kernel[(rows,)](gm, lengths, bound, n, groups, k, GS=gs, GT=gt_tile,
+                           CHUNKED=groups > gt_tile, num_warps=sw)
+    sp = _next_pow2(slices)
+    if slices > 1:
+        _place_kernel[(rows, slices)](scores, lengths, gm, bound, cnt, ncand, cpos, ckey, n,
+                                      stride, groups, slice_len, slices, k, cap, GS=gs, GB=gb,
+                                      SP=sp, COUNT_ONLY=True, SINGLE=False, num_warps=nw)
+    _place_kernel[(rows, slices)](scores, lengths, gm, bound, cnt, ncand, cpos, ckey, n,
+                                  stride, groups, slice_len, slices, k, cap, GS=gs, GB=gb,
+                                  SP=sp, COUNT_ONLY=False, SINGLE=slices == 1, num_warps=nw)
+    _select_kernel[(rows,)](scores, lengths, gm, bound, ncand, cpos, ckey, out, n, stride,
+                            groups, k, cap, GS=gs, GB=gb, CAP=cap, KB=kb, num_warps=sw)
+    return out
