@@ -46,6 +46,12 @@ class DeviceFacts(BaseModel):
     def __hash__(self) -> int:
         return hash(self.fingerprint)
 
+    def __eq__(self, other: object) -> bool:
+        # Field values only: the cached fingerprint is not part of the identity.
+        if not isinstance(other, DeviceFacts):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
     @property
     def fingerprint(self) -> str:
         """A short digest of every field: equal facts give equal fingerprints."""

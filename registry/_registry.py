@@ -77,7 +77,8 @@ class Registry:
         self.impls: dict[str, dict[str, Implementation]] = {}
         self.generation = 0
         self._context_overrides: dict[str, list[str]] = {}
-        self._env_seen: dict[str, str | None] = {}
+        self._env_overrides: dict[str, str | None] = {}
+        self.strict = False
         self._decisions: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
@@ -209,8 +210,14 @@ class Registry:
     # caches and overrides
 
     def invalidate(self) -> None:
-        """Forget every cached decision (plugins, overrides or environment changed)."""
+        """Forget every cached decision and re-read KREG_SELECT_<OP> and KREG_STRICT.
+
+        The environment is read here (at first use and on every invalidation), not per call: the
+        hit paths stay free of environment reads. ``registry.override()`` needs no invalidation.
+        """
         with self._lock:
+            self._env_overrides = {op: os.environ.get(select_override_var(op)) for op in self.ops}
+            self.strict = knobs.strict
             self._decisions.clear()
             self.dispatch_map.clear()
             self.last_decisions.clear()
@@ -239,16 +246,10 @@ class Registry:
         stack = self._context_overrides.get(op)
         if stack:
             return stack[-1], "registry.override()"
-        var = select_override_var(op)
-        raw = os.environ.get(var)
-        if self._env_seen.get(op, None) != raw:
-            # An environment change after a decision was cached: drop the stale answers.
-            if op in self._env_seen:
-                self.invalidate()
-            self._env_seen[op] = raw
+        raw = self._env_overrides.get(op)
         if raw is None or raw.strip() in ("", "auto"):
             return None
-        return raw, var
+        return raw, select_override_var(op)
 
     def override_request(self, op: str) -> OverrideRequest | None:
         raw = self._override_raw(op)
@@ -353,7 +354,7 @@ class Registry:
                 self._notify(remote)
                 return remote
         decision = select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), override,
-                               strict=knobs.strict)
+                               strict=self.strict)
         if note:
             decision = decision.model_copy(update={"notes": [*decision.notes, note]})
         if decision.override is not None and not decision.override.honoured:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from registry._decision import Candidate, Decision, OverrideInfo
 from registry._facts import DeviceFacts
 from registry._format import format_candidates
+from registry._requirements import Check
 from registry._spec import Implementation
 from registry._workload import Workload
 from registry.errors import (
@@ -62,7 +63,13 @@ def _assess(impl: Implementation, facts: DeviceFacts, workload: Workload,
             waive_envelope: bool) -> tuple[bool, list]:  # type: ignore[type-arg]
     checks = []
     for req in impl.requirements:
-        c = req.check(facts, workload)
+        try:
+            c = req.check(facts, workload)
+        except Exception as exc:  # a buggy requirement disqualifies its candidate, nothing more
+            c = Check(name=req.name, kind="capability", passed=False,
+                      observed=f"requirement raised {type(exc).__name__}: {exc}",
+                      required="a requirement that evaluates (a bug in plugin "
+                               f"{impl.plugin!r})")
         if not c.passed and waive_envelope and c.kind == "envelope":
             c = c.model_copy(update={"waived": True})
         checks.append(c)

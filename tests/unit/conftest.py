@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import registry
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("KREG_SELECT_SPARSE_PREFILL", "KREG_SELECT_INDEXER_TOPK", "KREG_STRICT",
+                "KREG_PLUGINS", "KREG_DISABLE_PLUGINS", "KREG_DAEMON", "KREG_CHECK"):
+        monkeypatch.delenv(var, raising=False)
+    registry.invalidate()  # the registry reads KREG_* when invalidated, not per call
+    yield
+    registry.invalidate()
+
+
+@pytest.fixture
+def fresh() -> Iterator[registry.Registry]:
+    """A fresh default registry loaded from the entry points; restored afterwards."""
+    reg = registry.reset_registry()
+    yield reg
+    registry.reset_registry()
