@@ -1,0 +1,395 @@
+"""The daemon's wire protocol and its client.
+
+Protocol (version 1), over a Unix stream socket:
+
+* A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON holding one
+  object. Requests are at most :data:`MAX_REQUEST` bytes (the daemon answers a longer prefix with a
+  ``too_large`` error and closes); replies at most :data:`MAX_REPLY`.
+* A request is ``{"v": 1, "id": <int>, "type": <type>, ...}``; the reply echoes ``v`` and ``id``
+  and carries ``"ok": true`` with the answer, or ``"ok": false, "error": {"code", "message"}``.
+  Requests on one connection are answered in order.
+
+=========  ==============================================================  =====================
+type       request fields                                                  reply fields
+=========  ==============================================================  =====================
+select     ``op``, ``facts`` (DeviceFacts JSON text), ``workload`` (dict),  ``decision`` (Decision
+           ``override`` (raw value or null), ``plugins`` (plugin-set        JSON), ``hit``,
+           fingerprint)                                                    ``first_pid``
+explain    ``pid``, ``op`` (filters, null = all), ``limit``                 ``decisions`` (list)
+stats      (none)                                                          counters, see daemon
+shutdown   (none)                                                          ``pid``
+=========  ==============================================================  =====================
+
+Error codes: ``bad_frame``, ``too_large``, ``bad_json``, ``bad_request``, ``unsupported_version``,
+``unknown_type``, ``forbidden`` (peer of another uid), ``busy`` (too many connections),
+``plugin_mismatch`` (the client's plugin set differs from the daemon's), ``select_failed`` (the
+daemon's selection raised; the client selects in-process and gets the error itself).
+
+:func:`remote_select` is what ``Registry._decide`` calls on a local cache miss when
+``KREG_DAEMON`` is set. It never raises: on any failure it returns a one-line note, the caller
+selects in-process, and further attempts wait out a backoff (1 s doubling to 30 s) so a dead
+socket is not retried on every miss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from registry.errors import ConfigError, DaemonError
+
+if TYPE_CHECKING:
+    from registry._decision import Decision
+    from registry._facts import DeviceFacts
+    from registry._registry import Registry
+    from registry._workload import Workload
+
+__all__ = [
+    "MAX_REPLY",
+    "MAX_REQUEST",
+    "PROTOCOL_VERSION",
+    "DaemonClient",
+    "DaemonRefused",
+    "decode_frame",
+    "default_socket_path",
+    "encode_frame",
+    "remote_select",
+    "resolve_socket",
+]
+
+logger = logging.getLogger("registry.daemon")
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+MAX_REQUEST = 256 * 1024
+MAX_REPLY = 16 * 1024 * 1024
+# A Unix socket path must fit sun_path (108 bytes on Linux, including the NUL).
+MAX_SOCKET_PATH = 107
+
+DEFAULT_TIMEOUT = 0.5
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 30.0
+TIMEOUT_VAR = "KREG_DAEMON_TIMEOUT"
+
+
+# ---------------------------------------------------------------------------------------------
+# paths
+
+
+def default_socket_path() -> Path:
+    """``$XDG_RUNTIME_DIR/kreg/daemon.sock``, else ``$KREG_HOME/run/daemon.sock``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "kreg" / "daemon.sock"
+    from registry._knobs import knobs
+
+    return knobs.home / "run" / "daemon.sock"
+
+
+def resolve_socket(value: str | os.PathLike[str] | None) -> Path:
+    """The socket for a ``KREG_DAEMON``/``--socket`` value: ``1``/``true``/None mean the default."""
+    if value is None or str(value).strip().lower() in ("", "1", "true", "yes", "on", "default"):
+        path = default_socket_path()
+    else:
+        path = Path(value).expanduser()
+    if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
+        raise ConfigError(f"daemon socket path {str(path)!r} is {len(os.fsencode(str(path)))} "
+                          f"bytes; Unix sockets allow {MAX_SOCKET_PATH}: choose a shorter "
+                          f"path with --socket or KREG_DAEMON")
+    return path
+
+
+def client_timeout() -> float:
+    raw = os.environ.get(TIMEOUT_VAR)
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"Unable to use {TIMEOUT_VAR}={raw!r}: expected seconds "
+                          f"(a positive number)") from None
+    if not value > 0:
+        raise ConfigError(f"Unable to use {TIMEOUT_VAR}={raw!r}: expected seconds "
+                          f"(a positive number)")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# frames
+
+
+def encode_frame(obj: Any) -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def decode_frame(body: bytes) -> dict[str, Any]:
+    """Parse one frame body; raises ValueError for anything but a JSON object."""
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ValueError(f"a frame must hold a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+class DaemonRefused(DaemonError):
+    """The daemon answered with an error reply (``code`` says which)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class DaemonClient:
+    """One connection to the daemon; requests are synchronous and answered in order.
+
+    Not thread-safe: :func:`remote_select` serializes its use with a lock. Any transport failure
+    closes the connection (a late reply would otherwise be read as the next request's answer).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float | None = None) -> None:
+        self.path = str(path)
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def _recv_exact(self, sock: socket.socket, n: int, deadline: float) -> bytes:
+        chunks = []
+        while n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete reply within {self.timeout:g} s")
+            sock.settimeout(left)
+            chunk = sock.recv(min(n, 1 << 20))
+            if not chunk:
+                raise ConnectionResetError("the daemon closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def request_raw(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and return the reply object, ``ok`` or not."""
+        self.connect()
+        sock = self._sock
+        assert sock is not None
+        self._next_id += 1
+        rid = self._next_id
+        msg = {"v": PROTOCOL_VERSION, "id": rid, **msg}
+        deadline = time.monotonic() + self.timeout
+        try:
+            sock.settimeout(self.timeout)
+            sock.sendall(encode_frame(msg))
+            (n,) = HEADER.unpack(self._recv_exact(sock, HEADER.size, deadline))
+            if n > MAX_REPLY:
+                raise DaemonError(f"daemon reply of {n} bytes exceeds the {MAX_REPLY} byte limit")
+            reply = decode_frame(self._recv_exact(sock, n, deadline))
+        except BaseException:
+            self.close()
+            raise
+        if reply.get("id") not in (rid, None):
+            self.close()
+            raise DaemonError(f"daemon reply id {reply.get('id')!r} does not match request {rid}")
+        return reply
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; an error reply raises :class:`DaemonRefused`."""
+        reply = self.request_raw(msg)
+        if not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise DaemonRefused(str(err.get("code", "error")), str(err.get("message", reply)))
+        return reply
+
+    def select(self, op: str, facts_json: str, workload: dict[str, Any], override: str | None,
+               plugins: str) -> dict[str, Any]:
+        """The raw select: ``reply["decision"]`` is the Decision as a dict."""
+        return self.request({"type": "select", "op": op, "facts": facts_json,
+                             "workload": workload, "override": override, "plugins": plugins})
+
+    def explain(self, pid: int | None = None, op: str | None = None,
+                limit: int = 200) -> list[dict[str, Any]]:
+        reply = self.request({"type": "explain", "pid": pid, "op": op, "limit": limit})
+        return list(reply["decisions"])
+
+    def stats(self) -> dict[str, Any]:
+        return self.request({"type": "stats"})
+
+    def shutdown(self) -> dict[str, Any]:
+        return self.request({"type": "shutdown"})
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry's entry point
+
+
+@dataclass
+class _Link:
+    """Per process and socket: the connection and its backoff state."""
+
+    path: str
+    pid: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    client: DaemonClient | None = None
+    next_try: float = 0.0
+    delay: float = BACKOFF_FIRST
+    note: str | None = None
+    warned: bool = False
+    fingerprint: tuple[int, str] | None = None  # (registry generation, plugin fingerprint)
+    facts_json: dict[str, str] = field(default_factory=dict)
+
+
+_links: dict[str, _Link] = {}
+_links_lock = threading.Lock()
+
+
+def _link(path: str) -> _Link:
+    pid = os.getpid()
+    link = _links.get(path)
+    if link is None or link.pid != pid:
+        # A forked child must not share its parent's connection: the replies would interleave.
+        with _links_lock:
+            link = _links.get(path)
+            if link is None or link.pid != pid:
+                link = _Link(path=path, pid=pid)
+                _links[path] = link
+    return link
+
+
+def reset_links() -> None:
+    """Forget connections and backoff state (tests; after restarting the daemon)."""
+    with _links_lock:
+        for link in _links.values():
+            if link.client is not None:
+                link.client.close()
+        _links.clear()
+
+
+def _fail(link: _Link, note: str, detail: str) -> None:
+    if link.client is not None:
+        link.client.close()
+        link.client = None
+    link.note = note
+    link.next_try = time.monotonic() + link.delay
+    if not link.warned:
+        link.warned = True
+        logger.warning("%s; further misses select in-process until it answers again "
+                       "(next attempt in %.0f s, backoff up to %.0f s)", detail, link.delay,
+                       BACKOFF_MAX)
+    else:
+        logger.debug("%s (next attempt in %.0f s)", detail, link.delay)
+    link.delay = min(link.delay * 2, BACKOFF_MAX)
+
+
+def remote_select(reg: Registry, op: str, facts: DeviceFacts, wl: Workload,
+                  raw: tuple[str, str] | None) -> tuple[Decision | None, str | None]:
+    """Ask the daemon for the decision of one local cache miss.
+
+    Returns ``(decision, None)`` when the daemon answered, else ``(None, note)`` with the reason
+    the in-process decision will carry. Never raises for daemon trouble.
+    """
+    from registry._knobs import knobs
+
+    try:
+        path = str(resolve_socket(knobs.daemon))
+        timeout = client_timeout()
+    except ConfigError as exc:
+        return None, f"daemon not used ({exc}); selected in-process"
+    link = _link(path)
+    if link.next_try > time.monotonic():
+        return None, link.note  # backing off: do not touch the socket
+    with link.lock:
+        if link.next_try > time.monotonic():
+            return None, link.note
+        gen = reg.generation
+        if link.fingerprint is None or link.fingerprint[0] != gen:
+            link.fingerprint = (gen, reg.plugin_fingerprint())
+        fjson = link.facts_json.get(facts.fingerprint)
+        if fjson is None:
+            if len(link.facts_json) > 64:
+                link.facts_json.clear()
+            fjson = link.facts_json[facts.fingerprint] = facts.model_dump_json()
+        try:
+            if link.client is None:
+                link.client = DaemonClient(path, timeout)
+            link.client.timeout = timeout
+            reply = link.client.select(op, fjson, wl.model_dump(mode="json"),
+                                       raw[0] if raw else None, link.fingerprint[1])
+        except DaemonRefused as exc:
+            if exc.code == "select_failed":
+                # The daemon is fine; this workload is not. Selecting in-process raises the
+                # same error with the caller's own traceback.
+                return None, f"daemon at {path} could not decide ({exc.message}); selected " \
+                             f"in-process"
+            note = f"daemon at {path} refused this client ({exc.message}); selected in-process"
+            _fail(link, note, f"kreg daemon at {path} refused this client: {exc.message}")
+            return None, note
+        except TimeoutError as exc:
+            note = f"daemon at {path} too slow (no answer within {timeout:g} s); selected " \
+                   f"in-process"
+            _fail(link, note, f"kreg daemon at {path} did not answer within {timeout:g} s "
+                              f"({exc})")
+            return None, note
+        except (OSError, ValueError, DaemonError) as exc:
+            note = f"daemon at {path} unreachable ({type(exc).__name__}); selected in-process"
+            _fail(link, note, f"kreg daemon at {path} unreachable ({type(exc).__name__}: {exc})")
+            return None, note
+        if link.warned:
+            logger.info("kreg daemon at %s answers again; decisions are shared", path)
+        link.warned, link.delay, link.note = False, BACKOFF_FIRST, None
+    return _decision_from_reply(reply, raw, path)
+
+
+def _decision_from_reply(reply: dict[str, Any], raw: tuple[str, str] | None,
+                         path: str) -> tuple[Decision | None, str | None]:
+    from registry._decision import Decision
+    from registry._knobs import knobs
+
+    try:
+        decision = Decision.model_validate(reply["decision"])
+    except (KeyError, ValueError) as exc:
+        return None, f"daemon at {path} sent an unreadable decision ({type(exc).__name__}); " \
+                     f"selected in-process"
+    update: dict[str, Any] = {"source": "daemon"}
+    if raw is not None and decision.override is not None:
+        # The daemon saw only the value; the source (variable or context) is the client's.
+        update["override"] = decision.override.model_copy(update={"source": raw[1]})
+    hit = bool(reply.get("hit"))
+    first = reply.get("first_pid")
+    update["notes"] = [*decision.notes,
+                       f"shared by the daemon at {path} ("
+                       + (f"first asked by pid {first})" if hit else "decided for this process)")]
+    decision = decision.model_copy(update=update)
+    if knobs.strict and (decision.fallback or (decision.override is not None
+                                               and not decision.override.honoured)):
+        return None, None  # in-process selection raises StrictModeError with the full trace
+    return decision, None
