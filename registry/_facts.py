@@ -14,7 +14,7 @@ import platform
 import threading
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from registry.errors import ConfigError, UnknownDeviceError
 
@@ -77,7 +77,12 @@ class DeviceFacts(BaseModel):
                 f"{', '.join(type(self).model_fields)}")
         data = self.model_dump()
         data.update(changes)
-        return DeviceFacts.model_validate(data)
+        try:
+            return DeviceFacts.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})"
+                                 for e in exc.errors())
+            raise ConfigError(f"invalid device facts: {problems}") from None
 
 
 _GB = 1024**3

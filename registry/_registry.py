@@ -147,7 +147,7 @@ class Registry:
     def _call_each(self, hook: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call one hook on every plugin separately, so a raising plugin is isolated."""
         caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order
             name = impl.plugin_name
             try:
                 result = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})

@@ -25,8 +25,8 @@ from registry._workload import Workload
 
 __all__ = [
     "CAPABILITY",
-    "ENVELOPE",
     "Check",
+    "ENVELOPE",
     "Requirement",
     "arch_in",
     "device_in",

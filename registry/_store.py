@@ -35,13 +35,13 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import filelock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from registry._knobs import knobs
 from registry.errors import StoreError
@@ -176,7 +176,11 @@ class _Invalid(Exception):
     """The bytes are not a valid tuning document; the message says which rule they break."""
 
 
-def _parse_document(raw: bytes) -> list[TuningEntry]:
+_ENTRY_LIST: TypeAdapter[list[TuningEntry]] = TypeAdapter(list[TuningEntry])
+
+
+def _parse_document(raw: bytes) -> dict[str, TuningEntry]:
+    """The entries of a tuning document by key, in file order; raises :class:`_Invalid`."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -204,35 +208,43 @@ def _parse_document(raw: bytes) -> list[TuningEntry]:
     if doc["checksum"] != actual:
         raise _Invalid(f"checksum mismatch (file says {doc['checksum']!r}, "
                        f"entries hash to {actual!r}); the file was edited or damaged")
-    entries: list[TuningEntry] = []
-    seen: dict[str, int] = {}
-    for i, item in enumerate(raw_entries):
-        try:
-            entry = TuningEntry.model_validate(item)
-        except ValidationError as exc:
-            raise _Invalid(f"entry {i} is malformed: {_short_errors(exc)}") from None
+    try:
+        entries = _ENTRY_LIST.validate_python(raw_entries)
+    except ValidationError as exc:
+        raise _Invalid(f"entry {_short_errors(exc)}") from None
+    by_key: dict[str, TuningEntry] = {}
+    for i, entry in enumerate(entries):
         key = entry.key()
-        if key in seen:
-            raise _Invalid(f"entries {seen[key]} and {i} have the same key")
-        seen[key] = i
-        entries.append(entry)
-    return entries
+        if key in by_key:
+            first = next(j for j, k in enumerate(by_key) if k == key)
+            raise _Invalid(f"entries {first} and {i} have the same key")
+        by_key[key] = entry
+    return by_key
 
 
 def _short_errors(exc: ValidationError) -> str:
-    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<entry>'}: {e['msg']}"
-             for e in exc.errors()[:3]]
+    # loc starts with the entry index: "0 is malformed: command: Field required".
+    parts = []
+    for e in exc.errors()[:3]:
+        index, *field = e["loc"]
+        parts.append(f"{index} is malformed: {'.'.join(str(p) for p in field) or '<entry>'}: "
+                     f"{e['msg']}")
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def _render_document(entries: Iterable[TuningEntry]) -> bytes:
-    # Sorted by key so that the file, and an exported table, diff cleanly between versions.
-    ordered = sorted(entries, key=lambda e: e.key())
-    raw_entries = [e.model_dump(mode="json") for e in ordered]
-    doc = {"schema_version": SCHEMA_VERSION, "checksum": _checksum(raw_entries),
-           "entries": raw_entries}
-    return (json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+def _render_document(by_key: Mapping[str, TuningEntry]) -> bytes:
+    # Sorted by key, one entry per line: the file and an exported table diff cleanly. Built by
+    # hand because json.dumps(indent=...) falls back to the pure-Python encoder, 10x slower.
+    raw_entries = [by_key[k].model_dump(mode="json") for k in sorted(by_key)]
+    lines = [json.dumps(e, ensure_ascii=False, allow_nan=False) for e in raw_entries]
+    head = json.dumps({"schema_version": SCHEMA_VERSION, "checksum": _checksum(raw_entries)})
+    body = ",\n".join(lines)
+    return f"{head[:-1]}, \"entries\": [\n{body}\n]}}\n".encode()
+
+
+def _by_key(entries: Iterable[TuningEntry]) -> dict[str, TuningEntry]:
+    return {e.key(): e for e in entries}
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,9 +327,9 @@ class TuningStore:
         self.lock_path: Path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout = lock_timeout
         self._lock = filelock.FileLock(self.lock_path, timeout=lock_timeout)
-        # (fingerprint, entries) of the last good read: load() is called on every selection
-        # that consults the store, and parsing is the expensive part.
-        self._cached: tuple[str, tuple[TuningEntry, ...]] | None = None
+        # (fingerprint, entries by key) of the last good read or write: load() runs on every
+        # selection that consults the store, and parsing is the expensive part.
+        self._cached: tuple[str, dict[str, TuningEntry]] | None = None
 
     def __repr__(self) -> str:
         return f"TuningStore({str(self.path)!r})"
@@ -342,19 +354,21 @@ class TuningStore:
         fp = self.fingerprint()
         cached = self._cached
         if cached is not None and cached[0] == fp:
-            return list(cached[1])
+            return list(cached[1].values())
         raw = _read_bytes(self.path)
         if raw is None:
             return []
         try:
-            entries = _parse_document(raw)
+            by_key = _parse_document(raw)
         except _Invalid:
             # Re-check under the lock: a writer may have set it aside and started afresh since.
             with self._locked():
-                entries = self._read_locked()
-            return entries
-        self._cached = (fp, tuple(entries))
-        return entries
+                by_key = self._read_locked()
+            return list(by_key.values())
+        # fp was taken before the read, so at worst a newer file is cached under an older
+        # fingerprint, which only costs one extra parse.
+        self._cached = (fp, by_key)
+        return list(by_key.values())
 
     def lookup(self, op: str, device: DeviceIdentity, software: Software
                ) -> tuple[list[TuningEntry], list[Mismatch]]:
@@ -383,16 +397,16 @@ class TuningStore:
         if not new:
             return
         with self._locked():
-            by_key = {e.key(): e for e in self._read_locked()}
-            for e in new:
-                by_key[e.key()] = e
-            self._write_locked(by_key.values())
+            # Always re-read under the lock (never the cache): another process may have written.
+            by_key = self._read_locked()
+            by_key.update(_by_key(new))
+            self._write_locked(by_key)
 
     def remove(self, predicate: Callable[[TuningEntry], bool]) -> int:
         """Remove the entries for which ``predicate`` is true; returns how many were removed."""
         with self._locked():
             current = self._read_locked()
-            keep = [e for e in current if not predicate(e)]
+            keep = {k: e for k, e in current.items() if not predicate(e)}
             removed = len(current) - len(keep)
             if removed:
                 self._write_locked(keep)
@@ -409,7 +423,7 @@ class TuningStore:
 
         Returns the number of entries written. The table has the store's format and checksum.
         """
-        entries = [e for e in self.load() if op is None or e.op == op]
+        entries = _by_key(e for e in self.load() if op is None or e.op == op)
         _atomic_write(Path(dest), _render_document(entries))
         return len(entries)
 
@@ -446,18 +460,21 @@ class TuningStore:
         finally:
             self._lock.release()
 
-    def _read_locked(self) -> list[TuningEntry]:
-        """Read the file with the lock held, setting it aside if it is corrupt."""
+    def _read_locked(self) -> dict[str, TuningEntry]:
+        """Read the file with the lock held, setting it aside if it is corrupt.
+
+        Returns a fresh dict the caller may change.
+        """
         raw = _read_bytes(self.path)
         if raw is None:
-            return []
+            return {}
         try:
-            entries = _parse_document(raw)
+            by_key = _parse_document(raw)
         except _Invalid as problem:
             self._quarantine(str(problem))
-            return []
-        self._cached = (self.fingerprint(), tuple(entries))
-        return entries
+            return {}
+        self._cached = (self.fingerprint(), dict(by_key))
+        return by_key
 
     def _quarantine(self, problem: str) -> None:
         aside = _corrupt_name(self.path)
@@ -474,9 +491,10 @@ class TuningStore:
         logger.warning("tuning store %s is corrupt (%s); moved it aside to %s and ignored it; "
                        "the next write starts a fresh store", self.path, problem, aside)
 
-    def _write_locked(self, entries: Iterable[TuningEntry]) -> None:
-        _atomic_write(self.path, _render_document(entries))
-        self._cached = None
+    def _write_locked(self, by_key: dict[str, TuningEntry]) -> None:
+        _atomic_write(self.path, _render_document(by_key))
+        # Under the lock nobody else can replace the file, so this fingerprint is ours.
+        self._cached = (self.fingerprint(), dict(by_key))
 
 
 def _mismatch_reasons(entry: TuningEntry, device: DeviceIdentity, software: Software) -> list[str]:
@@ -510,7 +528,7 @@ def load_table(path: Path) -> list[TuningEntry]:
         raise _os_error("read tuning table", path, exc,
                         "check the path and that the file is readable") from exc
     try:
-        return _parse_document(raw)
+        return list(_parse_document(raw).values())
     except _Invalid as problem:
         raise StoreError(f"Tuning table {path} is invalid: {problem}; re-export it from a store "
                          "(TuningStore.export_table) instead of editing it by hand") from None

@@ -56,7 +56,7 @@ def test_facts_are_frozen_and_what_if_validates() -> None:
     assert h200.what_if().fingerprint == h200.fingerprint
     with pytest.raises(ConfigError, match="no field"):
         h200.what_if(sm_counts=3)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError, match="sm_count"):
         h200.what_if(sm_count=-1)
 
 
