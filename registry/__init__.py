@@ -84,7 +84,7 @@ def select(op: str, workload: Mapping[str, Any] | Workload,
     """The decision for ``workload`` on ``device`` (DeviceFacts, a profile name, or None for this
     machine's current device), with every candidate's verdicts. Raises a ``KregError`` subclass
     for an unknown op, an invalid workload, or when nothing can run it."""
-    return get_registry().select(op, workload, device)
+    return (_r._default or get_registry()).select(op, workload, device)
 
 
 def probe() -> DeviceFacts:

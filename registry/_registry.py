@@ -313,30 +313,48 @@ class Registry:
 
     def select(self, op: str, workload: Mapping[str, Any] | Workload,
                device: DeviceFacts | str | None = None) -> Decision:
+        # The hit path: a key from what the caller passed, one LRU lookup. A profile name stands
+        # for its (immutable) facts; DeviceFacts are keyed by fingerprint; None by this machine's
+        # probed facts.
+        if device.__class__ is str:
+            dkey: Any = device
+        else:
+            dkey = self.resolve_device(device).fingerprint  # type: ignore[arg-type]
+        stack = self._context_overrides.get(op)
+        raw = stack[-1] if stack else self._env_overrides.get(op)
+        try:
+            key = (op, dkey, tuple(workload.items()), raw)  # type: ignore[union-attr]
+            hit = self._decisions.get(key)
+        except (AttributeError, TypeError):  # a Workload model, or unhashable values
+            key = None
+            hit = None
+        if hit is not None:
+            self._decisions.move_to_end(key)
+            return hit
+        return self._select_miss(op, workload, device, key)
+
+    def _select_miss(self, op: str, workload: Mapping[str, Any] | Workload,
+                     device: DeviceFacts | str | None, key: tuple[Any, ...] | None) -> Decision:
         spec = self.spec(op)
         facts = self.resolve_device(device)
-        raw = self._override_raw(op)
         if isinstance(workload, Workload):
-            wkey: tuple[Any, ...] = (type(workload), workload.key())
-        else:
-            try:
-                wkey = tuple(workload.items())
-                hash(wkey)
-            except (AttributeError, TypeError):
-                wkey = ()
-        key = (op, facts.fingerprint, wkey, raw)
-        if wkey:
+            key = (op, facts.fingerprint, (type(workload), workload.key()),
+                   self._override_value(op))
             hit = self._decisions.get(key)
             if hit is not None:
                 return hit
         wl = make_workload(spec.workload_model, workload)
-        decision = self._decide(op, facts, wl, raw)
-        if wkey:
+        decision = self._decide(op, facts, wl, self._override_raw(op))
+        if key is not None:
             with self._lock:
                 self._decisions[key] = decision.model_copy(update={"cached": True})
-                if len(self._decisions) > DECISION_CACHE_SIZE:
+                while len(self._decisions) > DECISION_CACHE_SIZE:
                     self._decisions.popitem(last=False)
         return decision
+
+    def _override_value(self, op: str) -> str | None:
+        stack = self._context_overrides.get(op)
+        return stack[-1] if stack else self._env_overrides.get(op)
 
     def _decide(self, op: str, facts: DeviceFacts, wl: Workload,
                 raw: tuple[str, str] | None) -> Decision:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -126,10 +127,5 @@ class Implementation:
         fn = self.load_kernel()
         if not self.configurable:
             return fn
-        frozen = dict(config or {})
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return fn(*args, config=frozen, **kwargs)
-
-        call.__name__ = f"{self.name}[{','.join(f'{k}={v}' for k, v in frozen.items())}]"
-        return call
+        # functools.partial is implemented in C: cheaper on the hit path than a Python closure.
+        return functools.partial(fn, config=dict(config or {}))
