@@ -268,7 +268,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"--kreg-conformance {name}: plugin {name!r} registers no "
                                     "implementation; nothing to check")
         for target in targets:
-            items.append(ConformanceItem.from_parent(session, name=target.name, target=target,
+            items.append(ConformanceItem.from_parent(session, name=target.name,
+                                                     nodeid=target.name, target=target,
                                                      seed=seed))
 
 
