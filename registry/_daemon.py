@@ -317,12 +317,13 @@ class Daemon:
         return encode_frame({"v": PROTOCOL_VERSION, "id": rid, "ok": True, **payload})
 
     def _select(self, req: dict[str, Any], rid: int | None, peer_pid: int) -> bytes:
-        op, facts_s, wl = req.get("op"), req.get("facts"), req.get("workload")
+        op, fp, wl = req.get("op"), req.get("facts_fp"), req.get("workload")
         override, plugins = req.get("override"), req.get("plugins")
-        if not (isinstance(op, str) and isinstance(facts_s, str) and isinstance(wl, dict)
+        if not (isinstance(op, str) and isinstance(fp, str) and isinstance(wl, dict)
                 and isinstance(plugins, str) and (override is None or isinstance(override, str))):
-            raise _Reject("bad_request", "select needs op (str), facts (DeviceFacts JSON text), "
-                                         "workload (object), override (str or null), plugins (str)")
+            raise _Reject("bad_request", "select needs op (str), facts_fp (str), workload "
+                                         "(object), override (str or null), plugins (str), and "
+                                         "facts (DeviceFacts JSON text) for new facts")
         self.selects += 1
         if plugins != self.plugin_fp:
             raise _Reject("plugin_mismatch",
@@ -330,17 +331,20 @@ class Daemon:
                           f"decisions could name implementations this client lacks (check "
                           f"KREG_PLUGINS, KREG_DISABLE_PLUGINS and registered plugins, or run a "
                           f"daemon with the same plugin set)")
+        facts_s = req.get("facts")
+        if facts_s is not None:
+            self._learn_facts(fp, facts_s)
         try:
             wl_text = json.dumps(wl, sort_keys=True, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise _Reject("bad_request", f"workload is not plain JSON: {exc}") from None
-        akey = (op, facts_s, wl_text, override)
+        akey = (op, fp, wl_text, override)
         entry = self.aliases.get(akey)
         if entry is not None:
             hit = True
             self.aliases.move_to_end(akey)
         else:
-            entry, hit = self._resolve(op, facts_s, wl, override, peer_pid)
+            entry, hit = self._resolve(op, fp, wl, override, peer_pid)
             self.aliases[akey] = entry
             if len(self.aliases) > self.cache_size:
                 self.aliases.popitem(last=False)
@@ -360,22 +364,33 @@ class Daemon:
                          str(entry.first_pid).encode(), b',"decision":', entry.json, b"}"))
         return HEADER.pack(len(body)) + body
 
-    def _resolve(self, op: str, facts_s: str, wl: dict[str, Any], override: str | None,
-                 peer_pid: int) -> tuple[_Entry, bool]:
+    def _learn_facts(self, fp: str, facts_s: Any) -> None:
         from pydantic import ValidationError
 
         from registry._facts import DeviceFacts
 
-        facts = self.facts.get(facts_s)
+        if fp in self.facts:
+            return
+        if not isinstance(facts_s, str):
+            raise _Reject("bad_request", "facts must be DeviceFacts JSON text")
+        try:
+            facts = DeviceFacts.model_validate_json(facts_s)
+        except ValidationError as exc:
+            raise _Reject("bad_request", f"facts are not valid DeviceFacts: "
+                                         f"{str(exc)[:300]}") from None
+        if facts.fingerprint != fp:
+            raise _Reject("bad_request", f"facts_fp {fp!r} is not the fingerprint of the facts "
+                                         f"sent ({facts.fingerprint!r})")
+        if len(self.facts) >= 1024:  # bounded: a client resends on unknown_facts
+            self.facts.clear()
+        self.facts[fp] = facts
+
+    def _resolve(self, op: str, fp: str, wl: dict[str, Any], override: str | None,
+                 peer_pid: int) -> tuple[_Entry, bool]:
+        facts = self.facts.get(fp)
         if facts is None:
-            try:
-                facts = DeviceFacts.model_validate_json(facts_s)
-            except ValidationError as exc:
-                raise _Reject("bad_request", f"facts are not valid DeviceFacts: "
-                                             f"{str(exc)[:300]}") from None
-            if len(self.facts) >= 1024:
-                self.facts.clear()
-            self.facts[facts_s] = facts
+            raise _Reject("unknown_facts", f"no facts known for fingerprint {fp!r}; send them "
+                                           f"in the facts field")
         try:
             workload = self.reg.workload(op, wl)
             key = (facts.fingerprint, op, workload.key(), override, self.plugin_fp)
@@ -426,9 +441,13 @@ class Daemon:
 
     def _acquire(self) -> None:
         """Take the socket's lock, write the pid file, remove a stale socket."""
+        from registry._daemon_client import default_socket_path
+
         parent = self.path.parent
         if not parent.exists():
             parent.mkdir(parents=True, mode=0o700)
+        elif self.path == default_socket_path():
+            parent.chmod(0o700)  # ours alone; a chosen --socket directory is left as it is
         lock = filelock.FileLock(str(lock_path(self.path)), timeout=0)
         try:
             lock.acquire()
@@ -525,10 +544,10 @@ class Daemon:
             logger.info("kreg daemon pid %d stopped", os.getpid())
 
 
-def serve(socket_path: str | os.PathLike[str] | None = None) -> int:
+def serve(socket_path: str | os.PathLike[str] | None = None, **options: Any) -> int:
     """Run a daemon in this process; the exit status for a command line."""
     try:
-        Daemon(socket_path).run()
+        Daemon(socket_path, **options).run()
     except (DaemonError, KregError) as exc:
         print(f"kreg daemon: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -542,12 +561,17 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Run the kreg dispatch daemon in the foreground.")
     parser.add_argument("--socket", default=None, help="socket path (default: KREG_DAEMON or "
                                                        "$XDG_RUNTIME_DIR/kreg/daemon.sock)")
+    parser.add_argument("--read-timeout", type=float, default=2.0,
+                        help="seconds a started request frame may take to arrive (default 2)")
+    parser.add_argument("--idle-timeout", type=float, default=600.0,
+                        help="seconds an idle connection is kept (default 600)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     from registry._knobs import knobs
 
-    return serve(args.socket if args.socket is not None else knobs.daemon)
+    return serve(args.socket if args.socket is not None else knobs.daemon,
+                 read_timeout=args.read_timeout, idle_timeout=args.idle_timeout)
 
 
 if __name__ == "__main__":

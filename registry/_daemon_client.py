@@ -12,16 +12,17 @@ Protocol (version 1), over a Unix stream socket:
 =========  ==============================================================  =====================
 type       request fields                                                  reply fields
 =========  ==============================================================  =====================
-select     ``op``, ``facts`` (DeviceFacts JSON text), ``workload`` (dict),  ``decision`` (Decision
-           ``override`` (raw value or null), ``plugins`` (plugin-set        JSON), ``hit``,
-           fingerprint)                                                    ``first_pid``
+select     ``op``, ``facts_fp`` (DeviceFacts fingerprint), ``facts``       ``decision`` (Decision
+           (DeviceFacts JSON text; needed once per connection and facts),  JSON), ``hit``,
+           ``workload`` (dict), ``override`` (raw value or null),          ``first_pid``
+           ``plugins`` (plugin-set fingerprint)
 explain    ``pid``, ``op`` (filters, null = all), ``limit``                 ``decisions`` (list)
 stats      (none)                                                          counters, see daemon
 shutdown   (none)                                                          ``pid``
 =========  ==============================================================  =====================
 
 Error codes: ``bad_frame``, ``too_large``, ``bad_json``, ``bad_request``, ``unsupported_version``,
-``unknown_type``, ``forbidden`` (peer of another uid), ``busy`` (too many connections),
+``unknown_type``, ``unknown_facts`` (send ``facts`` with the fingerprint), ``forbidden`` (peer of another uid), ``busy`` (too many connections),
 ``plugin_mismatch`` (the client's plugin set differs from the daemon's), ``select_failed`` (the
 daemon's selection raised; the client selects in-process and gets the error itself).
 
@@ -33,6 +34,7 @@ socket is not retried on every miss.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -160,6 +162,9 @@ class DaemonClient:
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         self._sock: socket.socket | None = None
         self._next_id = 0
+        # Fingerprints whose facts this connection has sent: later selects send only the
+        # fingerprint, which keeps a request small (a third of the parse time of the daemon).
+        self._sent_facts: set[str] = set()
 
     def __enter__(self) -> DaemonClient:
         return self
@@ -180,6 +185,7 @@ class DaemonClient:
         self._sock = sock
 
     def close(self) -> None:
+        self._sent_facts = set()
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
@@ -209,7 +215,20 @@ class DaemonClient:
         deadline = time.monotonic() + self.timeout
         try:
             sock.settimeout(self.timeout)
-            sock.sendall(encode_frame(msg))
+            try:
+                sock.sendall(encode_frame(msg))
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon may have refused us at connect (another uid, too many clients) and
+                # hung up: its reason is still readable, and better than "broken pipe".
+                try:
+                    (n,) = HEADER.unpack(self._recv_exact(sock, HEADER.size, deadline))
+                    early = decode_frame(self._recv_exact(sock, min(n, MAX_REPLY), deadline))
+                except (OSError, ValueError, struct.error):
+                    early = None
+                if early is None or early.get("ok") is not False:
+                    raise
+                self.close()
+                return early
             (n,) = HEADER.unpack(self._recv_exact(sock, HEADER.size, deadline))
             if n > MAX_REPLY:
                 raise DaemonError(f"daemon reply of {n} bytes exceeds the {MAX_REPLY} byte limit")
@@ -231,10 +250,26 @@ class DaemonClient:
         return reply
 
     def select(self, op: str, facts_json: str, workload: dict[str, Any], override: str | None,
-               plugins: str) -> dict[str, Any]:
-        """The raw select: ``reply["decision"]`` is the Decision as a dict."""
-        return self.request({"type": "select", "op": op, "facts": facts_json,
-                             "workload": workload, "override": override, "plugins": plugins})
+               plugins: str, facts_fp: str | None = None) -> dict[str, Any]:
+        """The raw select: ``reply["decision"]`` is the Decision as a dict.
+
+        ``facts_json`` is ``DeviceFacts.model_dump_json()``; ``facts_fp`` its fingerprint
+        (computed here when not given)."""
+        if facts_fp is None:
+            facts_fp = hashlib.sha256(facts_json.encode()).hexdigest()[:16]
+        msg = {"type": "select", "op": op, "facts_fp": facts_fp, "workload": workload,
+               "override": override, "plugins": plugins}
+        if facts_fp not in self._sent_facts:
+            msg["facts"] = facts_json
+        try:
+            reply = self.request(msg)
+        except DaemonRefused as exc:
+            if exc.code != "unknown_facts" or "facts" in msg:
+                raise
+            msg["facts"] = facts_json  # the daemon forgot them (bounded table): once more
+            reply = self.request(msg)
+        self._sent_facts.add(facts_fp)
+        return reply
 
     def explain(self, pid: int | None = None, op: str | None = None,
                 limit: int = 200) -> list[dict[str, Any]]:
@@ -343,7 +378,8 @@ def remote_select(reg: Registry, op: str, facts: DeviceFacts, wl: Workload,
                 link.client = DaemonClient(path, timeout)
             link.client.timeout = timeout
             reply = link.client.select(op, fjson, wl.model_dump(mode="json"),
-                                       raw[0] if raw else None, link.fingerprint[1])
+                                       raw[0] if raw else None, link.fingerprint[1],
+                                       facts.fingerprint)
         except DaemonRefused as exc:
             if exc.code == "select_failed":
                 # The daemon is fine; this workload is not. Selecting in-process raises the
