@@ -5,7 +5,8 @@ One JSON document per store, ``$KREG_HOME/tuning.json``::
     {"schema_version": 1, "checksum": "<sha256 hex>", "entries": [<TuningEntry>, ...]}
 
 ``checksum`` is the sha256 of the canonical JSON of ``entries`` (sorted keys, no whitespace,
-UTF-8), so the file itself may be indented for people to read. An exported table
+UTF-8, no NaN). The writer puts one entry per line, sorted by key, so files diff cleanly; a reader
+accepts any layout. An exported table
 (:meth:`TuningStore.export_table`) is the same document, which is what lets a vendor plugin ship
 one and read it back with :func:`load_table`.
 
@@ -33,15 +34,16 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import filelock
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry._knobs import knobs
 from registry.errors import StoreError
@@ -69,7 +71,7 @@ _FILE_MODE = 0o644
 
 def utc_now() -> str:
     """The current time as ISO 8601 UTC with an explicit offset, the form ``measured_at`` takes."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +136,8 @@ class TuningEntry(_Frozen):
     @classmethod
     def _utc_iso(cls, value: str) -> str:
         try:
-            when = datetime.fromisoformat(value)
+            # Python 3.10's fromisoformat does not read a "Z" suffix.
+            when = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
         except ValueError:
             raise ValueError(f"measured_at {value!r} is not ISO 8601; use registry._store.utc_now()"
                              ) from None
@@ -161,6 +164,22 @@ class Mismatch(NamedTuple):
 
 # --------------------------------------------------------------------------------------------
 # document format
+#
+# The writer lays the document out as one header line, one canonical entry per line (sorted by
+# key) and a closing line, so that the entries array in the file *is* the canonical JSON the
+# checksum covers. That lets a reader verify the checksum over the text and reuse entries it has
+# already validated (the memo) instead of re-parsing and re-validating the whole file on every
+# read-modify-write, which would make a tuning sweep quadratic. Any other layout (a table a vendor
+# wrote by other means, or a damaged file) takes the full path, which is the authority on what
+# is valid and says what is wrong.
+
+# key -> (canonical JSON of the entry, entry)
+_Doc = dict[str, tuple[str, TuningEntry]]
+# canonical JSON of an entry -> (key, entry)
+_Memo = Mapping[str, tuple[str, TuningEntry]]
+
+_HEADER = re.compile(r'\{"schema_version": (\d+), "checksum": "([0-9a-f]{64})", "entries": \[\Z')
+_FOOTER = "]}"
 
 
 def _canonical(data: Any) -> str:
@@ -168,19 +187,65 @@ def _canonical(data: Any) -> str:
                       allow_nan=False)
 
 
-def _checksum(raw_entries: Any) -> str:
-    return hashlib.sha256(_canonical(raw_entries).encode("utf-8")).hexdigest()
+def _checksum_of_lines(lines: Iterable[str]) -> str:
+    # Equal to sha256(_canonical(entries)): a compact JSON list is "[" + ",".join(items) + "]".
+    return hashlib.sha256(("[" + ",".join(lines) + "]").encode("utf-8")).hexdigest()
 
 
 class _Invalid(Exception):
     """The bytes are not a valid tuning document; the message says which rule they break."""
 
 
-_ENTRY_LIST: TypeAdapter[list[TuningEntry]] = TypeAdapter(list[TuningEntry])
-
-
-def _parse_document(raw: bytes) -> dict[str, TuningEntry]:
+def _parse_document(raw: bytes, memo: _Memo | None = None) -> _Doc:
     """The entries of a tuning document by key, in file order; raises :class:`_Invalid`."""
+    doc = _parse_own_layout(raw, memo or {})
+    return doc if doc is not None else _parse_any_layout(raw)
+
+
+def _parse_own_layout(raw: bytes, memo: _Memo) -> _Doc | None:
+    """Fast path for a document in the writer's layout; None means "take the full path"."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    lines = text.split("\n")  # not splitlines(): JSON strings may hold U+2028 unescaped
+    if len(lines) < 3 or lines[-1] != "" or lines[-2] != _FOOTER:
+        return None
+    header = _HEADER.match(lines[0])
+    if header is None or int(header.group(1)) != SCHEMA_VERSION:
+        return None
+    body = lines[1:-2]
+    if any(not line.endswith(",") for line in body[:-1]) or (body and body[-1].endswith(",")):
+        return None
+    body = [line[:-1] for line in body[:-1]] + body[-1:]
+    if _checksum_of_lines(body) != header.group(2):
+        return None
+    doc: _Doc = {}
+    for line in body:
+        known = memo.get(line)
+        if known is None:
+            known = _entry_from_canonical(line)
+            if known is None:
+                return None
+        key, entry = known
+        if key in doc:
+            return None
+        doc[key] = (line, entry)
+    return doc
+
+
+def _entry_from_canonical(line: str) -> tuple[str, TuningEntry] | None:
+    try:
+        data = json.loads(line)
+        if _canonical(data) != line:
+            return None
+        entry = TuningEntry.model_validate(data)
+    except (ValueError, RecursionError):  # JSONDecodeError and ValidationError are ValueErrors
+        return None
+    return entry.key(), entry
+
+
+def _parse_any_layout(raw: bytes) -> _Doc:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -202,49 +267,49 @@ def _parse_document(raw: bytes) -> dict[str, TuningEntry]:
     if not isinstance(raw_entries, list):
         raise _Invalid(f"'entries' is a JSON {type(raw_entries).__name__}, expected a list")
     try:
-        actual = _checksum(raw_entries)
-    except ValueError as exc:  # NaN/inf smuggled in as a JSON extension
-        raise _Invalid(f"entries are not canonical JSON ({exc})") from None
+        lines = [_canonical(item) for item in raw_entries]
+    except ValueError as exc:  # NaN/inf, which Python's json reads as an extension
+        raise _Invalid(f"entries are not strict JSON ({exc})") from None
+    actual = _checksum_of_lines(lines)
     if doc["checksum"] != actual:
         raise _Invalid(f"checksum mismatch (file says {doc['checksum']!r}, "
                        f"entries hash to {actual!r}); the file was edited or damaged")
-    try:
-        entries = _ENTRY_LIST.validate_python(raw_entries)
-    except ValidationError as exc:
-        raise _Invalid(f"entry {_short_errors(exc)}") from None
-    by_key: dict[str, TuningEntry] = {}
-    for i, entry in enumerate(entries):
+    result: _Doc = {}
+    index: dict[str, int] = {}
+    for i, (item, line) in enumerate(zip(raw_entries, lines, strict=True)):
+        try:
+            entry = TuningEntry.model_validate(item)
+        except ValidationError as exc:
+            raise _Invalid(f"entry {i} is malformed: {_short_errors(exc)}") from None
         key = entry.key()
-        if key in by_key:
-            first = next(j for j, k in enumerate(by_key) if k == key)
-            raise _Invalid(f"entries {first} and {i} have the same key")
-        by_key[key] = entry
-    return by_key
+        if key in result:
+            raise _Invalid(f"entries {index[key]} and {i} have the same key")
+        index[key] = i
+        result[key] = (line, entry)
+    return result
 
 
 def _short_errors(exc: ValidationError) -> str:
-    # loc starts with the entry index: "0 is malformed: command: Field required".
-    parts = []
-    for e in exc.errors()[:3]:
-        index, *field = e["loc"]
-        parts.append(f"{index} is malformed: {'.'.join(str(p) for p in field) or '<entry>'}: "
-                     f"{e['msg']}")
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<entry>'}: {e['msg']}"
+             for e in exc.errors()[:3]]
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def _render_document(by_key: Mapping[str, TuningEntry]) -> bytes:
-    # Sorted by key, one entry per line: the file and an exported table diff cleanly. Built by
-    # hand because json.dumps(indent=...) falls back to the pure-Python encoder, 10x slower.
-    raw_entries = [by_key[k].model_dump(mode="json") for k in sorted(by_key)]
-    lines = [json.dumps(e, ensure_ascii=False, allow_nan=False) for e in raw_entries]
-    head = json.dumps({"schema_version": SCHEMA_VERSION, "checksum": _checksum(raw_entries)})
-    body = ",\n".join(lines)
-    return f"{head[:-1]}, \"entries\": [\n{body}\n]}}\n".encode()
+def _render_document(doc: _Doc) -> bytes:
+    lines = [doc[key][0] for key in sorted(doc)]
+    header = (f'{{"schema_version": {SCHEMA_VERSION}, "checksum": "{_checksum_of_lines(lines)}", '
+              '"entries": [')
+    return "\n".join([header, *([",\n".join(lines)] if lines else []), _FOOTER, ""]).encode()
 
 
-def _by_key(entries: Iterable[TuningEntry]) -> dict[str, TuningEntry]:
-    return {e.key(): e for e in entries}
+def _as_doc(entries: Iterable[TuningEntry]) -> _Doc:
+    """Entries keyed for a document; a later entry with the same key replaces an earlier one."""
+    return {e.key(): (_canonical(e.model_dump(mode="json")), e) for e in entries}
+
+
+def _memo_of(doc: _Doc) -> dict[str, tuple[str, TuningEntry]]:
+    return {line: (key, entry) for key, (line, entry) in doc.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,7 +373,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _corrupt_name(path: Path) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     return path.with_name(f"{path.name}.corrupt-{stamp}-{os.getpid()}")
 
 
@@ -327,9 +392,10 @@ class TuningStore:
         self.lock_path: Path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout = lock_timeout
         self._lock = filelock.FileLock(self.lock_path, timeout=lock_timeout)
-        # (fingerprint, entries by key) of the last good read or write: load() runs on every
-        # selection that consults the store, and parsing is the expensive part.
-        self._cached: tuple[str, dict[str, TuningEntry]] | None = None
+        # The last good read or write: its fingerprint, entries and memo. load() runs on every
+        # selection that consults the store; parsing and validating are the expensive parts.
+        # Replaced as a whole (one assignment), so threads sharing a store see a consistent one.
+        self._last: tuple[str, _Doc, _Memo] = ("", {}, {})
 
     def __repr__(self) -> str:
         return f"TuningStore({str(self.path)!r})"
@@ -352,23 +418,23 @@ class TuningStore:
     def load(self) -> list[TuningEntry]:
         """Every entry in the store; ``[]`` when there is no file or it was corrupt (set aside)."""
         fp = self.fingerprint()
-        cached = self._cached
-        if cached is not None and cached[0] == fp:
-            return list(cached[1].values())
+        last_fp, last_doc, memo = self._last
+        if fp == last_fp:
+            return [entry for _, entry in last_doc.values()]
         raw = _read_bytes(self.path)
         if raw is None:
             return []
         try:
-            by_key = _parse_document(raw)
+            doc = _parse_document(raw, memo)
         except _Invalid:
             # Re-check under the lock: a writer may have set it aside and started afresh since.
             with self._locked():
-                by_key = self._read_locked()
-            return list(by_key.values())
-        # fp was taken before the read, so at worst a newer file is cached under an older
-        # fingerprint, which only costs one extra parse.
-        self._cached = (fp, by_key)
-        return list(by_key.values())
+                doc = self._read_locked()
+        else:
+            # fp was taken before the read, so at worst a newer file is remembered under an
+            # older fingerprint, which costs one extra parse later.
+            self._last = (fp, doc, _memo_of(doc))
+        return [entry for _, entry in doc.values()]
 
     def lookup(self, op: str, device: DeviceIdentity, software: Software
                ) -> tuple[list[TuningEntry], list[Mismatch]]:
@@ -393,21 +459,21 @@ class TuningStore:
         new = list(entries)
         for e in new:
             if not isinstance(e, TuningEntry):
-                raise TypeError(f"TuningStore.put takes TuningEntry objects, got {type(e).__name__}")
+                raise TypeError(
+                    f"TuningStore.put takes TuningEntry objects, got {type(e).__name__}")
         if not new:
             return
         with self._locked():
-            # Always re-read under the lock (never the cache): another process may have written.
-            by_key = self._read_locked()
-            by_key.update(_by_key(new))
-            self._write_locked(by_key)
+            doc = self._read_locked()
+            doc.update(_as_doc(new))
+            self._write_locked(doc)
 
     def remove(self, predicate: Callable[[TuningEntry], bool]) -> int:
         """Remove the entries for which ``predicate`` is true; returns how many were removed."""
         with self._locked():
-            current = self._read_locked()
-            keep = {k: e for k, e in current.items() if not predicate(e)}
-            removed = len(current) - len(keep)
+            doc = self._read_locked()
+            keep = {key: item for key, item in doc.items() if not predicate(item[1])}
+            removed = len(doc) - len(keep)
             if removed:
                 self._write_locked(keep)
         return removed
@@ -423,9 +489,9 @@ class TuningStore:
 
         Returns the number of entries written. The table has the store's format and checksum.
         """
-        entries = _by_key(e for e in self.load() if op is None or e.op == op)
-        _atomic_write(Path(dest), _render_document(entries))
-        return len(entries)
+        doc = _as_doc(e for e in self.load() if op is None or e.op == op)
+        _atomic_write(Path(dest), _render_document(doc))
+        return len(doc)
 
     def import_table(self, src: Path) -> int:
         """Merge the entries of the table at ``src`` into the store (upsert); returns the count.
@@ -460,21 +526,27 @@ class TuningStore:
         finally:
             self._lock.release()
 
-    def _read_locked(self) -> dict[str, TuningEntry]:
+    def _read_locked(self) -> _Doc:
         """Read the file with the lock held, setting it aside if it is corrupt.
 
-        Returns a fresh dict the caller may change.
+        Always reads the file, never the remembered copy: another process may have written. The
+        result is a fresh dict the caller may change.
         """
         raw = _read_bytes(self.path)
         if raw is None:
             return {}
         try:
-            by_key = _parse_document(raw)
+            doc = _parse_document(raw, self._last[2])
         except _Invalid as problem:
             self._quarantine(str(problem))
             return {}
-        self._cached = (self.fingerprint(), dict(by_key))
-        return by_key
+        # With the lock held nobody can replace the file, so this fingerprint belongs to doc.
+        self._last = (self.fingerprint(), doc, _memo_of(doc))
+        return dict(doc)
+
+    def _write_locked(self, doc: _Doc) -> None:
+        _atomic_write(self.path, _render_document(doc))
+        self._last = (self.fingerprint(), doc, _memo_of(doc))
 
     def _quarantine(self, problem: str) -> None:
         aside = _corrupt_name(self.path)
@@ -487,14 +559,9 @@ class TuningStore:
             raise _os_error(
                 "set aside corrupt tuning file", self.path, exc,
                 f"it is corrupt ({problem}); move or delete it by hand") from exc
-        self._cached = None
+        self._last = ("", {}, {})
         logger.warning("tuning store %s is corrupt (%s); moved it aside to %s and ignored it; "
                        "the next write starts a fresh store", self.path, problem, aside)
-
-    def _write_locked(self, by_key: dict[str, TuningEntry]) -> None:
-        _atomic_write(self.path, _render_document(by_key))
-        # Under the lock nobody else can replace the file, so this fingerprint is ours.
-        self._cached = (self.fingerprint(), dict(by_key))
 
 
 def _mismatch_reasons(entry: TuningEntry, device: DeviceIdentity, software: Software) -> list[str]:
@@ -509,9 +576,9 @@ def _mismatch_reasons(entry: TuningEntry, device: DeviceIdentity, software: Soft
     for name in ("torch", "triton", "runtime"):
         was, now = getattr(entry.software, name), getattr(software, name)
         if was != now:
-            measured = f"measured with {name} {was}" if was is not None else f"measured without {name}"
+            measured = f"with {name} {was}" if was is not None else f"without {name}"
             running = f"running {now}" if now is not None else f"running without {name}"
-            reasons.append(f"{measured}, {running}")
+            reasons.append(f"measured {measured}, {running}")
     return reasons
 
 
@@ -528,7 +595,7 @@ def load_table(path: Path) -> list[TuningEntry]:
         raise _os_error("read tuning table", path, exc,
                         "check the path and that the file is readable") from exc
     try:
-        return list(_parse_document(raw).values())
+        return [entry for _, entry in _parse_document(raw).values()]
     except _Invalid as problem:
         raise StoreError(f"Tuning table {path} is invalid: {problem}; re-export it from a store "
                          "(TuningStore.export_table) instead of editing it by hand") from None
