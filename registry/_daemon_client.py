@@ -205,7 +205,18 @@ class DaemonClient:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def request_raw(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return the reply object, ``ok`` or not."""
+        """Send one request and return the reply object, ``ok`` or not.
+
+        A kept connection the daemon has since closed (restart, idle timeout) is replaced once,
+        transparently; a fresh connection's failure is the caller's."""
+        if self._sock is not None:
+            try:
+                return self._request_once(msg)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # raised before any reply was read: try once on a new connection
+        return self._request_once(msg)
+
+    def _request_once(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.connect()
         sock = self._sock
         assert sock is not None
@@ -338,10 +349,10 @@ def _fail(link: _Link, note: str, detail: str) -> None:
     if not link.warned:
         link.warned = True
         logger.warning("%s; further misses select in-process until it answers again "
-                       "(next attempt in %.0f s, backoff up to %.0f s)", detail, link.delay,
+                       "(next attempt in %g s, backoff up to %g s)", detail, link.delay,
                        BACKOFF_MAX)
     else:
-        logger.debug("%s (next attempt in %.0f s)", detail, link.delay)
+        logger.debug("%s (next attempt in %g s)", detail, link.delay)
     link.delay = min(link.delay * 2, BACKOFF_MAX)
 
 
