@@ -553,7 +553,7 @@ def _write(snapshot: Stats) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".stats-", suffix=".json", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+                json.dump(doc, f, indent=1)
             os.replace(tmp, path)
         except BaseException:
             with _suppress():
