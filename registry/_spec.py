@@ -41,6 +41,8 @@ class OpSpec:
     compare: str = ""
     # "module" holding the op's conformance cases (the conformance kit).
     conformance: str = ""
+    # "module" implementing the tuner protocol of registry/_tune.py (kreg tune).
+    tuner: str = ""
 
     def workload_from_key(self, key: tuple[Any, ...]) -> Workload:
         fields = list(self.workload_model.model_fields)

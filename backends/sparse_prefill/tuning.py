@@ -1,0 +1,157 @@
+"""The ``kreg tune sparse_prefill`` tuner (the protocol is in registry/_tune.py).
+
+Grid axes (``--grid AXIS=V1,V2``): ``kind`` (prefill, chunk), ``group_size`` (6, 12),
+``kv_heads`` (1), ``kv_len`` (8192), ``total_q`` (32 .. 8192), ``topk`` (2051), ``head_dim``
+(256), ``dtype`` (bfloat16), ``space`` (``tiny``: the table and the measured families only;
+``small``: those and a neighbourhood of them; ``full``: every BLOCK_M x BLOCK_N x warps x
+stages x variant). Inputs are
+the bench's (``bench.make_inputs``): one request per point for chunk, so entries describe uniform
+batches (the measured plugin keeps skewed batches off them with the grid bound).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+FAMILY = "generic.sparse_prefill_table"
+PLOT_AXIS = "total_q"
+
+DEFAULTS: dict[str, list[str]] = {
+    "kind": ["prefill", "chunk"], "group_size": ["6", "12"], "kv_heads": ["1"],
+    "kv_len": ["8192"], "total_q": ["32", "64", "128", "256", "512", "1024", "2048", "8192"],
+    "topk": ["2051"], "head_dim": ["256"], "dtype": ["bfloat16"], "space": ["small"],
+}
+_INT_AXES = ("group_size", "kv_heads", "kv_len", "total_q", "topk", "head_dim")
+
+
+def cases(grid: dict[str, list[str]]) -> list[Any]:
+    from registry.errors import ConfigError
+
+    from backends.sparse_prefill.bench import BenchCase
+
+    unknown = set(grid) - set(DEFAULTS)
+    if unknown:
+        raise ConfigError(f"sparse_prefill tuning has no axis {sorted(unknown)}; axes: "
+                          f"{', '.join(DEFAULTS)}")
+    axes = {**DEFAULTS, **grid}
+    try:
+        ints = {a: [int(v) for v in axes[a]] for a in _INT_AXES}
+    except ValueError as exc:
+        raise ConfigError(f"sparse_prefill tuning axis values must be integers: {exc}") from None
+    out = []
+    for kind, g, hkv, kv, tq, topk, d, dt, space in itertools.product(
+            axes["kind"], ints["group_size"], ints["kv_heads"], ints["kv_len"], ints["total_q"],
+            ints["topk"], ints["head_dim"], axes["dtype"], axes["space"]):
+        if kind == "chunk" and tq > kv:
+            continue  # one request cannot have more rows than its context
+        case = BenchCase(kind=kind, group_size=g, kv_heads=hkv, kv_len=kv if kind == "chunk"
+                         else max(kv, tq), total_q=tq, topk=topk, head_dim=d, dtype=dt)
+        case.extra["space"] = space
+        out.append(case)
+    return out
+
+
+def label(case: Any) -> str:
+    return case.label()
+
+
+def bucket(case: Any) -> dict[str, Any]:
+    from backends.sparse_prefill.bench import workload_of
+
+    return workload_of(case)
+
+
+def _fmt(cfg: dict[str, Any]) -> str:
+    from backends.sparse_prefill.bench import format_geometry
+
+    s = format_geometry(cfg)
+    if cfg.get("MAXNREG"):
+        s += f":r{cfg['MAXNREG']}"
+    return s
+
+
+def baseline(case: Any) -> str:
+    from plugins.generic import sparse_prefill_table_config
+
+    return _fmt(sparse_prefill_table_config(case.group_size, case.total_q))
+
+
+def _space(case: Any) -> list[dict[str, Any]]:
+    from backends.sparse_prefill.triton_kernels import H200_CONFIGS
+    from plugins.generic import sparse_prefill_table_config
+    from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
+
+    g = case.group_size
+    base = [sparse_prefill_table_config(g, case.total_q),
+            *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values()]
+    variants: list[dict[str, Any]] = [{}]
+    for cfg in H200_CONFIGS.values():
+        var = {k: v for k, v in cfg.items()
+               if k not in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+        if var not in variants:
+            variants.append(var)
+    if case.extra.get("space") == "tiny":
+        variants, bms = [], ()
+    if case.extra.get("space") == "full":
+        bms, bns, ws, ss = (8, 16, 32), (16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)
+    elif case.extra.get("space") != "tiny":
+        bms, bns, ws, ss = (8, 16), (16, 32, 64), (2, 4), (2, 3)
+    else:
+        bns = ws = ss = ()
+    grid = [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, **var}
+            for bm, bn, w, s, var in itertools.product(bms, bns, ws, ss, variants)]
+    seen, out = set(), []
+    for cfg in base + grid:
+        key = tuple(sorted(cfg.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(cfg))
+    return out
+
+
+def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
+    from backends.sparse_prefill.triton_kernels import validate_config
+    from registry.errors import ConfigError
+
+    out: list[tuple[str, dict[str, Any] | None, str]] = []
+    for cfg in _space(case):
+        try:
+            validate_config(cfg, case.group_size, case.head_dim)
+        except ConfigError as exc:
+            out.append((_fmt(cfg), None, str(exc)))
+            continue
+        out.append((_fmt(cfg), cfg, ""))
+    return out
+
+
+def measure(case: Any, configs: dict[str, dict[str, Any]], *, warmup: int,
+            iters: int) -> dict[str, dict[str, Any]]:
+    """Check each config against the fp32 reference, then time the good ones interleaved."""
+    import torch
+
+    from backends.sparse_prefill.bench import make_inputs
+    from backends.sparse_prefill.reference import sparse_prefill_reference
+    from backends.sparse_prefill.triton_kernels import error_bound, sparse_prefill_triton
+    from registry._timing import interleaved_median_ms
+
+    inp = make_inputs(case)
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
+    bound = error_bound(case.dtype)
+    res: dict[str, dict[str, Any]] = {}
+    fns = {}
+    for lab, cfg in configs.items():
+        try:
+            out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+            err = float((out.float() - ref).abs().max()) if bool(out.isfinite().all()) \
+                else float("inf")
+        except Exception as exc:  # a config that fails to compile is scored, not fatal
+            res[lab] = {"ms": None, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        res[lab] = {"ms": None, "ok": err <= bound, "error": None, "max_abs_err": err}
+        if err <= bound:
+            fns[lab] = (lambda c=cfg: sparse_prefill_triton(q, k, v, idx, config=c, **kw))
+    for lab, ms in interleaved_median_ms(fns, warmup=warmup, iters=iters).items():
+        res[lab]["ms"] = ms
+    return res

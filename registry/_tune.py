@@ -1,0 +1,119 @@
+"""``kreg tune``: sweep an op's config space on this device and keep the winners.
+
+The op supplies a *tuner* module (``OpSpec.tuner``) with:
+
+* ``FAMILY`` — the implementation family whose kernel the configs drive;
+* ``cases(grid) -> list`` — the workload points of a grid (``{option: [values]}``);
+* ``label(case)``, ``bucket(case) -> dict`` (the workload fields of the point);
+* ``candidates(case, facts) -> [(label, config | None, note)]`` — the valid config space, with
+  invalid configs pruned (config None) and the reason in ``note``;
+* ``baseline(case) -> label`` — the config the device gets without tuning (the table);
+* ``measure(case, configs, warmup, iters) -> {label: {"ms", "ok", "error", "max_abs_err"}}`` —
+  interleaved timing with the bench machinery, every candidate checked against the reference.
+
+Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
+run resumes where it stopped. A candidate that fails to compile or run is scored as failed, not
+fatal; one past the op's error bound makes the run exit non-zero.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry._facts import DeviceFacts
+from registry._spec import load_object
+from registry._store import DeviceIdentity, Software, TuningEntry, TuningStore, utc_now
+from registry.errors import ConfigError
+
+__all__ = ["PointResult", "load_tuner", "tune"]
+
+
+@dataclass
+class PointResult:
+    label: str
+    bucket: dict[str, Any]
+    status: str  # "measured", "skipped (in store)", "dry-run", "no valid candidate"
+    candidates: list[tuple[str, dict[str, Any] | None, str]] = field(default_factory=list)
+    timings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    winner: str | None = None
+    baseline: str | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.winner or not self.baseline:
+            return None
+        base = self.timings.get(self.baseline, {}).get("ms")
+        win = self.timings.get(self.winner, {}).get("ms")
+        return base / win if base and win else None
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{label}: max_abs_err {t.get('max_abs_err')} past the bound"
+                for label, t in self.timings.items() if not t.get("ok") and not t.get("error")]
+
+
+def load_tuner(op: str) -> Any:
+    import registry
+
+    spec = registry.get_registry().spec(op)
+    if not spec.tuner:
+        raise ConfigError(f"op {op!r} has no tuner; ops with one: " + ", ".join(
+            n for n in registry.ops() if registry.get_registry().spec(n).tuner))
+    return load_object(spec.tuner)
+
+
+def identity(facts: DeviceFacts) -> tuple[DeviceIdentity, Software]:
+    return (DeviceIdentity(name=facts.name, arch=facts.arch, sm_count=facts.sm_count),
+            Software(torch=facts.torch_version, triton=facts.triton_version,
+                     runtime=facts.runtime_version))
+
+
+def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: TuningStore,
+         dry_run: bool = False, resume: bool = True, warmup: int = 5, iters: int = 30,
+         on_point: Callable[[PointResult], None] | None = None,
+         command: str | None = None) -> list[PointResult]:
+    tuner = load_tuner(op)
+    device, software = identity(facts)
+    command = command or "kreg " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    done: set[str] = set()
+    if resume:
+        for e in store.load():
+            if e.op == op and e.family == tuner.FAMILY and e.device == device and \
+                    e.software == software:
+                done.add(_bucket_key(e.bucket))
+    results = []
+    for case in tuner.cases(grid):
+        bucket = dict(tuner.bucket(case))
+        res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
+                          candidates=list(tuner.candidates(case, facts)),
+                          baseline=tuner.baseline(case))
+        valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
+        if resume and _bucket_key(bucket) in done:
+            res.status = "skipped (in store)"
+        elif dry_run:
+            res.status = "dry-run"
+        elif not valid:
+            res.status = "no valid candidate"
+        else:
+            res.timings = tuner.measure(case, valid, warmup=warmup, iters=iters)
+            ok = {lab: t["ms"] for lab, t in res.timings.items() if t.get("ok") and t.get("ms")}
+            if ok:
+                res.winner = min(ok, key=lambda lab: ok[lab])
+                store.put([TuningEntry(
+                    op=op, family=tuner.FAMILY, device=device, software=software, bucket=bucket,
+                    config=valid[res.winner], timings_ms=ok, command=command,
+                    measured_at=utc_now())])
+            else:
+                res.status = "no candidate ran"
+        results.append(res)
+        if on_point is not None:
+            on_point(res)
+    return results
+
+
+def _bucket_key(bucket: dict[str, Any]) -> str:
+    return repr(sorted(bucket.items()))

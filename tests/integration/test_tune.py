@@ -1,0 +1,125 @@
+"""kreg tune end to end on the CPU (Triton interpreter, tiny sizes), the store and the measured
+plugin: measure, write, resume, serve inside the measured range only, explain mismatches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+import registry
+from plugins.measured import identity_of, implementations_from
+from registry._store import TuningEntry, TuningStore
+
+GRID = ["--grid", "kind=prefill", "--grid", "group_size=2", "--grid", "head_dim=16",
+        "--grid", "topk=24", "--grid", "kv_len=64", "--grid", "total_q=8,16",
+        "--grid", "dtype=float32", "--grid", "space=tiny"]
+WL = {"kind": "prefill", "topk": 24, "head_dim": 16, "group_size": 2, "num_kv_heads": 1,
+      "total_q": 8, "num_requests": 1, "max_q": 8, "dtype": "float32"}
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("KREG_HOME", str(tmp_path))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    registry.reset_registry()
+    yield tmp_path
+    registry.reset_registry()
+
+
+def test_tune_measures_writes_resumes_and_measured_serves(home: Path) -> None:
+    runner = CliRunner()
+    dry = runner.invoke(cli.main, ["tune", "sparse_prefill", *GRID, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.count(": dry-run") == 2 and "would measure" in dry.output
+    assert TuningStore().load() == []
+
+    res = runner.invoke(cli.main, ["tune", "sparse_prefill", *GRID, "--warmup", "0",
+                                   "--iters", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    points = json.loads(res.output[res.output.index("["):])
+    assert [p["status"] for p in points] == ["measured", "measured"]
+    entries = TuningStore().load()
+    assert len(entries) == 2
+    facts = registry.probe()
+    for e in entries:
+        assert (e.device.name, e.device.sm_count) == (facts.name, facts.sm_count)
+        assert e.software.triton == facts.triton_version
+        assert len(e.timings_ms) >= 1 and e.command.startswith("kreg tune")
+        assert min(e.timings_ms.values()) == e.timings_ms[min(e.timings_ms, key=e.timings_ms.get)]
+
+    again = runner.invoke(cli.main, ["tune", "sparse_prefill", *GRID, "--warmup", "0",
+                                     "--iters", "1"])
+    assert again.exit_code == 0 and again.output.count("skipped (in store)") == 2
+
+    registry.reset_registry()  # entries are read when the registry loads
+    inside = registry.select("sparse_prefill", WL)
+    assert inside.implementation == "measured.sparse_prefill"
+    served = next(e for e in entries if e.bucket["total_q"] == 8)
+    assert inside.config == served.config
+    between = registry.select("sparse_prefill", {**WL, "total_q": 12, "max_q": 12})
+    assert between.implementation == "measured.sparse_prefill"
+    assert "served by the point 8" in between.explain(verbose=True)
+    outside = registry.select("sparse_prefill", {**WL, "total_q": 17, "max_q": 17})
+    assert outside.implementation != "measured.sparse_prefill"
+    assert "measured total_q from 8 to 16" in outside.explain()
+    other_shape = registry.select("sparse_prefill", {**WL, "topk": 25})
+    assert "no entry for this device and workload shape" in other_shape.explain()
+
+
+def _entry(facts: registry.DeviceFacts, **software: str) -> TuningEntry:
+    device, sw = identity_of(facts)
+    return TuningEntry(op="sparse_prefill", family="generic.sparse_prefill_table",
+                       device=device, software=sw.model_copy(update=software),
+                       bucket=dict(WL), config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1,
+                                                "num_stages": 2},
+                       timings_ms={"16x16x1x2": 1.0}, command="test")
+
+
+def test_mismatched_triton_version_is_ignored_with_the_reason() -> None:
+    facts = registry.profiles()["h200"]
+    stale = _entry(facts, triton="3.5.0")
+    impls = {i.name: i for i in implementations_from([stale])}
+    reg = registry.Registry(load_entry_points=False)
+    import backends.sparse_prefill as op
+    import plugins.reference as ref
+
+    reg.register_plugin(op, "sparse_prefill")
+    reg.register_plugin(ref, "reference")
+    reg.register_plugin(type("P", (), {"kreg_implementations": registry.hookimpl(
+        staticmethod(lambda: [impls["measured.sparse_prefill"]]))})(), "measured")
+    d = reg.select("sparse_prefill", WL, facts)
+    assert d.implementation == "reference.sparse_prefill"
+    assert "measured with triton 3.5.0, running 3.6.0" in d.explain()
+    fresh = _entry(facts)
+    impls = {i.name: i for i in implementations_from([fresh])}
+    ok = impls["measured.sparse_prefill"]
+    assert all(r.check(facts, reg.workload("sparse_prefill", WL)).passed
+               for r in ok.requirements if r.name != "triton_runtime")
+
+
+def test_tuning_list_show_export_import_clear(home: Path) -> None:
+    facts = registry.profiles()["h200"]
+    TuningStore().put([_entry(facts), _entry(facts, triton="3.5.0")])
+    runner = CliRunner()
+    out = runner.invoke(cli.main, ["tuning", "list"]).output
+    assert out.count("sparse_prefill generic.sparse_prefill_table on NVIDIA H200") == 2
+    shown = json.loads(runner.invoke(cli.main, ["tuning", "show", "0"]).output)
+    assert shown["op"] == "sparse_prefill"
+    bad = runner.invoke(cli.main, ["tuning", "show", "7"])
+    assert bad.exit_code != 0 and "no entry 7" in bad.output
+    table = home / "table.json"
+    assert "exported 2" in runner.invoke(cli.main, ["tuning", "export", str(table)]).output
+    refused = runner.invoke(cli.main, ["tuning", "clear"], input="n\n")
+    assert refused.exit_code != 0 and len(TuningStore().load()) == 2
+    assert "removed 2" in runner.invoke(cli.main, ["tuning", "clear", "--yes"]).output
+    assert TuningStore().load() == []
+    assert "imported 2" in runner.invoke(cli.main, ["tuning", "import", str(table)]).output
+    assert len(TuningStore().load()) == 2
+    table.write_text(table.read_text().replace("3.5.0", "3.4.0"))
+    tampered = runner.invoke(cli.main, ["tuning", "import", str(table)])
+    assert tampered.exit_code != 0 and "checksum" in tampered.output.lower()
