@@ -296,7 +296,7 @@ def test_daemon_start_imports_neither_torch_nor_triton(node: Node) -> None:
     assert proc.returncode == 0
     modules = {line.split("|")[-1].strip() for line in err.splitlines()
                if line.startswith("import time:")}
-    assert "registry._daemon" in modules
+    assert {"registry", "registry._daemon_client", "asyncio"} <= modules  # it did log imports
     assert not {m for m in modules if m.split(".")[0] in ("torch", "triton")}
     # Generous: this 2-core machine is shared; importing torch alone takes longer.
     assert ready < 10, f"the daemon took {ready:.1f} s to answer"
