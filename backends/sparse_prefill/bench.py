@@ -27,7 +27,8 @@ Providers (``--providers``, comma separated):
 * ``table``: the Triton kernel at the generic table geometry (:func:`table_config`).
 * ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``even`` (EVEN_TILES=1), ``rev``
-  (REVERSE_ROWS=1).
+  (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``rN`` (MAXNREG=N), e.g.
+  ``geometry=16x32x4x3:pre:r96``.
 * ``h200``: the measured H200 family of ``triton_kernels.H200_CONFIGS`` for (kind, group).
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
@@ -132,7 +133,8 @@ def workload_of(case: BenchCase) -> dict[str, Any]:
 
 _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "pre": ("CHUNK_MODE", "pretranslate"), "fused": ("CHUNK_MODE", "fused"),
-         "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1)}
+         "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
+         "pf2": ("PREFETCH", 2)}
 
 
 def parse_geometry(spec: str) -> dict[str, Any]:
@@ -144,6 +146,9 @@ def parse_geometry(spec: str) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
                                    map(int, parts)))
     for o in opts:
+        if o[:1] == "r" and o[1:].isdigit():
+            cfg["MAXNREG"] = int(o[1:])
+            continue
         if o not in _OPTS:
             raise click.BadParameter(f"geometry option {o!r}: expected one of {sorted(_OPTS)}")
         key, val = _OPTS[o]
@@ -154,9 +159,11 @@ def parse_geometry(spec: str) -> dict[str, Any]:
 def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
-    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS"):
+    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
+    if cfg.get("MAXNREG"):
+        s += f":r{cfg['MAXNREG']}"
     return s
 
 

@@ -30,6 +30,18 @@ EVEN_TILES      0          1: full tiles (j < lengths[r] everywhere) run without
                            mask; only the last partial tile is masked by length.
 REVERSE_ROWS    0          1: program i handles row total_q - 1 - i, so long rows of a causal
                            ramp start first (less tail imbalance).
+PREFETCH        0          0: each step loads its indices, then K and V, then computes (the
+                           plain kernel; Triton's pipeliner does not multi-buffer these
+                           gathers). 1: register prefetch: K and V of step i+1 are issued
+                           before step i computes, step i+2 is translated and the index entries
+                           of step i+3 are loaded. 2: like 1 but V of step i+1 is issued after
+                           step i's PV product (fewer live registers).
+                           Not combinable with EVEN_TILES=1.
+MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
+                           the compiler's choice). The kernel is latency bound: a program waits
+                           for its gathered tile, so throughput follows the number of programs
+                           resident per SM, which registers and shared memory bound. Ignored by
+                           the interpreter and on backends without the option.
 ==============  =========  ==================================================================
 
 Public: :func:`sparse_prefill_triton`, :func:`error_bound`, :func:`validate_config`,
@@ -38,6 +50,7 @@ Public: :func:`sparse_prefill_triton`, :func:`error_bound`, :func:`validate_conf
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import triton
@@ -50,10 +63,11 @@ __all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_tri
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
-                                   "REVERSE_ROWS": 0}
+                                   "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate"),
-                                        "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1)}
+                                        "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
+                                        "PREFETCH": (0, 1, 2)}
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 
@@ -92,9 +106,19 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if key not in REQUIRED_KEYS and key not in DEFAULT_VARIANT:
             raise ConfigError(f"config key {key!r} is unknown: sparse_prefill configs take "
                               f"{', '.join(REQUIRED_KEYS + tuple(DEFAULT_VARIANT))}")
+    mr = config.get("MAXNREG", 0)
+    if not isinstance(mr, int) or isinstance(mr, bool) or (mr != 0 and not 24 <= mr <= 255):
+        raise ConfigError(f"MAXNREG={mr!r}: expected 0 (compiler default) or an int in 24..255")
     for key, choices in _CHOICES.items():
         if key in config and config[key] not in choices:
             raise ConfigError(f"{key}={config[key]!r}: expected one of {choices}")
+    var = _variant(config)
+    if var["EVEN_TILES"] and var["PREFETCH"]:
+        raise ConfigError("EVEN_TILES=1 applies to the PREFETCH=0 loop only: set EVEN_TILES=0 "
+                          "or PREFETCH=0")
+    if var["EVEN_TILES"] and var["LAYOUT"] == "keys":
+        raise ConfigError("LAYOUT='keys' with EVEN_TILES=1 produced wrong results on an H200 "
+                          "(Triton 3.6; correct in the interpreter): set EVEN_TILES=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if bm < group_size:
         fix = max(16, triton.next_power_of_2(group_size))
@@ -139,16 +163,19 @@ def _row_request(CU, r, num_req):
 
 
 @triton.jit
-def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                CHUNK: tl.constexpr, MASK_N: tl.constexpr):
-    """Slots (int64) and validity of index entries ``j`` of one row."""
+def _load_idx(IDX_row, j, n, MASK_N: tl.constexpr):
+    """Raw index entries ``j`` of one row; -1 past the row's length (never read)."""
     if MASK_N:
-        jm = j < n
-        t = tl.load(IDX_row + j, mask=jm, other=-1)
-        ok = jm & (t >= 0)
+        t = tl.load(IDX_row + j, mask=j < n, other=-1)
     else:
         t = tl.load(IDX_row + j)
-        ok = t >= 0
+    return t
+
+
+@triton.jit
+def _translate(t, PT_row, pos, num_slots, page_size, max_pages, CHUNK: tl.constexpr):
+    """Slots (int64) and validity of raw entries ``t`` (chunk: through the page table)."""
+    ok = t >= 0
     if CHUNK:
         ok = ok & (t <= pos)
         page_no = tl.where(ok, t, 0) // page_size
@@ -163,20 +190,27 @@ def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
-                 page_size, max_pages, s_kt, s_vt, offs_d, d_mask, qk_scale,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 CHUNK: tl.constexpr, MASK_N: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
-    j = start + tl.arange(0, BLOCK_N)
-    slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                           CHUNK, MASK_N)
+def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                CHUNK: tl.constexpr, MASK_N: tl.constexpr):
+    t = _load_idx(IDX_row, j, n, MASK_N)
+    return _translate(t, PT_row, pos, num_slots, page_size, max_pages, CHUNK)
+
+
+@triton.jit
+def _load_rows(X_h, slot, ok, s_xt, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+               D_PAD: tl.constexpr):
+    """Gather rows ``slot`` of one head of K or V: [BLOCK_N, D_PAD], zeros where invalid."""
     if HEAD_DIM == D_PAD:
-        kv_mask = ok[:, None]
+        mask = ok[:, None]
     else:
-        kv_mask = ok[:, None] & d_mask[None, :]
-    k = tl.load(K_h + slot[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V_h + slot[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        mask = ok[:, None] & d_mask[None, :]
+    return tl.load(X_h + slot[:, None] * s_xt + offs_d[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
+                    DOT_PREC: tl.constexpr):
+    """QK^T, online-softmax update (exp2; log2(e) is in qk_scale); returns p and rescaled acc."""
     if KEYS_MAJOR:
         st = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BN, BM]
         st = tl.where(ok[:, None], st, float("-inf"))
@@ -186,7 +220,6 @@ def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num
         p = tl.exp2(st - m_use[None, :])
         l_i = l_i * alpha + tl.sum(p, 0)
         acc = acc * alpha[None, :]
-        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc, input_precision=DOT_PREC)  # [D, BM]
     else:
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BM, BN]
         s = tl.where(ok[None, :], s, float("-inf"))
@@ -196,8 +229,33 @@ def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+    return p, m_new, l_i, acc
+
+
+@triton.jit
+def _pv(p, v, acc, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
+    if KEYS_MAJOR:
+        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc, input_precision=DOT_PREC)  # [D, BM]
+    else:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)  # [BM, D]
-    return m_new, l_i, acc
+    return acc
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
+                 page_size, max_pages, s_kt, s_vt, offs_d, d_mask, qk_scale,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 CHUNK: tl.constexpr, MASK_N: tl.constexpr, KEYS_MAJOR: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    """One tile of the plain (PREFETCH=0) loop: index, gather K and V, score, accumulate."""
+    j = start + tl.arange(0, BLOCK_N)
+    slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                           CHUNK, MASK_N)
+    k = _load_rows(K_h, slot, ok, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
+    v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+    p, m_i, l_i, acc = _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR, DOT_PREC)
+    acc = _pv(p, v, acc, KEYS_MAJOR, DOT_PREC)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -207,7 +265,8 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_LENS: tl.constexpr,
                         KEYS_MAJOR: tl.constexpr, EVEN_TILES: tl.constexpr,
-                        REVERSE_ROWS: tl.constexpr, DOT_PREC: tl.constexpr):
+                        REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
+                        DOT_PREC: tl.constexpr):
     pid = tl.program_id(0)
     if REVERSE_ROWS:
         r = total_q - 1 - pid
@@ -242,7 +301,36 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if EVEN_TILES:
+    if PREFETCH > 0:
+        # Register prefetch: K (and with PREFETCH=1 also V) of tile i+1 is in flight while tile
+        # i computes; tile i+2 is translated (chunk: its page-table gather) and the raw index
+        # entries of tile i+3 are loaded, so no load waits on a load issued in the same step.
+        j0 = tl.arange(0, BLOCK_N)
+        slot_c, ok_c = _translate(_load_idx(IDX_row, j0, n, True), PT_row, pos, num_slots,
+                                  page_size, max_pages, CHUNK)
+        slot_1, ok_1 = _translate(_load_idx(IDX_row, j0 + BLOCK_N, n, True), PT_row, pos,
+                                  num_slots, page_size, max_pages, CHUNK)
+        t_2 = _load_idx(IDX_row, j0 + 2 * BLOCK_N, n, True)
+        k_c = _load_rows(K_h, slot_c, ok_c, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
+        v_c = _load_rows(V_h, slot_c, ok_c, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+        for start in range(0, n, BLOCK_N):
+            k_n = _load_rows(K_h, slot_1, ok_1, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
+            if PREFETCH == 1:
+                v_n = _load_rows(V_h, slot_1, ok_1, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+            else:
+                v_n = v_c
+            slot_2, ok_2 = _translate(t_2, PT_row, pos, num_slots, page_size, max_pages, CHUNK)
+            t_3 = _load_idx(IDX_row, j0 + (start + 3 * BLOCK_N), n, True)
+            p, m_i, l_i, acc = _scores_softmax(q, k_c, ok_c, m_i, l_i, acc, qk_scale,
+                                               KEYS_MAJOR, DOT_PREC)
+            acc = _pv(p, v_c, acc, KEYS_MAJOR, DOT_PREC)
+            if PREFETCH != 1:
+                # V of the next tile is issued only after this tile's PV product.
+                v_n = _load_rows(V_h, slot_1, ok_1, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+            k_c, v_c, ok_c = k_n, v_n, ok_1
+            slot_1, ok_1 = slot_2, ok_2
+            t_2 = t_3
+    elif EVEN_TILES:
         n_full = (n // BLOCK_N) * BLOCK_N
         for start in range(0, n_full, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
@@ -377,6 +465,17 @@ def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any,
             _fail(f"page_size={page_size!r}: must be a python int >= 1")
 
 
+def _launch_extras(var: dict[str, Any], q: Any) -> dict[str, Any]:
+    """Backend-specific launch options (maxnreg on CUDA only; not under the interpreter)."""
+    if not var["MAXNREG"] or os.environ.get("TRITON_INTERPRET") == "1":
+        return {}
+    import torch
+
+    if q.device.type != "cuda" or getattr(torch.version, "hip", None):
+        return {}
+    return {"maxnreg": int(var["MAXNREG"])}
+
+
 def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[str, Any],
                           kind: str = "prefill", lengths: Any = None,
                           sm_scale: float | None = None, cu_seqlens_q: Any = None,
@@ -432,7 +531,9 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         CHUNK=chunk, HAS_LENS=has_lens, KEYS_MAJOR=var["LAYOUT"] == "keys",
         EVEN_TILES=bool(var["EVEN_TILES"]), REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
-        DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"])
+        PREFETCH=int(var["PREFETCH"]),
+        DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        **_launch_extras(var, q))
     return out
 
 

@@ -1,0 +1,294 @@
+"""sparse_prefill Triton kernels against the float64 reference.
+
+Without a GPU these run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET)
+at tiny sizes in float32/float16 (the interpreter's bf16 dot is broken). ``@pytest.mark.gpu``
+tests run bf16 at the seed's shapes (fewer rows) against the fp32 reference at 2e-2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
+from backends.sparse_prefill.triton_kernels import (  # noqa: E402
+    H200_CONFIGS,
+    error_bound,
+    sparse_prefill_triton,
+    table_config,
+    validate_config,
+)
+from registry.errors import ConfigError, WorkloadError  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BASE = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
+
+
+def _prefill_case(seed, *, total_q=5, group=6, hkv=1, d=40, num_slots=60, topk=37,
+                  dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    hq = group * hkv
+    q = torch.randn((total_q, hq, d), generator=g).to(dtype)
+    k = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    v = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    idx = torch.randint(-4, num_slots + 4, (total_q, topk), generator=g, dtype=torch.int32)
+    idx[0, 1:6] = idx[0, 0]  # duplicates
+    idx[-1] = -1  # all-invalid row -> zeros
+    lengths = torch.randint(1, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    lengths[0] = topk
+    if total_q > 2:
+        lengths[1] = 0  # empty row -> zeros
+    return q, k, v, idx, lengths
+
+
+def _chunk_case(seed, *, reqs=(3, 4), prefixes=(5, 2), group=6, hkv=1, d=32, page_size=1,
+                topk=41, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    total_q = sum(reqs)
+    hq = group * hkv
+    ctx = max(p + r for p, r in zip(prefixes, reqs))
+    max_pages = -(-ctx // page_size) + 1
+    num_slots = len(reqs) * max_pages * page_size - 3  # the last page is partly out of range
+    q = torch.randn((total_q, hq, d), generator=g).to(dtype)
+    k = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    v = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    perm = torch.randperm(len(reqs) * max_pages, generator=g).to(torch.int32)
+    pt = perm.reshape(len(reqs), max_pages).clone()
+    pt[0, 1] = -1  # unmapped page
+    idx = torch.randint(-3, ctx + 3, (total_q, topk), generator=g, dtype=torch.int32)
+    idx[0, :3] = 0  # duplicates of position 0
+    lengths = torch.randint(0, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(reqs).cumsum(0).tolist()], dtype=torch.int32)
+    kw = dict(kind="chunk", lengths=lengths, cu_seqlens_q=cu,
+              prefix_lens=torch.tensor(prefixes, dtype=torch.int32), page_table=pt,
+              page_size=page_size, max_q=max(reqs))
+    return q, k, v, idx, kw
+
+
+def _to(dev, *ts):
+    return [t.to(dev) if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def _check(q, k, v, idx, cfg, **kw):
+    q, k, v, idx = _to(DEV, q, k, v, idx)
+    kw = {n: (t.to(DEV) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all(), "unwritten or NaN output elements"
+    err = (out.double() - ref).abs().max().item()
+    assert err <= error_bound(q.dtype), f"max abs err {err} > {error_bound(q.dtype)}"
+    return out, ref
+
+
+# ------------------------------------------------------------------ prefill kernel (CPU)
+
+
+@pytest.mark.parametrize("group,hkv,d,topk,cfg", [
+    (6, 1, 40, 37, BASE),
+    (6, 1, 64, 70, {**BASE, "BLOCK_M": 8, "BLOCK_N": 32}),
+    (12, 1, 32, 37, {**BASE, "REVERSE_ROWS": 1}),
+    (12, 2, 16, 45, {**BASE, "EVEN_TILES": 1}),
+    (2, 2, 48, 37, {**BASE, "BLOCK_M": 2, "LAYOUT": "keys"}),
+    (1, 3, 24, 50, {**BASE, "BLOCK_M": 1, "PREFETCH": 1}),
+    (4, 2, 40, 40, {**BASE, "PREFETCH": 2, "MAXNREG": 96}),
+])
+def test_prefill_float32(group, hkv, d, topk, cfg):
+    q, k, v, idx, lengths = _prefill_case(group * 10 + hkv, group=group, hkv=hkv, d=d, topk=topk)
+    out, _ = _check(q, k, v, idx, cfg, lengths=lengths)
+    assert torch.all(out[-1] == 0) and torch.all(out[1] == 0)
+
+
+def test_prefill_float16_default_lengths_and_scale():
+    q, k, v, idx, _ = _prefill_case(3, group=6, hkv=1, d=64, topk=40, dtype=torch.float16)
+    _check(q, k, v, idx, BASE)
+    _check(q, k, v, idx, {**BASE, "BLOCK_N": 32}, sm_scale=0.2)
+
+
+def test_prefill_table_geometry_and_h200_configs_run():
+    q, k, v, idx, lengths = _prefill_case(4, total_q=3, group=12, hkv=1, d=32, topk=37)
+    _check(q, k, v, idx, table_config(12, 3), lengths=lengths)
+    for (kind, group), cfg in sorted(H200_CONFIGS.items()):
+        if kind == "prefill" and group == 12:
+            _check(q, k, v, idx, cfg, lengths=lengths)
+
+
+def test_lengths_beyond_topk_and_negative_are_clamped():
+    q, k, v, idx, lengths = _prefill_case(5, total_q=4, d=16)
+    lengths = torch.tensor([100, -5, 3, 37], dtype=torch.int32)
+    out, ref = _check(q, k, v, idx, BASE, lengths=lengths)
+    assert torch.all(out[1] == 0)
+
+
+# ------------------------------------------------------------------ chunk kernel (CPU)
+
+
+@pytest.mark.parametrize("group,hkv,page_size,mode,extra", [
+    (6, 1, 1, "fused", {}),
+    (6, 1, 4, "pretranslate", {"BLOCK_M": 8}),
+    (12, 1, 1, "pretranslate", {"PREFETCH": 1}),
+    (12, 2, 3, "fused", {"LAYOUT": "keys"}),
+    (2, 2, 1, "fused", {"BLOCK_M": 2, "EVEN_TILES": 1}),
+])
+def test_chunk_float32(group, hkv, page_size, mode, extra):
+    q, k, v, idx, kw = _chunk_case(group + page_size, group=group, hkv=hkv, page_size=page_size)
+    _check(q, k, v, idx, {**BASE, "CHUNK_MODE": mode, **extra}, **kw)
+
+
+def test_chunk_ragged_many_requests_float16():
+    q, k, v, idx, kw = _chunk_case(9, reqs=(1, 2, 3, 1), prefixes=(0, 7, 3, 10), group=4,
+                                   hkv=2, page_size=2, dtype=torch.float16)
+    for mode in ("fused", "pretranslate"):
+        _check(q, k, v, idx, {**BASE, "CHUNK_MODE": mode, "REVERSE_ROWS": 1}, **kw)
+
+
+def test_chunk_causal_mask_hides_future_positions():
+    # every entry points at a position past the row's own: all rows yield zeros
+    q, k, v, idx, kw = _chunk_case(11, reqs=(2, 2), prefixes=(3, 1), d=16)
+    p = torch.tensor([3, 4, 1, 2])
+    idx = (p[:, None] + 1 + torch.arange(idx.shape[1])[None, :]).to(torch.int32)
+    kw["lengths"] = None
+    out, _ = _check(q, k, v, idx, BASE, **kw)
+    assert torch.all(out == 0)
+
+
+# ------------------------------------------------------------------ configs and errors
+
+
+def test_block_m_below_group_is_config_error():
+    with pytest.raises(ConfigError, match=r"BLOCK_M=8 is below group_size=12.*use 16"):
+        validate_config({**BASE, "BLOCK_M": 8}, 12, 256)
+    q, k, v, idx, lengths = _prefill_case(1, group=12, d=16)
+    with pytest.raises(ConfigError):
+        sparse_prefill_triton(q, k, v, idx, config={**BASE, "BLOCK_M": 8})
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4}, "missing num_stages"),
+    ({**BASE, "BLOCK_N": 8}, "BLOCK_N=8"),
+    ({**BASE, "BLOCK_M": 24}, "power of two"),
+    ({**BASE, "LAYOUT": "cols"}, "LAYOUT"),
+    ({**BASE, "FOO": 1}, "unknown"),
+    ({**BASE, "EVEN_TILES": 1, "PREFETCH": 1}, "EVEN_TILES"),
+    ({**BASE, "MAXNREG": 7}, "MAXNREG"),
+    ({**BASE, "num_warps": 3}, "num_warps"),
+])
+def test_bad_configs(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg, 6, 64)
+
+
+def test_all_shipped_configs_validate():
+    for (_, group), cfg in H200_CONFIGS.items():
+        validate_config(cfg, group, 256)
+    for tq in (1, 32, 64, 128, 512, 8192):
+        validate_config(table_config(6, tq), 6, 256)
+
+
+def test_error_bounds():
+    assert error_bound(torch.bfloat16) == 2e-2
+    assert error_bound("float16") <= 5e-3
+    assert error_bound(torch.float32) <= 1e-4
+    with pytest.raises(WorkloadError):
+        error_bound(torch.int8)
+
+
+def _bad_calls():
+    q, k, v, idx, lengths = _prefill_case(2, group=6, d=16)
+    yield "q.shape", lambda: sparse_prefill_triton(q[0], k, v, idx, config=BASE)
+    yield "v.shape", lambda: sparse_prefill_triton(q, k, v[:3], idx, config=BASE)
+    yield "dtypes", lambda: sparse_prefill_triton(q, k.double(), v, idx, config=BASE)
+    yield "indices.dtype", lambda: sparse_prefill_triton(q, k, v, idx.long(), config=BASE)
+    yield "indices.shape", lambda: sparse_prefill_triton(q, k, v, idx[:2], config=BASE)
+    yield "lengths.shape", lambda: sparse_prefill_triton(q, k, v, idx, lengths=lengths[:2],
+                                                         config=BASE)
+    yield "num_q_heads=6 is not a multiple", lambda: sparse_prefill_triton(
+        q, k.expand(-1, 4, -1), v.expand(-1, 4, -1), idx, config=BASE)
+    yield "head_dim=300", lambda: sparse_prefill_triton(
+        torch.zeros(2, 6, 300), torch.zeros(4, 1, 300), torch.zeros(4, 1, 300),
+        torch.zeros(2, 3, dtype=torch.int32), config=BASE)
+    yield "page_table is required", lambda: sparse_prefill_triton(
+        q, k, v, idx, kind="chunk", cu_seqlens_q=torch.tensor([0, 5], dtype=torch.int32),
+        prefix_lens=torch.tensor([0], dtype=torch.int32), config=BASE)
+    yield "page_size=0", lambda: sparse_prefill_triton(
+        q, k, v, idx, kind="chunk", cu_seqlens_q=torch.tensor([0, 5], dtype=torch.int32),
+        prefix_lens=torch.tensor([0], dtype=torch.int32),
+        page_table=torch.zeros(1, 4, dtype=torch.int32), page_size=0, config=BASE)
+    yield "kind='decode'", lambda: sparse_prefill_triton(q, k, v, idx, kind="decode",
+                                                         config=BASE)
+    yield "stride", lambda: sparse_prefill_triton(q.transpose(0, 2).contiguous().transpose(0, 2),
+                                                  k, v, idx, config=BASE)
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _bad_calls()])
+def test_workload_errors(name):
+    fn = dict(_bad_calls())[name]
+    with pytest.raises(WorkloadError, match=name.replace("(", r"\(")):
+        fn()
+
+
+def test_empty_batch_and_empty_topk():
+    q, k, v, idx, _ = _prefill_case(3, group=6, d=16)
+    out = sparse_prefill_triton(q[:0], k, v, idx[:0], config=BASE)
+    assert out.shape == (0, 6, 16)
+    out = sparse_prefill_triton(q, k, v, idx[:, :0], config=BASE)
+    assert torch.all(out == 0)
+
+
+# ------------------------------------------------------------------ GPU (bf16, seed shapes)
+
+
+def _seed_inputs(kind, group, hkv=1, total_q=2560, kv=8192, req_lens=None, page_size=1):
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+
+    case = BenchCase(kind=kind, group_size=group, kv_heads=hkv, kv_len=kv, total_q=total_q,
+                     req_lens=req_lens, page_size=page_size)
+    return make_inputs(case, "cuda")
+
+
+def _gpu_check(inp, cfg, idx=None):
+    idx = inp["indices"] if idx is None else idx
+    ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], idx, out_dtype=torch.float32,
+                                   **inp["kwargs"])
+    poison = torch.full_like(inp["q"], float("nan"))
+    del poison  # the caching allocator hands this NaN block to the kernel's output
+    out = sparse_prefill_triton(inp["q"], inp["k"], inp["v"], idx, config=cfg, **inp["kwargs"])
+    assert torch.isfinite(out).all()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2e-2, f"{cfg}: max abs err {err}"
+
+
+def _gpu_configs(kind, group):
+    cfgs = [table_config(group, 8192), table_config(group, 256)]
+    if (kind, group) in H200_CONFIGS:
+        cfgs.append(H200_CONFIGS[(kind, group)])
+    return cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["prefill", "chunk"])
+@pytest.mark.parametrize("group,hkv", [(6, 1), (12, 1), (12, 2)])
+def test_gpu_seed_shapes(kind, group, hkv):
+    # 2560 rows at prefix 0: rows past 2050 stream the full 2051-slot budget
+    inp = _seed_inputs(kind, group, hkv)
+    for cfg in _gpu_configs(kind, group):
+        _gpu_check(inp, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [6, 12])
+def test_gpu_chunk_steady_state_ragged_paged(group):
+    # prefix 2050 (every slot visible), then a ragged batch on 16-token pages with bad entries
+    inp = _seed_inputs("chunk", group, total_q=512, kv=2562)
+    for cfg in _gpu_configs("chunk", group):
+        _gpu_check(inp, cfg)
+    inp = _seed_inputs("chunk", group, total_q=1024, kv=4099, req_lens=(1, 511, 2, 510),
+                       page_size=16)
+    idx = inp["indices"].clone()
+    idx[::7, ::5] = -3
+    idx[::11, 1::9] = 1 << 20
+    for cfg in _gpu_configs("chunk", group):
+        for mode in ("fused", "pretranslate"):
+            _gpu_check(inp, {**cfg, "CHUNK_MODE": mode}, idx)
