@@ -25,6 +25,7 @@ Prints a table; ``--json PATH`` also writes the numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -235,10 +236,8 @@ def _abuse(path: str, frames: int) -> dict[str, Any]:
         else:  # announces 200 KiB (allowed), sends 100 KiB, hangs up
             s.sendall(struct.pack(">I", 200 * 1024) + b"{" * (100 * 1024))
         if kind in ("bad_json", "not_object", "bad_version", "unknown_type", "oversized"):
-            try:
+            with contextlib.suppress(OSError):
                 s.recv(4096)  # the error reply (or the close)
-            except OSError:
-                pass
         s.close()
     time.sleep(0.5)
     with DaemonClient(path, 5.0) as c:
@@ -299,8 +298,8 @@ def _print(out: dict[str, Any]) -> None:
     n, s = out["clients"], out["selects"]
     print(f"\nkreg daemon load benchmark: {n} clients x {s} selects, {out['cpus']} CPUs, "
           f"paced phases offered {out['rate']:.0f} selects/s in total\n")
-    print(f"| phase | requests | errors | p50 µs | p99 µs | max µs | selects/s | daemon hits "
-          f"| daemon misses |")
+    print("| phase | requests | errors | p50 µs | p99 µs | max µs | selects/s | daemon hits "
+          "| daemon misses |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in ("shared", "distinct", "saturation"):
         r = out.get(name)

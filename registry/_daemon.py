@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -475,10 +476,7 @@ class Daemon:
 
     def _release(self) -> None:
         for p in (self.path, pid_path(self.path)):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+            p.unlink(missing_ok=True)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -494,10 +492,9 @@ class Daemon:
             os.umask(old)
         os.chmod(self.path, 0o600)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            # Not possible outside the main thread (an embedded daemon): stop it by request.
+            with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._stop.set)
-            except (NotImplementedError, RuntimeError):  # not the main thread
-                pass
         sweeper = loop.create_task(self._sweep())
         logger.info("kreg daemon pid %d serving %s (plugins %s, journal %s)", os.getpid(),
                     self.path, self.plugin_fp, self.journal_path)

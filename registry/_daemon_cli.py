@@ -229,7 +229,8 @@ def show_live(op: str | None = None, pid: int | None = None, as_json: bool = Fal
     click.echo(f"recent decisions (from the {source}), oldest first:")
     rows = [(str(r.get("pid")), _time(r.get("t")), str(r.get("op")),
              str(r.get("implementation")), _cfg(r.get("config")),
-             ("shared " if r.get("hit") else "new    ") + str(r.get("reason", ""))) for r in records]
+             ("shared " if r.get("hit") else "new    ") + str(r.get("reason", "")))
+            for r in records]
     head = ("pid", "time", "op", "implementation", "config", "reason")
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head[:-1])]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"

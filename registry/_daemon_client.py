@@ -21,8 +21,9 @@ stats      (none)                                                          count
 shutdown   (none)                                                          ``pid``
 =========  ==============================================================  =====================
 
-Error codes: ``bad_frame``, ``too_large``, ``bad_json``, ``bad_request``, ``unsupported_version``,
-``unknown_type``, ``unknown_facts`` (send ``facts`` with the fingerprint), ``forbidden`` (peer of another uid), ``busy`` (too many connections),
+Error codes: ``too_large``, ``bad_json``, ``bad_request``, ``unsupported_version``,
+``unknown_type``, ``unknown_facts`` (send ``facts`` with the fingerprint), ``forbidden`` (peer of
+another uid), ``busy`` (too many connections), ``internal`` (a daemon bug, logged),
 ``plugin_mismatch`` (the client's plugin set differs from the daemon's), ``select_failed`` (the
 daemon's selection raised; the client selects in-process and gets the error itself).
 

@@ -84,14 +84,13 @@ def read_journal(path: Path, files: int = DEFAULT_FILES) -> Iterator[dict[str, A
     """Every readable record, oldest first; torn or foreign lines are skipped."""
     for p in journal_files(Path(path), files):
         try:
-            fh = open(p, encoding="utf-8", errors="replace")
+            text = p.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        with fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    yield rec
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec

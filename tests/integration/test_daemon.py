@@ -6,6 +6,7 @@ tmp_path and stops it at the end, killing it if a test left it running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,10 +88,8 @@ class Node:
         pid = read_pid(self.socket)
         self.kreg("daemon", "stop", "--socket", str(self.socket), check=False)
         if pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture
