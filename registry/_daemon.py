@@ -121,6 +121,13 @@ class _Entry:
     reason: str
     workload: str
     device: str
+    # The journal line's fields after t, pid and hit, serialized once per decision.
+    journal_tail: str = ""
+
+    def record(self, t: float, pid: int, hit: bool) -> dict[str, Any]:
+        return {"t": t, "pid": pid, "op": self.op, "implementation": self.implementation,
+                "config": self.config, "reason": self.reason, "workload": self.workload,
+                "device": self.device, "hit": hit}
 
 
 class _Reject(Exception):
@@ -261,7 +268,9 @@ class Daemon:
         self.cache: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.aliases: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.facts: dict[str, Any] = {}
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_SIZE)
+        # (time, pid, hit, entry) per answered select; expanded into records only by explain.
+        self.recent: collections.deque[tuple[float, int, bool, _Entry]] = collections.deque(
+            maxlen=RECENT_SIZE)
         self.journal: Journal | None = None
         self.started = time.time()
         self.requests = self.selects = self.hits = self.misses = 0
@@ -336,10 +345,12 @@ class Daemon:
         if facts_s is not None:
             self._learn_facts(fp, facts_s)
         try:
-            wl_text = json.dumps(wl, sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            raise _Reject("bad_request", f"workload is not plain JSON: {exc}") from None
-        akey = (op, fp, wl_text, override)
+            # Field order must not matter; values are JSON scalars in every op's workload.
+            wl_items: Any = tuple(sorted(wl.items()))
+            hash(wl_items)
+        except TypeError:
+            wl_items = json.dumps(wl, sort_keys=True)
+        akey = (op, fp, wl_items, override)
         entry = self.aliases.get(akey)
         if entry is not None:
             hit = True
@@ -353,13 +364,11 @@ class Daemon:
             self.hits += 1
         else:
             self.misses += 1
-        rec = {"t": round(time.time(), 6), "pid": peer_pid, "op": op,
-               "implementation": entry.implementation, "config": entry.config,
-               "reason": entry.reason, "workload": entry.workload, "device": entry.device,
-               "hit": hit}
-        self.recent.append(rec)
+        now = time.time()
+        self.recent.append((now, peer_pid, hit, entry))
         if self.journal is not None:
-            self.journal.write(rec)
+            self.journal.write_line(f'{{"t":{now:.6f},"pid":{peer_pid},'
+                                    f'"hit":{"true" if hit else "false"},{entry.journal_tail}}}\n')
         body = b"".join((b'{"v":1,"id":', str(rid).encode() if rid is not None else b"null",
                          b',"ok":true,"hit":', _TRUE if hit else _FALSE, b',"first_pid":',
                          str(entry.first_pid).encode(), b',"decision":', entry.json, b"}"))
@@ -403,9 +412,12 @@ class Daemon:
         except KregError as exc:
             raise _Reject("select_failed", f"{type(exc).__name__}: {exc}") from None
         decision = decision.model_copy(update={"source": "daemon"})
-        entry = _Entry(json=decision.model_dump_json().encode(), first_pid=peer_pid, op=op,
-                       implementation=decision.implementation, config=decision.config,
-                       reason=decision.reason, workload=workload.short(), device=facts.name)
+        fields = {"op": op, "implementation": decision.implementation,
+                  "config": decision.config, "reason": decision.reason,
+                  "workload": workload.short(), "device": facts.name}
+        entry = _Entry(json=decision.model_dump_json().encode(), first_pid=peer_pid,
+                       journal_tail=json.dumps(fields, separators=(",", ":"), default=str)[1:-1],
+                       **fields)
         self.cache[key] = entry
         if len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
@@ -419,9 +431,11 @@ class Daemon:
             raise _Reject("bad_request", "explain: op must be a string or null")
         if not isinstance(limit, int) or limit < 0:
             raise _Reject("bad_request", "explain: limit must be a non-negative integer")
-        out = [r for r in self.recent
-               if (pid is None or r["pid"] == pid) and (op is None or r["op"] == op)]
-        return out[-min(limit, EXPLAIN_LIMIT):] if limit else []
+        if not limit:
+            return []
+        out = [(t, p, hit, e) for t, p, hit, e in self.recent
+               if (pid is None or p == pid) and (op is None or e.op == op)]
+        return [e.record(round(t, 6), p, hit) for t, p, hit, e in out[-min(limit, EXPLAIN_LIMIT):]]
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -241,10 +241,21 @@ class DaemonClient:
                     raise
                 self.close()
                 return early
-            (n,) = HEADER.unpack(self._recv_exact(sock, HEADER.size, deadline))
+            # One recv usually holds the whole reply: read generously, then complete the frame.
+            first = sock.recv(65536)
+            if not first:
+                raise ConnectionResetError("the daemon closed the connection")
+            if len(first) < HEADER.size:
+                first += self._recv_exact(sock, HEADER.size - len(first), deadline)
+            (n,) = HEADER.unpack_from(first)
             if n > MAX_REPLY:
                 raise DaemonError(f"daemon reply of {n} bytes exceeds the {MAX_REPLY} byte limit")
-            reply = decode_frame(self._recv_exact(sock, n, deadline))
+            body = first[HEADER.size:]
+            if len(body) > n:
+                raise DaemonError("the daemon sent more than one reply to one request")
+            if len(body) < n:
+                body += self._recv_exact(sock, n - len(body), deadline)
+            reply = decode_frame(body)
         except BaseException:
             self.close()
             raise

@@ -42,7 +42,10 @@ class Journal:
         self._size = os.fstat(fd).st_size
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        self.write_line(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+
+    def write_line(self, line: str) -> None:
+        """Append one serialized record (one line, ending in a newline)."""
         if self._fh is None:
             return
         self._fh.write(line)
