@@ -63,7 +63,8 @@ __all__ = ["AlreadyRunningError", "Daemon", "journal_path_for", "lock_path", "pi
 
 logger = logging.getLogger("registry.daemon")
 
-CACHE_SIZE = 65536
+# Decisions are ~3.5 KiB of JSON each: the shared cache stays under ~60 MiB.
+CACHE_SIZE = 16384
 RECENT_SIZE = 10000
 EXPLAIN_LIMIT = 10000
 _TRUE, _FALSE = b"true", b"false"

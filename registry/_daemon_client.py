@@ -72,7 +72,7 @@ logger = logging.getLogger("registry.daemon")
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
-MAX_REQUEST = 256 * 1024
+MAX_REQUEST = 64 * 1024  # a select is about 1 KiB; bounds a connection's buffer
 MAX_REPLY = 16 * 1024 * 1024
 # A Unix socket path must fit sun_path (108 bytes on Linux, including the NUL).
 MAX_SOCKET_PATH = 107

@@ -13,6 +13,7 @@ import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -222,3 +222,14 @@ def test_bad_timeout_setting_is_a_note(monkeypatch: pytest.MonkeyPatch, tmp_path
     decision, note = remote_select(reg, "sparse_prefill", registry.profiles()[DEVICE], wl, None)
     assert decision is None and note is not None
     assert "Unable to use KREG_DAEMON_TIMEOUT='fast'" in note
+
+
+def test_shared_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
+    d = Daemon(tmp_path / "d.sock", cache_size=2)
+    for total_q in (10, 20, 30, 10):
+        reply = _select(d, workload={**WORKLOAD, "total_q": total_q, "max_q": total_q})
+        assert reply["ok"]
+    stats = d.stats()
+    assert stats["cache_entries"] == 2 and stats["aliases"] == 2
+    assert stats["misses"] == 4  # 10 was evicted (least recently used) before it came back
