@@ -37,6 +37,8 @@ PREFETCH        0          0: each step loads its indices, then K and V, then co
                            of step i+3 are loaded. 2: like 1 but V of step i+1 is issued after
                            step i's PV product (fewer live registers).
                            Not combinable with EVEN_TILES=1.
+SPLIT_QK        1          2: QK^T as two independent half-head_dim MMA chains (K gathered as two
+                           halves); head dims below 32 fall back to 1. PREFETCH=0 only.
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -63,11 +65,12 @@ __all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_tri
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
-                                   "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0}
+                                   "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
+                                   "SPLIT_QK": 1}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
-                                        "PREFETCH": (0, 1, 2)}
+                                        "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2)}
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 
@@ -116,6 +119,9 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
     if var["EVEN_TILES"] and var["PREFETCH"]:
         raise ConfigError("EVEN_TILES=1 applies to the PREFETCH=0 loop only: set EVEN_TILES=0 "
                           "or PREFETCH=0")
+    if var["SPLIT_QK"] == 2 and var["PREFETCH"]:
+        raise ConfigError("SPLIT_QK=2 applies to the PREFETCH=0 loop only: set SPLIT_QK=1 or "
+                          "PREFETCH=0")
     if var["EVEN_TILES"] and var["LAYOUT"] == "keys":
         raise ConfigError("LAYOUT='keys' with EVEN_TILES=1 produced wrong results on an H200 "
                           "(Triton 3.6; correct in the interpreter): set EVEN_TILES=0")
@@ -208,11 +214,19 @@ def _load_rows(X_h, slot, ok, s_xt, offs_d, d_mask, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
-    """QK^T, online-softmax update (exp2; log2(e) is in qk_scale); returns p and rescaled acc."""
+def _qk(q, k, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
     if KEYS_MAJOR:
-        st = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BN, BM]
+        s = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # [BN, BM]
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
+    return s
+
+
+@triton.jit
+def _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr):
+    """Online-softmax update from raw scores (exp2; log2(e) is in qk_scale)."""
+    if KEYS_MAJOR:
+        st = s * qk_scale
         st = tl.where(ok[:, None], st, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(st, 0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -221,7 +235,7 @@ def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
         l_i = l_i * alpha + tl.sum(p, 0)
         acc = acc * alpha[None, :]
     else:
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BM, BN]
+        s = s * qk_scale
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -230,6 +244,13 @@ def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
     return p, m_new, l_i, acc
+
+
+@triton.jit
+def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
+                    DOT_PREC: tl.constexpr):
+    s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
+    return _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR)
 
 
 @triton.jit
@@ -242,18 +263,29 @@ def _pv(p, v, acc, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
-                 page_size, max_pages, s_kt, s_vt, offs_d, d_mask, qk_scale,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 CHUNK: tl.constexpr, MASK_N: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
-    """One tile of the plain (PREFETCH=0) loop: index, gather K and V, score, accumulate."""
+def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
+                 page_size, max_pages, s_kt, s_vt, offs_d, d_mask, offs_h, h_mask, offs_h2,
+                 h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
+                 KEYS_MAJOR: tl.constexpr, SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One tile of the plain (PREFETCH=0) loop: index, gather K and V, score, accumulate.
+
+    SPLIT_QK=2 computes QK^T as two independent half-head_dim products (q/q2 and the two K
+    halves ``offs_h``/``offs_h2``), halving the dependent MMA chain of the score.
+    """
     j = start + tl.arange(0, BLOCK_N)
     slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
                            CHUNK, MASK_N)
-    k = _load_rows(K_h, slot, ok, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
-    v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-    p, m_i, l_i, acc = _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR, DOT_PREC)
+    if SPLIT_QK == 2:
+        k1 = _load_rows(K_h, slot, ok, s_kt, offs_h, h_mask, HEAD_DIM, D_PAD)
+        k2 = _load_rows(K_h, slot, ok, s_kt, offs_h2, h_mask2, HEAD_DIM, D_PAD)
+        v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+        s = _qk(q, k1, KEYS_MAJOR, DOT_PREC) + _qk(q2, k2, KEYS_MAJOR, DOT_PREC)
+    else:
+        k = _load_rows(K_h, slot, ok, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
+        v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
+        s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
+    p, m_i, l_i, acc = _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR)
     acc = _pv(p, v, acc, KEYS_MAJOR, DOT_PREC)
     return m_i, l_i, acc
 
@@ -266,7 +298,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
                         BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_LENS: tl.constexpr,
                         KEYS_MAJOR: tl.constexpr, EVEN_TILES: tl.constexpr,
                         REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
-                        DOT_PREC: tl.constexpr):
+                        SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr):
     pid = tl.program_id(0)
     if REVERSE_ROWS:
         r = total_q - 1 - pid
@@ -279,8 +311,23 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
     m_mask = offs_m < group
     d_mask = offs_d < HEAD_DIM
     heads = h * group + offs_m
-    q = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if SPLIT_QK == 2:
+        offs_h = tl.arange(0, D_PAD // 2)
+        offs_h2 = offs_h + D_PAD // 2
+        h_mask = offs_h < HEAD_DIM
+        h_mask2 = offs_h2 < HEAD_DIM
+        q = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_h[None, :],
+                    mask=m_mask[:, None] & h_mask[None, :], other=0.0)
+        q2 = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_h2[None, :],
+                     mask=m_mask[:, None] & h_mask2[None, :], other=0.0)
+    else:
+        offs_h = offs_d
+        offs_h2 = offs_d
+        h_mask = d_mask
+        h_mask2 = d_mask
+        q = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        q2 = q
     if HAS_LENS:
         n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
@@ -333,21 +380,24 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
     elif EVEN_TILES:
         n_full = (n // BLOCK_N) * BLOCK_N
         for start in range(0, n_full, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
+            m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
-                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
-                                         CHUNK, False, KEYS_MAJOR, DOT_PREC)
+                                         offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
+                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, False,
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
         if n_full < n:
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, n_full, n,
+            m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, n_full, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
-                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
-                                         CHUNK, True, KEYS_MAJOR, DOT_PREC)
+                                         offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
+                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
     else:
         for start in range(0, n, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
+            m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
-                                         offs_d, d_mask, qk_scale, BLOCK_N, HEAD_DIM, D_PAD,
-                                         CHUNK, True, KEYS_MAJOR, DOT_PREC)
+                                         offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
+                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     O_row = OUT + r64 * s_ot
     if KEYS_MAJOR:
@@ -531,7 +581,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         CHUNK=chunk, HAS_LENS=has_lens, KEYS_MAJOR=var["LAYOUT"] == "keys",
         EVEN_TILES=bool(var["EVEN_TILES"]), REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
-        PREFETCH=int(var["PREFETCH"]),
+        PREFETCH=int(var["PREFETCH"]), SPLIT_QK=2 if (var["SPLIT_QK"] == 2 and d_pad >= 32) else 1,
         DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"],
         **_launch_extras(var, q))
     return out

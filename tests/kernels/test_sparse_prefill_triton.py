@@ -261,9 +261,19 @@ def _gpu_check(inp, cfg, idx=None):
 
 
 def _gpu_configs(kind, group):
+    """Table geometries, the measured H200 config, and any in KREG_SP_EXTRA_GEOMETRIES
+    (comma-separated ``BMxBNxWxS[:opt]`` strings, see bench.py; for checking candidates)."""
+    import os
+
+    from backends.sparse_prefill.bench import parse_geometry
+
     cfgs = [table_config(group, 8192), table_config(group, 256)]
     if (kind, group) in H200_CONFIGS:
         cfgs.append(H200_CONFIGS[(kind, group)])
+    for spec in filter(None, os.environ.get("KREG_SP_EXTRA_GEOMETRIES", "").split(",")):
+        cfg = parse_geometry(spec)
+        if cfg["BLOCK_M"] >= group:
+            cfgs.append(cfg)
     return cfgs
 
 
