@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NAN_KEY", "indexer_topk", "indexer_topk_reference", "score_keys", "topk_to_slots"]
+__all__ = ["NAN_KEY", "indexer_topk", "indexer_topk_reference", "score_keys", "topk_mismatches",
+           "topk_to_slots"]
 
 INT32_MIN = -(2 ** 31)
 NAN_KEY = INT32_MIN + 1   # below -inf's key (-2139095041); INT32_MIN itself marks "no key"
@@ -120,3 +121,33 @@ def topk_to_slots(topk_idx: Any, page_table: Any, page_size: int) -> Any:
     page = page.clamp(max=page_table.shape[1] - 1)
     slot = torch.gather(page_table.to(torch.int64), 1, page) * page_size + p % page_size
     return torch.where(valid, slot, torch.full_like(slot, -1)).to(torch.int32)
+
+
+def topk_mismatches(got: Any, want: Any, *, limit: int = 8) -> list[str]:
+    """Entry-by-entry comparison of two top-k lists; [] when bitwise equal.
+
+    Each message names the row, the first differing entry, and the positions one list has and
+    the other lacks ("missed"/"extra"), so a wrong member, a swapped pair and a wrong order are
+    all reported. At most ``limit`` rows are described.
+    """
+    import torch
+
+    if tuple(got.shape) != tuple(want.shape):
+        return [f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"]
+    if got.dtype != want.dtype:
+        return [f"dtype {got.dtype} != expected {want.dtype}"]
+    g = got.detach().cpu()
+    w = want.detach().cpu()
+    bad = (g != w).any(dim=1).nonzero().flatten().tolist() if g.numel() else []
+    msgs = []
+    for r in bad[:limit]:
+        diff = (g[r] != w[r]).nonzero().flatten()
+        i = int(diff[0])
+        gs = set(g[r].tolist()) - {-1}
+        ws = set(w[r].tolist()) - {-1}
+        msgs.append(f"row {r}: entry {i} is {int(g[r, i])}, expected {int(w[r, i])} "
+                    f"({len(diff)} entries differ; missed {sorted(ws - gs)[:4]} "
+                    f"({len(ws - gs)}), extra {sorted(gs - ws)[:4]} ({len(gs - ws)}))")
+    if len(bad) > limit:
+        msgs.append(f"... and {len(bad) - limit} more rows")
+    return msgs

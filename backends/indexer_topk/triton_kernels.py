@@ -69,9 +69,10 @@ __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
 
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
-    "SEARCH_WARPS": 8, "BOUND_TILE": 8192, "CAND_CAP": 8192,
+    "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
+    "SEARCH_BITS": 1,
 }
-_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_CAP")
+_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP")
 _WARPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -88,15 +89,21 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132) -> dict[str, int]:
-    """A reasonable config for a workload: enough slices to fill the device, GROUP so that a row
-    has at most 8192 groups, CAND_CAP >= 4k."""
+    """A reasonable config for a workload: GROUP so that a row has about 2k groups (the bound
+    is then the median group maximum), enough slices to give the device ~2 programs an SM,
+    inner steps of up to 8192 keys, CAND_TILE >= 2k and CAND_CAP >= 8k."""
     cfg = dict(DEFAULT_CONFIG)
-    cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(max(max_keys, 1), 8192))))
+    n = max(max_keys, 1)
+    cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
-    slices = min(64, want)
+    slices = min(64, want, max(1, n // 2048))
+    per_slice = _cdiv(n, slices)
+    cfg["GROUP_BLOCK"] = max(1, min(8192, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
-    cfg["SLICE_KEYS"] = max(block, _cdiv(_cdiv(max(max_keys, 1), slices), block) * block)
-    cfg["CAND_CAP"] = max(8192, _next_pow2(4 * k))
+    cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
+    cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
+    cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
+    cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
     return cfg
 
 
@@ -137,10 +144,16 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
                           "[1, 1024]; use 64")
     if cfg["CAND_CAP"] < k:
         raise ConfigError(f"indexer_topk config CAND_CAP={cfg['CAND_CAP']}: must be >= k ({k}); "
-                          f"use {max(8192, _next_pow2(4 * k))}")
-    if cfg["CAND_CAP"] > 65536 or cfg["BOUND_TILE"] > 65536:
-        raise ConfigError("indexer_topk config CAND_CAP and BOUND_TILE: must be <= 65536 "
+                          f"use {max(16384, _next_pow2(8 * k))}")
+    if cfg["CAND_TILE"] > cfg["CAND_CAP"]:
+        raise ConfigError(f"indexer_topk config CAND_TILE={cfg['CAND_TILE']}: must be <= "
+                          f"CAND_CAP ({cfg['CAND_CAP']}); lower CAND_TILE or raise CAND_CAP")
+    if cfg["CAND_TILE"] > 65536 or cfg["BOUND_TILE"] > 65536:
+        raise ConfigError("indexer_topk config CAND_TILE and BOUND_TILE: must be <= 65536 "
                           "(register tiles); lower them")
+    if cfg["SEARCH_BITS"] not in (1, 2):
+        raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
+                          "(halving) or 2 (four-way, one packed reduction a step); use 1")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
@@ -204,93 +217,128 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
 
 
 @triton.jit
-def _kth_search_tile(x, k, lo, hi):
-    """Largest t in [lo, hi] with #(x >= t) >= k (x: 1-D int32 tile; entries < lo+1 never count
-    wrongly because every probe is > lo). lo, hi: int64 scalars."""
-    while lo < hi:
-        mid = lo + (hi - lo + 1) // 2
-        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0)
-        ge = c >= k
-        lo = tl.where(ge, mid, lo)
-        hi = tl.where(ge, hi, mid - 1)
+def _kth_search_tile(x, k, lo, hi, SB: tl.constexpr):
+    """Largest t in [lo, hi] with #(x >= t) >= k, for a 1-D int32 tile ``x``.
+
+    Invariants: #(x >= lo) >= k and #(x >= hi + 1) < k. SB=1 halves [lo, hi] per step; SB=2
+    probes three values that split it in four and counts all three in one reduction (counts
+    packed 21 bits apart in an int64, so at most 2**21 - 1 values). Entries that
+    are not keys hold INT32_MIN and never reach a probe (every probe is > lo >= INT32_MIN).
+    lo, hi: int64 scalars."""
+    if SB == 1:
+        while lo < hi:
+            mid = lo + (hi - lo + 1) // 2
+            c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0)
+            ge = c >= k
+            lo = tl.where(ge, mid, lo)
+            hi = tl.where(ge, hi, mid - 1)
+    else:
+        # Four-way: three probes, their counts packed 21 bits apart in one int64 reduction.
+        while lo < hi:
+            step = (hi - lo + 4) // 4
+            p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
+            p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
+            p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
+            packed = (x >= p1).to(tl.int64) + ((x >= p2).to(tl.int64) << 21) \
+                + ((x >= p3).to(tl.int64) << 42)
+            tot = tl.sum(packed, axis=0)
+            js = ((tot & 0x1FFFFF) >= k).to(tl.int64) \
+                + (((tot >> 21) & 0x1FFFFF) >= k).to(tl.int64) + ((tot >> 42) >= k).to(tl.int64)
+            lo = lo + js * step
+            hi = tl.minimum(hi, lo + step - 1)
     return lo
 
 
 @triton.jit
-def _count_ge_mem(ptr, n, t, CH: tl.constexpr):
+def _kth_search_mem(ptr, n, k, lo, hi, CH: tl.constexpr, SB: tl.constexpr):
+    """As :func:`_kth_search_tile` over ``n`` int32 values in memory, CH at a time."""
     offs = tl.arange(0, CH)
-    c = tl.sum(tl.zeros([CH], dtype=tl.int32), axis=0)
-    for c0 in range(0, n, CH):
-        v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
-        c += tl.sum((v >= t).to(tl.int32), axis=0)
-    return c
+    if SB == 1:
+        while lo < hi:
+            mid = lo + (hi - lo + 1) // 2
+            t = mid.to(tl.int32)
+            c = tl.full([], 0, tl.int32)
+            for c0 in range(0, n, CH):
+                v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+                c += tl.sum((v >= t).to(tl.int32), axis=0)
+            ge = c >= k
+            lo = tl.where(ge, mid, lo)
+            hi = tl.where(ge, hi, mid - 1)
+    else:
+        while lo < hi:
+            step = (hi - lo + 4) // 4
+            p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
+            p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
+            p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
+            tot = tl.full([], 0, tl.int64)
+            for c0 in range(0, n, CH):
+                v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+                tot += tl.sum((v >= p1).to(tl.int64) + ((v >= p2).to(tl.int64) << 21)
+                              + ((v >= p3).to(tl.int64) << 42), axis=0)
+            js = ((tot & 0x1FFFFF) >= k).to(tl.int64) \
+                + (((tot >> 21) & 0x1FFFFF) >= k).to(tl.int64) + ((tot >> 42) >= k).to(tl.int64)
+            lo = lo + js * step
+            hi = tl.minimum(hi, lo + step - 1)
+    return lo
 
 
 @triton.jit
-def _bound_kernel(gm_ptr, lengths_ptr, bound_ptr, n_keys, n_groups, k,
-                  GS: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr):
-    row = tl.program_id(0)
-    length = _row_len(lengths_ptr, row, n_keys)
-    if length > k:
-        ng = (length + GS - 1) // GS
-        src = gm_ptr + row.to(tl.int64) * n_groups
-        offs = tl.arange(0, GT)
-        if ng < k:
-            res = tl.full([], -2147483648, tl.int64)
+def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.constexpr,
+               CHUNKED: tl.constexpr, SB: tl.constexpr):
+    """L: the exact k-th largest group maximum of the row (INT32_MIN with fewer than k groups)."""
+    ng = (length + GS - 1) // GS
+    src = gm_ptr + row.to(tl.int64) * n_groups
+    offs = tl.arange(0, GT)
+    res = tl.full([], -2147483648, tl.int64)
+    if ng >= k:
+        if CHUNKED:
+            hi = tl.full([], -2147483648, tl.int32)
+            lo = tl.full([], 2147483647, tl.int32)
+            for c0 in range(0, ng, GT):
+                m = c0 + offs < ng
+                v = tl.load(src + c0 + offs, mask=m, other=-2147483648)
+                hi = tl.maximum(hi, tl.max(v, axis=0))
+                lo = tl.minimum(lo, tl.min(tl.where(m, v, 2147483647), axis=0))
+            res = _kth_search_mem(src, ng, k, lo.to(tl.int64), hi.to(tl.int64), GT, SB)
         else:
-            if CHUNKED:
-                hi = tl.full([], -2147483648, tl.int32)
-                lo = tl.full([], 2147483647, tl.int32)
-                for c0 in range(0, ng, GT):
-                    m = c0 + offs < ng
-                    v = tl.load(src + c0 + offs, mask=m, other=-2147483648)
-                    hi = tl.maximum(hi, tl.max(v, axis=0))
-                    lo = tl.minimum(lo, tl.min(tl.where(m, v, 2147483647), axis=0))
-                lo64 = lo.to(tl.int64)
-                hi64 = hi.to(tl.int64)
-                while lo64 < hi64:
-                    mid = lo64 + (hi64 - lo64 + 1) // 2
-                    c = _count_ge_mem(src, ng, mid.to(tl.int32), GT)
-                    ge = c >= k
-                    lo64 = tl.where(ge, mid, lo64)
-                    hi64 = tl.where(ge, hi64, mid - 1)
-                res = lo64
-            else:
-                m = offs < ng
-                v = tl.load(src + offs, mask=m, other=-2147483648)
-                hi = tl.max(v, axis=0).to(tl.int64)
-                lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
-                res = _kth_search_tile(v, k, lo, hi)
-        tl.store(bound_ptr + row, res.to(tl.int32))
+            m = offs < ng
+            v = tl.load(src + offs, mask=m, other=-2147483648)
+            hi = tl.max(v, axis=0).to(tl.int64)
+            lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+            res = _kth_search_tile(v, k, lo, hi, SB)
+    return res.to(tl.int32)
 
 
 @triton.jit
-def _place_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, cnt_ptr, ncand_ptr,
-                  cpos_ptr, ckey_ptr, n_keys, stride_s, n_groups, slice_len, n_slices, k, cap,
-                  GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr,
+def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, slice_len,
+                  n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                  GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
+                  CHUNKED: tl.constexpr, SB: tl.constexpr,
                   COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
-        lb = tl.load(bound_ptr + row)
+        lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
         start = sl * slice_len
         end = tl.minimum(start + slice_len, length)
         src = scores_ptr + row.to(tl.int64) * stride_s
-        gsrc = gm_ptr + row.to(tl.int64) * n_groups
+        gsrc = ws_ptr + row.to(tl.int64) * n_groups
         row_c = row.to(tl.int64) * cap
+        cnt_row = ws_ptr + off_cnt + row.to(tl.int64) * n_slices
         base = tl.full([], 0, tl.int32)
         go = True
         if not COUNT_ONLY:
+            if sl == 0:
+                tl.store(ws_ptr + off_bound + row, lb)
             if not SINGLE:
                 si = tl.arange(0, SP)
-                cnts = tl.load(cnt_ptr + row.to(tl.int64) * n_slices + si, mask=si < n_slices,
-                               other=0)
+                cnts = tl.load(cnt_row + si, mask=si < n_slices, other=0)
                 base = tl.sum(tl.where(si < sl, cnts, 0), axis=0)
                 total = tl.sum(cnts, axis=0)
                 go = total <= cap
                 if sl == 0:
-                    tl.store(ncand_ptr + row, total)
+                    tl.store(ws_ptr + off_ncand + row, total)
         g_off = tl.arange(0, GB)
         j = tl.arange(0, GS)
         run = base
@@ -314,13 +362,23 @@ def _place_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, cnt_ptr, ncand_ptr
                         flat_k = tl.reshape(key, [GB * GS])
                         dst = run + tl.cumsum(flat_c, axis=0) - flat_c
                         wm = (flat_c != 0) & (dst < cap)
-                        tl.store(cpos_ptr + row_c + dst, flat_p, mask=wm)
-                        tl.store(ckey_ptr + row_c + dst, flat_k, mask=wm)
+                        tl.store(ws_ptr + off_cpos + row_c + dst, flat_p, mask=wm)
+                        tl.store(ws_ptr + off_ckey + row_c + dst, flat_k, mask=wm)
                         run += tl.sum(flat_c, axis=0)
         if COUNT_ONLY:
-            tl.store(cnt_ptr + row.to(tl.int64) * n_slices + sl, run)
+            tl.store(cnt_row + sl, run)
         elif SINGLE:
-            tl.store(ncand_ptr + row, run)
+            tl.store(ws_ptr + off_ncand + row, run)
+
+
+@triton.jit
+def _count_gt_mem(ptr, n, t, CH: tl.constexpr):
+    offs = tl.arange(0, CH)
+    c = tl.full([], 0, tl.int32)
+    for c0 in range(0, n, CH):
+        v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+        c += tl.sum((v > t).to(tl.int32), axis=0)
+    return c
 
 
 @triton.jit
@@ -342,9 +400,10 @@ def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr):
 
 
 @triton.jit
-def _select_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, ncand_ptr, cpos_ptr, ckey_ptr,
-                   out_ptr, n_keys, stride_s, n_groups, k, cap,
-                   GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr):
+def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
+                   cap, off_bound, off_ncand, off_cpos, off_ckey,
+                   GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
+                   SB: tl.constexpr):
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
@@ -354,27 +413,54 @@ def _select_kernel(scores_ptr, lengths_ptr, gm_ptr, bound_ptr, ncand_ptr, cpos_p
             i = c0 + ko
             tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
     else:
-        lb = tl.load(bound_ptr + row)
-        n = tl.load(ncand_ptr + row)
-        if n <= cap:
+        lb = tl.load(ws_ptr + off_bound + row)
+        n = tl.load(ws_ptr + off_ncand + row)
+        row_c = row.to(tl.int64) * cap
+        if n <= CAP:
+            # The candidates fit the register tile.
             offs = tl.arange(0, CAP)
             cm = offs < n
-            row_c = row.to(tl.int64) * cap
-            keys = tl.load(ckey_ptr + row_c + offs, mask=cm, other=-2147483648)
+            keys = tl.load(ws_ptr + off_ckey + row_c + offs, mask=cm, other=-2147483648)
             hi = tl.max(keys, axis=0).to(tl.int64)
-            t = _kth_search_tile(keys, k, lb.to(tl.int64), hi).to(tl.int32)
+            t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
             gt = keys > t
             need = k - tl.sum(gt.to(tl.int32), axis=0)
             eq = (keys == t).to(tl.int32)
             sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
             si = sel.to(tl.int32)
             dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(cpos_ptr + row_c + offs, mask=sel, other=0)
+            p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
             tl.store(out + dst, p, mask=sel)
+        elif n <= cap:
+            # The buffer holds them all: search and place over it, CAP at a time.
+            kp = ws_ptr + off_ckey + row_c
+            pp = ws_ptr + off_cpos + row_c
+            offs = tl.arange(0, CAP)
+            hi32 = tl.full([], -2147483648, tl.int32)
+            for c0 in range(0, n, CAP):
+                v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+                hi32 = tl.maximum(hi32, tl.max(v, axis=0))
+            t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), CAP, SB)
+            t = t.to(tl.int32)
+            need = k - _count_gt_mem(kp, n, t, CAP)
+            run_sel = tl.full([], 0, tl.int32)
+            run_eq = tl.full([], 0, tl.int32)
+            for c0 in range(0, n, CAP):
+                cm = c0 + offs < n
+                keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
+                gt = keys > t
+                eq = (keys == t).to(tl.int32)
+                sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+                si = sel.to(tl.int32)
+                dst = run_sel + tl.cumsum(si, axis=0) - si
+                p = tl.load(pp + c0 + offs, mask=sel, other=0)
+                tl.store(out + dst, p, mask=sel)
+                run_sel += tl.sum(si, axis=0)
+                run_eq += tl.sum(eq, axis=0)
         else:
             # Too many candidates for the buffer (tie-heavy row): search and place over the row.
             src = scores_ptr + row.to(tl.int64) * stride_s
-            gsrc = gm_ptr + row.to(tl.int64) * n_groups
+            gsrc = ws_ptr + row.to(tl.int64) * n_groups
             ng = (length + GS - 1) // GS
             go = tl.arange(0, GB)
             hi32 = tl.full([], -2147483648, tl.int32)
@@ -450,56 +536,79 @@ def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
                             f"got max {int(lengths.max())}; clamp lengths or widen scores")
 
 
+_PLANS: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
+
+
+def _resolve(config: dict[str, Any], k: int, n: int) -> tuple[dict[str, int], dict[str, int]]:
+    try:
+        key = (tuple(sorted(config.items())), k, n)
+        hit = _PLANS.get(key)
+    except TypeError:
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    validate_config(config, k, n)
+    cfg = {**DEFAULT_CONFIG, **config}
+    p = plan(cfg, n)
+    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
+    p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
+    p["kb"] = min(_next_pow2(k), 4096)
+    p["sp"] = _next_pow2(p["slices"])
+    if key is not None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = (cfg, p)
+    return cfg, p
+
+
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any]) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
 
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
+    Launches: 3 with one slice a row, 4 with several (the count pass), 1 when max_keys <= k.
     """
     import torch
 
     _check_inputs(scores, lengths, k)
     rows, n = scores.shape
-    validate_config(config, k, n)
-    cfg = {**DEFAULT_CONFIG, **config}
+    cfg, p = _resolve(config, k, n)
     dev = scores.device
     out = torch.empty((rows, k), dtype=torch.int32, device=dev)
     if rows == 0:
         return out
-    p = plan(cfg, n)
-    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
+    gs, gb, cap, sb = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"], cfg["SEARCH_BITS"]
     slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
     stride = scores.stride(0)
-    kb = min(_next_pow2(k), 4096)
+    sw = cfg["SEARCH_WARPS"]
     if n <= k:
         # Every row has <= k valid keys: only the fast path runs.
-        dummy = torch.empty(1, dtype=torch.int32, device=dev)
-        _select_kernel[(rows,)](scores, lengths, dummy, dummy, dummy, dummy, dummy, out,
-                                n, stride, 1, k, cap, GS=gs, GB=gb, CAP=16, KB=kb,
-                                num_warps=cfg["SEARCH_WARPS"])
+        _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0,
+                                GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw)
         return out
-    gm = torch.empty((rows, groups), dtype=torch.int32, device=dev)
-    bound = torch.empty(rows, dtype=torch.int32, device=dev)
-    ncand = torch.empty(rows, dtype=torch.int32, device=dev)
-    cnt = torch.empty((rows, slices), dtype=torch.int32, device=dev)
-    cpos = torch.empty((rows, cap), dtype=torch.int32, device=dev)
-    ckey = torch.empty((rows, cap), dtype=torch.int32, device=dev)
+    off_bound = rows * groups
+    off_ncand = off_bound + rows
+    off_cnt = off_ncand + rows
+    off_cpos = off_cnt + rows * slices
+    off_ckey = off_cpos + rows * cap
+    ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
     nw = cfg["num_warps"]
-    sw = cfg["SEARCH_WARPS"]
-    _gmax_kernel[(rows, slices)](scores, lengths, gm, n, stride, groups, slice_len, k,
+    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                  GS=gs, GB=gb, num_warps=nw)
-    gt_tile = min(cfg["BOUND_TILE"], _next_pow2(groups))
-    _bound_kernel[(rows,)](gm, lengths, bound, n, groups, k, GS=gs, GT=gt_tile,
-                           CHUNKED=groups > gt_tile, num_warps=sw)
-    sp = _next_pow2(slices)
+    chunked = groups > p["gt"]
     if slices > 1:
-        _place_kernel[(rows, slices)](scores, lengths, gm, bound, cnt, ncand, cpos, ckey, n,
-                                      stride, groups, slice_len, slices, k, cap, GS=gs, GB=gb,
-                                      SP=sp, COUNT_ONLY=True, SINGLE=False, num_warps=nw)
-    _place_kernel[(rows, slices)](scores, lengths, gm, bound, cnt, ncand, cpos, ckey, n,
-                                  stride, groups, slice_len, slices, k, cap, GS=gs, GB=gb,
-                                  SP=sp, COUNT_ONLY=False, SINGLE=slices == 1, num_warps=nw)
-    _select_kernel[(rows,)](scores, lengths, gm, bound, ncand, cpos, ckey, out, n, stride,
-                            groups, k, cap, GS=gs, GB=gb, CAP=cap, KB=kb, num_warps=sw)
+        _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
+                                      k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                                      GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
+                                      SB=sb, COUNT_ONLY=True, SINGLE=False, num_warps=nw)
+    _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
+                                  k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                                  GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
+                                  SB=sb, COUNT_ONLY=False, SINGLE=slices == 1, num_warps=nw)
+    _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
+                            off_ncand, off_cpos, off_ckey, GS=gs, GB=max(1, min(gb, 1024 // gs)),
+                            CAP=cfg["CAND_TILE"],
+                            KB=p["kb"],
+                            SB=sb, num_warps=sw)
     return out

@@ -1,0 +1,186 @@
+"""The indexer_topk Triton kernels against the torch reference, entry by entry.
+
+Without a GPU they run under TRITON_INTERPRET=1 (set by tests/conftest.py) at small sizes and
+small k; the ``gpu`` tests run k=2048 at 131,072 and 524,288 keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from backends.indexer_topk import triton_kernels as TK  # noqa: E402
+from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
+from registry.errors import ConfigError, WorkloadError  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Small geometries that exercise every path under the interpreter: several slices (count pass),
+# one slice, a candidate tile smaller than the candidates (buffer tier), a buffer smaller than
+# the candidates (row tier), both search modes.
+SMALL = {
+    "slices": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
+               "CAND_CAP": 512},
+    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256,
+                  "CAND_CAP": 256, "SEARCH_BITS": 2},
+    "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
+                    "CAND_CAP": 1024},
+    "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
+                 "CAND_CAP": 64, "SEARCH_BITS": 2},
+}
+
+
+def make_scores(kind, rows, n, *, seed=0, dtype=torch.float32, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "random":
+        s = torch.randn(rows, n, generator=g)
+    elif kind == "ties":      # four values repeated: the k-th score sits in a tie
+        s = torch.tensor([0.5, -1.0, 2.0, 3.0])[torch.randint(0, 4, (rows, n), generator=g)]
+    elif kind == "zeros":
+        s = torch.zeros(rows, n)
+    elif kind == "recent":    # the last keys scaled 8x: the selection crowds there
+        s = torch.randn(rows, n, generator=g)
+        s[:, -max(1, n // 8):] *= 8
+    elif kind == "lowbits":   # equal high bits, differing only in the low mantissa bits
+        b = 0x3F800000 + torch.randint(0, 64, (rows, n), generator=g, dtype=torch.int32)
+        s = b.view(torch.float32).clone()
+    elif kind == "special":   # -inf, +inf, NaN, -0.0 sprinkled
+        s = torch.randn(rows, n, generator=g)
+        r = torch.rand(rows, n, generator=g)
+        s[r < 0.05] = float("inf")
+        s[(r > 0.3) & (r < 0.35)] = float("-inf")
+        s[r > 0.9] = float("nan")
+        s[(r > 0.5) & (r < 0.55)] = -0.0
+        s[(r > 0.55) & (r < 0.6)] = 0.0
+    else:
+        raise ValueError(kind)
+    return s.to(dtype).to(device)
+
+
+def run_both(scores, lengths, k, cfg):
+    got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
+    want = indexer_topk_reference(scores, lengths, k)
+    return got, want
+
+
+@pytest.mark.parametrize("geom", sorted(SMALL))
+@pytest.mark.parametrize("kind", ["random", "ties", "zeros", "recent", "lowbits", "special"])
+def test_small_exact(geom, kind):
+    rows, n, k = 4, 1200, 16 if kind != "recent" else 64
+    scores = make_scores(kind, rows, n, seed=hash((geom, kind)) % 1000)
+    lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
+    got, want = run_both(scores, lengths, k, SMALL[geom])
+    assert topk_mismatches(got, want) == []
+
+
+def test_short_rows_and_ragged():
+    k = 16
+    n = 600
+    lengths = torch.tensor([0, 1, k - 1, k, k + 1, n, 300, -5], dtype=torch.int32, device=DEV)
+    scores = make_scores("random", len(lengths), n, seed=7)
+    got, want = run_both(scores, lengths, k, SMALL["slices"])
+    assert topk_mismatches(got, want) == []
+    assert got[0].tolist() == [-1] * k and got[1].tolist() == [0] + [-1] * (k - 1)
+    assert got[7].tolist() == [-1] * k        # negative length -> 0 keys
+
+
+def test_every_row_short_fast_path():
+    scores = make_scores("random", 3, 10, seed=1)
+    lengths = torch.tensor([10, 4, 0], dtype=torch.int32, device=DEV)
+    got, want = run_both(scores, lengths, 16, {})
+    assert topk_mismatches(got, want) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs(dtype):
+    scores = make_scores("random", 2, 800, seed=3, dtype=dtype)
+    lengths = torch.tensor([800, 500], dtype=torch.int32, device=DEV)
+    try:
+        got, want = run_both(scores, lengths, 32, SMALL["slices"])
+    except Exception as e:   # the interpreter may not load bf16
+        if DEV == "cpu" and dtype == torch.bfloat16:
+            pytest.skip(f"interpreter without bf16 loads: {e!r}"[:200])
+        raise
+    assert topk_mismatches(got, want) == []
+
+
+def test_k2048_few_thousand_keys():
+    k = 2048
+    n = 6000
+    cfg = TK.default_config(2, n, k)
+    scores = make_scores("random", 2, n, seed=11)
+    lengths = torch.tensor([n, 3000], dtype=torch.int32, device=DEV)
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
+
+
+def test_lengths_over_max_keys_rejected_on_host():
+    scores = make_scores("random", 2, 64)
+    with pytest.raises(WorkloadError, match="max_keys"):
+        TK.indexer_topk_triton(scores.cpu(), torch.tensor([65, 1], dtype=torch.int32), 8,
+                               config={})
+
+
+def test_input_validation():
+    s = make_scores("random", 2, 64)
+    ln = torch.tensor([64, 64], dtype=torch.int32, device=DEV)
+    with pytest.raises(WorkloadError, match="int32"):
+        TK.indexer_topk_triton(s, ln.long(), 8, config={})
+    with pytest.raises(WorkloadError, match="dtype"):
+        TK.indexer_topk_triton(s.double(), ln, 8, config={})
+    with pytest.raises(WorkloadError, match="unit stride"):
+        TK.indexer_topk_triton(torch.zeros(64, 2, device=DEV).t(), ln, 8, config={})
+    with pytest.raises(WorkloadError, match="k must be"):
+        TK.indexer_topk_triton(s, ln, 0, config={})
+    with pytest.raises(WorkloadError, match="1-D"):
+        TK.indexer_topk_triton(s, ln[:1], 8, config={})
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"GROUP": 12}, "GROUP"), ({"num_warps": 3}, "num_warps"), ({"CAND_CAP": 8}, "CAND_CAP"),
+    ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
+    ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"), ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"),
+])
+def test_validate_config(bad, key):
+    with pytest.raises(ConfigError, match=key):
+        TK.validate_config(bad, 16, 1000)
+
+
+def test_default_config_and_scratch():
+    for rows, n in [(1, 131072), (64, 131072), (4096, 131072), (1, 524288), (8, 8192)]:
+        cfg = TK.default_config(rows, n, 2048)
+        TK.validate_config(cfg, 2048, n)
+        p = TK.plan(cfg, n)
+        assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
+        assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
+    cfg = TK.default_config(4096, 131072, 2048)
+    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [131072, 524288])
+@pytest.mark.parametrize("kind", ["random", "ties", "zeros", "recent", "lowbits", "special"])
+def test_gpu_k2048(n, kind):
+    rows = 6
+    k = 2048
+    scores = make_scores(kind, rows, n, seed=n % 97, device="cuda")
+    lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5], dtype=torch.int32, device="cuda")
+    for cfg in (TK.default_config(rows, n, k), {"SLICE_KEYS": 1024, "MAX_SLICES": 64},
+                {**TK.default_config(rows, n, k), "MAX_SLICES": 1, "SEARCH_BITS": 2}):
+        got, want = run_both(scores, lengths, k, cfg)
+        assert topk_mismatches(got, want) == [], cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_half_and_causal(dtype):
+    rows, n, k = 256, 131072, 2048
+    scores = make_scores("random", rows, n, seed=5, dtype=dtype, device="cuda")
+    lengths = (torch.arange(1, rows + 1, device="cuda") * (n // rows)).to(torch.int32)
+    got, want = run_both(scores, lengths, k, TK.default_config(rows, n, k))
+    assert topk_mismatches(got, want) == []
