@@ -68,6 +68,7 @@ def _raw_client(args: tuple[Any, ...]) -> dict[str, Any]:
     lat: list[float] = []
     errors = hits = 0
     barrier.wait(60)
+    began = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
     start = time.perf_counter() + random.Random(-idx).random() * interval
     for i, n in enumerate(order):
         if interval:
@@ -87,7 +88,7 @@ def _raw_client(args: tuple[Any, ...]) -> dict[str, Any]:
         else:
             errors += 1
     client.close()
-    return {"lat": lat, "errors": errors, "hits": hits}
+    return {"lat": lat, "errors": errors, "hits": hits, "began": began, "ended": time.monotonic()}
 
 
 def _registry_client(args: tuple[Any, ...]) -> dict[str, Any]:
@@ -142,10 +143,9 @@ def _run_raw(path: str, clients: int, selects: int, rate: float, distinct: bool)
     barrier = ctx.Barrier(clients)
     interval = clients / rate if rate else 0.0
     before = _stats(Path(path), 5.0) or {}
-    t0 = time.perf_counter()
     results = _fan_out(_raw_client, [(path, i, selects, interval, distinct, barrier)
                                      for i in range(clients)])
-    wall = time.perf_counter() - t0
+    wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
     after = _stats(Path(path), 5.0) or {}
     lat = [x for r in results for x in r["lat"]]
     return {"requests": len(lat), "errors": sum(r["errors"] for r in results),
@@ -153,7 +153,8 @@ def _run_raw(path: str, clients: int, selects: int, rate: float, distinct: bool)
             "max_us": max(lat) * 1e6, "mean_us": statistics.fmean(lat) * 1e6,
             "throughput": len(lat) / wall, "wall_s": wall,
             "daemon_hits": after.get("hits", 0) - before.get("hits", 0),
-            "daemon_misses": after.get("misses", 0) - before.get("misses", 0)}
+            "daemon_misses": after.get("misses", 0) - before.get("misses", 0),
+            "rss_after": after.get("rss_bytes", 0), "loadavg": os.getloadavg()[0]}
 
 
 def _run_kill(path: str, clients: int, selects: int, rate: float) -> dict[str, Any]:
@@ -301,14 +302,14 @@ def _print(out: dict[str, Any]) -> None:
           f"paced phases offered {out['rate']:.0f} selects/s in total; 1-min load average "
           f"{out['loadavg_before']:.1f} before, {out['loadavg_after']:.1f} after\n")
     print("| phase | requests | errors | p50 µs | p99 µs | max µs | selects/s | daemon hits "
-          "| daemon misses |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| daemon misses | load avg after |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in ("shared", "distinct", "saturation"):
         r = out.get(name)
         if r:
             print(f"| {name} | {r['requests']} | {r['errors']} | {r['p50_us']:.0f} | "
                   f"{r['p99_us']:.0f} | {r['max_us']:.0f} | {r['throughput']:.0f} | "
-                  f"{r['daemon_hits']} | {r['daemon_misses']} |")
+                  f"{r['daemon_hits']} | {r['daemon_misses']} | {r['loadavg']:.1f} |")
     k = out.get("kill")
     if k:
         print(f"\nkill -9 under load: {k['selects']} selects, {k['failed']} failed, "
