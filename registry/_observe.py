@@ -28,6 +28,7 @@ counters change and once at exit), which is what ``kreg stats`` shows from anoth
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -131,11 +132,11 @@ class Counter(BaseModel):
     op: str
     implementation: str
     config: dict[str, Any] | None = None
-    dispatches: int = Field(0, description="dispatches seen while check mode was on")
-    checked: int = Field(0, description="dispatches re-run through the reference and compared")
-    violations: int = Field(0, description="comparisons outside the op's bound")
-    errors: int = Field(0, description="checks that could not run (the reference or compare raised)")
-    skipped: int = Field(0, description="sampled but not compared (inside CUDA graph capture)")
+    dispatches: int = Field(default=0, description="dispatches seen while check mode was on")
+    checked: int = Field(default=0, description="re-run through the reference and compared")
+    violations: int = Field(default=0, description="comparisons outside the op's bound")
+    errors: int = Field(default=0, description="checks that could not run (a raise)")
+    skipped: int = Field(default=0, description="sampled inside CUDA graph capture: not compared")
     last_violation: str | None = None
     last_workload: dict[str, Any] | None = None
 
@@ -556,17 +557,9 @@ def _write(snapshot: Stats) -> None:
                 json.dump(doc, f, indent=1)
             os.replace(tmp, path)
         except BaseException:
-            with _suppress():
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-
-
-@contextmanager
-def _suppress() -> Iterator[None]:
-    try:
-        yield
-    except OSError:
-        pass
 
 
 def clear_persisted(home: Path | None = None) -> bool:

@@ -179,7 +179,8 @@ def _same(a: Any, b: Any) -> bool:
     import torch
 
     if a.is_floating_point():
-        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+        return bool(torch.equal(a.isnan(), b.isnan())
+                    and torch.equal(a.nan_to_num(), b.nan_to_num()))
     return bool(torch.equal(a, b))
 
 

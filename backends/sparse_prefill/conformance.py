@@ -139,7 +139,8 @@ def _chunk(*, q_rows: tuple[int, ...], prefixes: tuple[int, ...], page_size: int
                 # mostly visible positions, some in the future or negative (skipped)
                 idx[cu[b] + r] = torch.randint(-2, pos + 4, (topk,), generator=g)
         kwargs: dict[str, Any] = {
-            "kind": "chunk", "cu_seqlens_q": _i32(cu, device), "prefix_lens": _i32(prefixes, device),
+            "kind": "chunk", "cu_seqlens_q": _i32(cu, device),
+            "prefix_lens": _i32(prefixes, device),
             "page_table": _i32(pt, device), "page_size": page_size, "max_q": max(q_rows)}
         if lengths:
             lens = torch.randint(0, topk + 1, (total_q,), generator=g)

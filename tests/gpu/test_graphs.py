@@ -28,6 +28,7 @@ def _clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[None]:
     monkeypatch.setenv("KREG_HOME", str(tmp_path))
     observe.reset_stats()
     yield
+    torch.cuda.set_sync_debug_mode(0)  # whatever a failing test left behind
     observe.check(0.0)
     observe.reset_stats()
 
@@ -64,7 +65,8 @@ def _refill(args: tuple[Any, ...]) -> None:
     for t in args:
         if t.is_floating_point():
             nan = t.isnan()
-            t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype).masked_fill(nan, float("nan")))
+            fresh = torch.randn_like(t, dtype=torch.float32).to(t.dtype)
+            t.copy_(fresh.masked_fill(nan, float("nan")))
 
 
 @pytest.mark.parametrize("make", [_sparse_prefill, _indexer_topk],
@@ -72,7 +74,7 @@ def _refill(args: tuple[Any, ...]) -> None:
 @pytest.mark.parametrize("through", ["dispatch", "torch_op"])
 def test_dispatch_in_graph_capture_does_not_sync_and_replays_correctly(
         make: Any, through: str) -> None:
-    import backends.indexer_topk.torch_op  # noqa: F401
+    import backends.indexer_topk.torch_op
     import backends.sparse_prefill.torch_op  # noqa: F401
 
     args, kwargs, reference, compare = make()

@@ -1,4 +1,4 @@
-"""A real third-party plugin, end to end: pip install, kreg plugins, explain, conformance, uninstall.
+"""A real third-party plugin end to end: pip install, kreg plugins, explain, conformance, uninstall.
 
 ``examples/acme-plugin`` (distribution ``acme-kreg``, package ``acme_kreg``, entry point ``acme``)
 and its deliberately broken copy ``examples/acme-plugin-broken`` (``acme_broken``, a kernel that
@@ -19,7 +19,6 @@ import json
 import os
 import site
 import subprocess
-import sys
 import sysconfig
 import venv
 from collections.abc import Iterator
@@ -57,7 +56,8 @@ class Overlay:
 
     def ok(self, *args: str, cwd: Path | None = None) -> str:
         proc = self.run(*args, cwd=cwd)
-        assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, \
+            f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
     def kreg(self, *args: str) -> str:

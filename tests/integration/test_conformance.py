@@ -72,7 +72,7 @@ def test_targets_cover_every_case_dtype_and_implementation() -> None:
     t = next(t for t in targets if t.case == "duplicates" and t.dtype == "float16")
     assert t.name == "generic.sparse_prefill_table[cpu-float16-duplicates]"
     assert "twice" in t.doc
-    with pytest.raises(PluginError, match="'nope' is not installed; loaded plugins: .*generic"):
+    with pytest.raises(PluginError, match=r"'nope' is not installed; loaded plugins: .*generic"):
         conformance_targets("nope")
 
 

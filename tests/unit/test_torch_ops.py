@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-import backends.indexer_topk.torch_op  # noqa: F401  (registers kreg::indexer_topk)
+import backends.indexer_topk.torch_op
 import backends.sparse_prefill.torch_op  # noqa: F401  (registers kreg::sparse_prefill)
 import registry
 from backends.indexer_topk.reference import indexer_topk_reference
@@ -93,7 +93,7 @@ def test_indexer_topk_op_dispatches_through_the_registry() -> None:
 
 def _compile(fn: Any) -> Any:
     try:
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
     except Exception as exc:  # pragma: no cover - builds without dynamo
         pytest.skip(f"torch.compile is unavailable here: {exc}")
     torch._dynamo.reset()
