@@ -294,6 +294,7 @@ def _check_one(decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any]
         c = _counter(decision)
         c.dispatches += 1
         st.dirty = True
+        st.updated = time.time()
         sampled = (not decision.fallback
                    and (st.rate >= 1.0 or st.rng.random() < st.rate))
     if not sampled:
