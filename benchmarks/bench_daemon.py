@@ -154,7 +154,9 @@ def _run_raw(path: str, clients: int, selects: int, rate: float, distinct: bool)
             "throughput": len(lat) / wall, "wall_s": wall,
             "daemon_hits": after.get("hits", 0) - before.get("hits", 0),
             "daemon_misses": after.get("misses", 0) - before.get("misses", 0),
-            "rss_after": after.get("rss_bytes", 0), "loadavg": os.getloadavg()[0]}
+            "rss_after": after.get("rss_bytes", 0), "loadavg": os.getloadavg()[0],
+            # The daemon's own CPU per request: what it costs, whatever the neighbours do.
+            "daemon_cpu_us": (after.get("cpu_s", 0) - before.get("cpu_s", 0)) / len(lat) * 1e6}
 
 
 def _run_kill(path: str, clients: int, selects: int, rate: float) -> dict[str, Any]:
@@ -302,14 +304,15 @@ def _print(out: dict[str, Any]) -> None:
           f"paced phases offered {out['rate']:.0f} selects/s in total; 1-min load average "
           f"{out['loadavg_before']:.1f} before, {out['loadavg_after']:.1f} after\n")
     print("| phase | requests | errors | p50 µs | p99 µs | max µs | selects/s | daemon hits "
-          "| daemon misses | load avg after |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| daemon misses | daemon CPU µs/select | load avg after |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in ("shared", "distinct", "saturation"):
         r = out.get(name)
         if r:
             print(f"| {name} | {r['requests']} | {r['errors']} | {r['p50_us']:.0f} | "
                   f"{r['p99_us']:.0f} | {r['max_us']:.0f} | {r['throughput']:.0f} | "
-                  f"{r['daemon_hits']} | {r['daemon_misses']} | {r['loadavg']:.1f} |")
+                  f"{r['daemon_hits']} | {r['daemon_misses']} | {r['daemon_cpu_us']:.0f} | "
+                  f"{r['loadavg']:.1f} |")
     k = out.get("kill")
     if k:
         print(f"\nkill -9 under load: {k['selects']} selects, {k['failed']} failed, "

@@ -449,7 +449,7 @@ class Daemon:
             "connections_open": len(self.conns), "connections_total": self.connections_total,
             "journal": str(self.journal_path),
             "journal_rotations": self.journal.rotations if self.journal else 0,
-            "rss_bytes": rss_bytes(),
+            "rss_bytes": rss_bytes(), "cpu_s": round(sum(os.times()[:2]), 3),
             "torch_imported": "torch" in sys.modules, "triton_imported": "triton" in sys.modules,
         }
 

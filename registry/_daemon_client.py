@@ -135,8 +135,9 @@ def encode_frame(obj: Any) -> bytes:
 
 
 def decode_frame(body: bytes) -> dict[str, Any]:
-    """Parse one frame body; raises ValueError for anything but a JSON object."""
-    obj = json.loads(body)
+    """Parse one frame body; raises ValueError for anything but a JSON object (UTF-8 only:
+    decoding first also spares json its encoding detection)."""
+    obj = json.loads(body.decode())
     if not isinstance(obj, dict):
         raise ValueError(f"a frame must hold a JSON object, not {type(obj).__name__}")
     return obj
