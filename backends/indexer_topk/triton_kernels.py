@@ -70,7 +70,7 @@ __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
-    "SEARCH_BITS": 1,
+    "SEARCH_BITS": 1, "SPARSE": 1,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP")
 _WARPS = (1, 2, 4, 8, 16, 32)
@@ -98,7 +98,7 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
     per_slice = _cdiv(n, slices)
-    cfg["GROUP_BLOCK"] = max(1, min(8192, _next_pow2(per_slice)) // cfg["GROUP"])
+    cfg["GROUP_BLOCK"] = max(1, min(2048, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
     cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
@@ -154,6 +154,9 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if cfg["SEARCH_BITS"] not in (1, 2):
         raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
                           "(halving) or 2 (four-way, one packed reduction a step); use 1")
+    if cfg["SPARSE"] not in (0, 1):
+        raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 3 reads "
+                          "every key) or 1 (only groups reaching the bound); use 1")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
@@ -314,7 +317,7 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
                   n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
                   CHUNKED: tl.constexpr, SB: tl.constexpr,
-                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr):
+                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -344,10 +347,16 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         run = base
         if go:
             for c0 in range(start, end, GB * GS):
-                gidx = c0 // GS + g_off
-                gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
-                act = gval >= lb
-                if tl.sum(act.to(tl.int32), axis=0) > 0:
+                if SPARSE:
+                    # Read only the groups whose maximum reaches the bound.
+                    gidx = c0 // GS + g_off
+                    gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
+                    act = gval >= lb
+                    live = tl.sum(act.to(tl.int32), axis=0) > 0
+                else:
+                    act = g_off >= 0
+                    live = True
+                if live:
                     pos = c0 + g_off[:, None] * GS + j[None, :]
                     m = act[:, None] & (pos < end)
                     x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
@@ -594,6 +603,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     off_ckey = off_cpos + rows * cap
     ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
     nw = cfg["num_warps"]
+    sp = bool(cfg["SPARSE"])
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                  GS=gs, GB=gb, num_warps=nw)
     chunked = groups > p["gt"]
@@ -601,11 +611,13 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                       GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
-                                      SB=sb, COUNT_ONLY=True, SINGLE=False, num_warps=nw)
+                                      SB=sb, COUNT_ONLY=True, SINGLE=False, SPARSE=sp,
+                                      num_warps=nw)
     _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                   k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                   GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
-                                  SB=sb, COUNT_ONLY=False, SINGLE=slices == 1, num_warps=nw)
+                                  SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
+                                  SPARSE=sp, num_warps=nw)
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
                             off_ncand, off_cpos, off_ckey, GS=gs, GB=max(1, min(gb, 1024 // gs)),
                             CAP=cfg["CAND_TILE"],

@@ -23,7 +23,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = {
     "slices": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
                "CAND_CAP": 512},
-    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256,
+    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256, "SPARSE": 0,
                   "CAND_CAP": 256, "SEARCH_BITS": 2},
     "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
                     "CAND_CAP": 1024},
