@@ -7,49 +7,58 @@ to ``+0.0``, so the two are equal and tie by position; every NaN -> ``INT32_MIN 
 exactly.
 
 Algorithm (exact on every input; no spin barrier, no co-residency assumption: each stage is a
-separate launch, later launches read what earlier ones wrote):
+separate launch, later launches read only what earlier ones wrote). 3 launches with one slice a
+row, 4 with several, 1 when max_keys <= k:
 
-1. ``_gmax_kernel`` grid ``(rows, slices)``: one full read of the scores. Each slice (a run of
-   about ``SLICE_KEYS`` keys, at most ``MAX_SLICES`` slices a row) writes the maximum key of every
-   group of ``GROUP`` consecutive keys (``gm``).
-2. ``_bound_kernel`` grid ``(rows,)``: ``L`` = the exact k-th largest group maximum (a value
-   search by halving ``[min gm, max gm]`` with counts over the row's ``gm`` in registers). The
-   ``k`` group maxima at or above ``L`` are ``k`` distinct keys of the row, so the row's k-th
-   largest key ``T`` is ``>= L``: every key of the top-k is ``>= L`` (a lower bound, no
-   estimate). Rows with fewer than ``k`` groups get ``L = INT32_MIN`` (every key a candidate).
-3. ``_place_kernel`` grid ``(rows, slices)``: the candidates (valid keys ``>= L``) of each slice,
-   read only from groups whose maximum is ``>= L`` (about ``k`` of the row's groups on random
-   data, a fraction of the row), are counted (``COUNT_ONLY``), then written in position order
-   to a per-row buffer of ``CAND_CAP`` (position, key) pairs at the slice's exclusive prefix.
-   With one slice a row the count and the placement are one launch.
-4. ``_select_kernel`` grid ``(rows,)``: ``T`` = the largest key with at least ``k`` candidates
-   ``>= T`` (halving ``[L, max]``), ``m = k - #(key > T)``; the output is the candidates with
-   key ``> T`` or key ``== T`` among the first ``m`` such ties in position order, written in
-   position order (a running prefix sum). When a row has more than ``CAND_CAP`` candidates
-   (tie-heavy rows: all equal, a few repeated values) the buffer is not trusted: the same
-   search and placement run over the row itself, reading the groups whose maximum reaches the
-   probe. Exact either way, never a silently truncated buffer.
-   Rows with ``length <= k`` take the fast path: positions ``0..length-1`` then -1 (stages 1-3
-   return at once for them).
+1. ``_gmax_kernel`` grid ``(rows, slices)``: the one full read of the scores. Each slice (a run
+   of about ``SLICE_KEYS`` keys, at most ``MAX_SLICES`` slices a row) writes the maximum key of
+   every group of ``GROUP`` consecutive keys (``gm``).
+2. ``_place_kernel`` grid ``(rows, slices)``, run twice with several slices (``COUNT_ONLY``
+   first, then the placement), once with one slice. Each program first finds the row's bound
+   ``L`` = the exact k-th largest group maximum (a value search over the row's ``gm`` held in a
+   register tile of ``BOUND_TILE``, or streamed from memory when larger). The ``k`` group maxima
+   ``>= L`` are ``k`` distinct keys of the row, so the row's k-th largest key ``T`` is ``>= L``:
+   every key of the top-k is ``>= L``. This is a proof, not an estimate; rows with fewer than
+   ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). The candidates (valid
+   keys ``>= L``) of each slice are counted, then written in position order to the row's buffer
+   of ``CAND_CAP`` (position, key) pairs at the slice's exclusive prefix of the counts. With
+   ``SPARSE=1`` only groups whose maximum is ``>= L`` are read (about ``k`` groups a row on
+   random data); ``SPARSE=0`` reads the whole slice again (fewer dependent loads).
+3. ``_select_kernel`` grid ``(rows,)``: ``T`` = the largest key with at least ``k`` candidates
+   ``>= T`` (value search in ``[L, max]``: halving, or four-way with ``SEARCH_BITS=2``),
+   ``m = k - #(key > T)``. The output is the candidates with key ``> T``, plus the first ``m``
+   keys ``== T`` in position order, written in position order (running prefix sums). Three
+   tiers: the candidates fit the register tile ``CAND_TILE``; they fit the buffer (searched and
+   placed ``CAND_TILE`` at a time); or there are more than ``CAND_CAP`` (tie-heavy rows: all
+   equal, a few repeated values) and the buffer is not trusted: the same search and placement
+   run over the row itself, reading the groups whose maximum reaches the probe. Exact in every
+   tier; the buffer is never silently truncated. Rows with ``length <= k`` take the fast path
+   (positions ``0..length-1`` then -1); stages 1-2 return at once for them.
 
-Config keys (dict of ints):
+Config keys (dict of ints; keys left out come from :func:`default_config` for the call's shape;
+the table's defaults are :data:`DEFAULT_CONFIG`):
 
 ==============  =========  ==================================================================
 key             default    meaning
 ==============  =========  ==================================================================
 SLICE_KEYS      1024       keys per slice (rounded up to a multiple of GROUP * GROUP_BLOCK)
 MAX_SLICES      64         most slices per row (1..1024); fewer when max_keys is short
-num_warps       4          warps of the streaming kernels (stages 1 and 3)
-GROUP           16         keys per group maximum (power of two, 2..256)
-GROUP_BLOCK     64         groups per inner step of stages 1 and 3 (power of two)
-SEARCH_WARPS    8          warps of the per-row kernels (stages 2 and 4)
-BOUND_TILE      8192       register tile of stage 2; rows with more groups loop over memory
-CAND_CAP        8192       candidate buffer per row (power of two, >= k); also stage 4's tile
+num_warps       4          warps of the streaming kernels (stages 1 and 2)
+GROUP           16         keys per group maximum (power of two, 2..256); default_config picks
+                           max_keys / 2k (32 at 131072 keys, 128 at 524288)
+GROUP_BLOCK     64         groups per inner step of stages 1 and 2 (power of two)
+SEARCH_WARPS    4          warps of stage 3
+BOUND_TILE      4096       register tile of the bound search; rows with more groups stream
+CAND_TILE       4096       register tile of stage 3 (power of two)
+CAND_CAP        16384      candidate buffer per row (power of two, >= k, >= CAND_TILE)
+SEARCH_BITS     1          1: halving search; 2: four-way (one packed int64 reduction a step)
+SPARSE          1          stage 2 reads only groups whose maximum reaches the bound
 ==============  =========  ==================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`): ``4 * ceil(max_keys / GROUP)`` (group maxima)
-``+ 8 * CAND_CAP`` (candidates) ``+ 4 * (slices + 2)``; for max_keys 131072, GROUP 16,
-CAND_CAP 8192: 98,568 bytes (19% of an fp32 row).
+``+ 8 * CAND_CAP`` (candidates) ``+ 4 * (slices + 2)``; at 131072 keys with default_config
+(GROUP 32, CAND_CAP 16384): 147,468 bytes a row (28% of an fp32 row). One int32 workspace
+tensor per call; no memset.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`scratch_bytes_per_row`, :func:`plan`, :data:`DEFAULT_CONFIG`.
@@ -89,16 +98,21 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132) -> dict[str, int]:
-    """A reasonable config for a workload: GROUP so that a row has about 2k groups (the bound
-    is then the median group maximum), enough slices to give the device ~2 programs an SM,
-    inner steps of up to 8192 keys, CAND_TILE >= 2k and CAND_CAP >= 8k."""
+    """The config measured best on the H200 for a workload shape: GROUP so that a row has about
+    2k groups (the bound is then about the median group maximum), enough slices to give the
+    device ~2 programs an SM (at most 64, at least 2048 keys a slice), CAND_TILE >= 2k and
+    CAND_CAP >= 8k."""
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)
     cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
     per_slice = _cdiv(n, slices)
-    cfg["GROUP_BLOCK"] = max(1, min(2048, _next_pow2(per_slice)) // cfg["GROUP"])
+    # Measured on the H200 (docs/notes/indexer_topk.md): one slice a row (many rows) wants
+    # 2048-key steps at 4 warps; several slices a row want steps up to 8192 keys at 8 warps.
+    step = 2048 if slices == 1 else 8192
+    cfg["num_warps"] = 4 if slices == 1 else 8
+    cfg["GROUP_BLOCK"] = max(1, min(step, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
     cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
@@ -548,16 +562,18 @@ def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
 _PLANS: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
 
 
-def _resolve(config: dict[str, Any], k: int, n: int) -> tuple[dict[str, int], dict[str, int]]:
+def _resolve(config: dict[str, Any], k: int, n: int,
+             rows: int) -> tuple[dict[str, int], dict[str, int]]:
     try:
-        key = (tuple(sorted(config.items())), k, n)
+        key = (tuple(sorted(config.items())), k, n, rows)
         hit = _PLANS.get(key)
     except TypeError:
         key, hit = None, None
     if hit is not None:
         return hit
     validate_config(config, k, n)
-    cfg = {**DEFAULT_CONFIG, **config}
+    cfg = {**default_config(rows, n, k), **config}
+    validate_config(cfg, k, n)
     p = plan(cfg, n)
     gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
     p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
@@ -574,6 +590,9 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any]) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
 
+    Keys missing from ``config`` come from :func:`default_config` for this shape (so a policy
+    may pin only SLICE_KEYS / MAX_SLICES / num_warps).
+
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
     Launches: 3 with one slice a row, 4 with several (the count pass), 1 when max_keys <= k.
@@ -582,7 +601,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
 
     _check_inputs(scores, lengths, k)
     rows, n = scores.shape
-    cfg, p = _resolve(config, k, n)
+    cfg, p = _resolve(config, k, n, rows)
     dev = scores.device
     out = torch.empty((rows, k), dtype=torch.int32, device=dev)
     if rows == 0:
