@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -172,9 +173,11 @@ class Stats(BaseModel):
 # ---------------------------------------------------------------------------------------------
 # comparison
 
-def default_compare(actual: Any, expected: Any) -> str | None:
+def default_compare(actual: Any, expected: Any,
+                    bound: Callable[[str], float] | None = None) -> str | None:
     """The comparison used when an op declares no ``OpSpec.compare``: exact for integer
-    tensors, max-abs within 1e-3 (relative to 1) for floating ones."""
+    tensors; for floating ones, max-abs within ``bound(dtype name)`` (the op's
+    ``OpSpec.error_bound``), else within 1e-3."""
     import torch
 
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
@@ -184,9 +187,10 @@ def default_compare(actual: Any, expected: Any) -> str | None:
     if not actual.is_floating_point():
         bad = int((actual != expected).sum())
         return None if bad == 0 else f"{bad} of {actual.numel()} elements differ from the reference"
+    limit = 1e-3 if bound is None else bound(str(actual.dtype).removeprefix("torch."))
     diff = (actual.double() - expected.double()).abs()
     err = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
-    return None if err <= 1e-3 else f"max |result - reference| = {err:.3g} > 1e-3"
+    return None if err <= limit else f"max |result - reference| = {err:.3g} > {limit:g}"
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,8 @@ def _resolve(reg: Registry, op: str) -> _OpCheck:
     from registry._spec import load_object
 
     spec = reg.spec(op)
-    compare: Callable[[Any, Any], str | None] = default_compare
+    compare: Callable[[Any, Any], str | None] = functools.partial(default_compare,
+                                                                  bound=spec.error_bound)
     if spec.compare:
         try:
             compare = load_object(spec.compare)
