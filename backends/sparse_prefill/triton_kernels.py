@@ -604,6 +604,17 @@ def table_config(group_size: int, total_q: int) -> dict[str, int]:
 
 
 
-# Measured H200 family (kind, group_size) -> config; filled from the measurements in
-# docs/notes/sparse_prefill.md. Valid for the seed workload (topk 2051, head_dim 256, bf16).
-H200_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {}
+# Measured H200 family (kind, group_size) -> config, for the seed workload (topk 2051,
+# head_dim 256, bf16, 1 or 2 KV heads). Measured against table_config() in one interleaved window
+# per case on an H200 (Triton 3.6); numbers, crossovers and the runs that rejected other variants
+# are in docs/notes/sparse_prefill.md and docs/BENCHMARKS.md (section sparse_prefill).
+H200_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+                     "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+    ("chunk", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+                   "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+    ("prefill", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                      "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+    ("chunk", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                    "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+}
