@@ -370,10 +370,12 @@ class Daemon:
         if self.journal is not None:
             self.journal.write_line(f'{{"t":{now:.6f},"pid":{peer_pid},'
                                     f'"hit":{"true" if hit else "false"},{entry.journal_tail}}}\n')
+        size = len(entry.json)
         body = b"".join((b'{"v":1,"id":', str(rid).encode() if rid is not None else b"null",
                          b',"ok":true,"hit":', _TRUE if hit else _FALSE, b',"first_pid":',
-                         str(entry.first_pid).encode(), b',"decision":', entry.json, b"}"))
-        return HEADER.pack(len(body)) + body
+                         str(entry.first_pid).encode(), b',"attachment":', str(size).encode(),
+                         b"}"))
+        return b"".join((HEADER.pack(len(body)), body, HEADER.pack(size), entry.json))
 
     def _learn_facts(self, fp: str, facts_s: Any) -> None:
         from pydantic import ValidationError

@@ -8,14 +8,17 @@ Protocol (version 1), over a Unix stream socket:
 * A request is ``{"v": 1, "id": <int>, "type": <type>, ...}``; the reply echoes ``v`` and ``id``
   and carries ``"ok": true`` with the answer, or ``"ok": false, "error": {"code", "message"}``.
   Requests on one connection are answered in order.
+* A reply with ``"attachment": N`` is followed by one more frame of N bytes: the select reply's
+  Decision JSON, sent as the daemon cached it, so that a client validates it once, with
+  ``Decision.model_validate_json``, instead of parsing it twice.
 
 =========  ==============================================================  =====================
 type       request fields                                                  reply fields
 =========  ==============================================================  =====================
-select     ``op``, ``facts_fp`` (DeviceFacts fingerprint), ``facts``       ``decision`` (Decision
-           (DeviceFacts JSON text; needed once per connection and facts),  JSON), ``hit``,
-           ``workload`` (dict), ``override`` (raw value or null),          ``first_pid``
-           ``plugins`` (plugin-set fingerprint)
+select     ``op``, ``facts_fp`` (DeviceFacts fingerprint), ``facts``       ``hit``, ``first_pid``,
+           (DeviceFacts JSON text; needed once per connection and facts),  ``attachment`` (the
+           ``workload`` (dict), ``override`` (raw value or null),          Decision JSON's
+           ``plugins`` (plugin-set fingerprint)                            length)
 explain    ``pid``, ``op`` (filters, null = all), ``limit``                 ``decisions`` (list)
 stats      (none)                                                          counters, see daemon
 shutdown   (none)                                                          ``pid``
@@ -206,6 +209,18 @@ class DaemonClient:
             n -= len(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def _frame(self, sock: socket.socket, buf: bytes, deadline: float) -> tuple[bytes, bytes]:
+        """One frame's body from ``buf`` plus the socket; returns (body, bytes left over)."""
+        if len(buf) < HEADER.size:
+            buf += self._recv_exact(sock, HEADER.size - len(buf), deadline)
+        (n,) = HEADER.unpack_from(buf)
+        if n > MAX_REPLY:
+            raise DaemonError(f"daemon reply of {n} bytes exceeds the {MAX_REPLY} byte limit")
+        end = HEADER.size + n
+        if len(buf) < end:
+            buf += self._recv_exact(sock, end - len(buf), deadline)
+        return buf[HEADER.size:end], buf[end:]
+
     def request_raw(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send one request and return the reply object, ``ok`` or not.
 
@@ -242,21 +257,21 @@ class DaemonClient:
                     raise
                 self.close()
                 return early
-            # One recv usually holds the whole reply: read generously, then complete the frame.
-            first = sock.recv(65536)
-            if not first:
+            # One recv usually holds the whole reply: read generously, then complete it.
+            buf = sock.recv(65536)
+            if not buf:
                 raise ConnectionResetError("the daemon closed the connection")
-            if len(first) < HEADER.size:
-                first += self._recv_exact(sock, HEADER.size - len(first), deadline)
-            (n,) = HEADER.unpack_from(first)
-            if n > MAX_REPLY:
-                raise DaemonError(f"daemon reply of {n} bytes exceeds the {MAX_REPLY} byte limit")
-            body = first[HEADER.size:]
-            if len(body) > n:
-                raise DaemonError("the daemon sent more than one reply to one request")
-            if len(body) < n:
-                body += self._recv_exact(sock, n - len(body), deadline)
+            body, buf = self._frame(sock, buf, deadline)
             reply = decode_frame(body)
+            extra = reply.get("attachment")
+            if extra is not None:
+                attachment, buf = self._frame(sock, buf, deadline)
+                if len(attachment) != extra:
+                    raise DaemonError(f"daemon attachment of {len(attachment)} bytes, announced "
+                                      f"{extra}")
+                reply["attachment"] = attachment
+            if buf:
+                raise DaemonError("the daemon sent more than one reply to one request")
         except BaseException:
             self.close()
             raise
@@ -275,7 +290,8 @@ class DaemonClient:
 
     def select(self, op: str, facts_json: str, workload: dict[str, Any], override: str | None,
                plugins: str, facts_fp: str | None = None) -> dict[str, Any]:
-        """The raw select: ``reply["decision"]`` is the Decision as a dict.
+        """The raw select: ``reply["attachment"]`` is the Decision's JSON (bytes): give it to
+        ``Decision.model_validate_json`` or ``json.loads``.
 
         ``facts_json`` is ``DeviceFacts.model_dump_json()``; ``facts_fp`` its fingerprint
         (computed here when not given)."""
@@ -435,8 +451,8 @@ def _decision_from_reply(reply: dict[str, Any], raw: tuple[str, str] | None,
     from registry._knobs import knobs
 
     try:
-        decision = Decision.model_validate(reply["decision"])
-    except (KeyError, ValueError) as exc:
+        decision = Decision.model_validate_json(reply["attachment"])
+    except (KeyError, TypeError, ValueError) as exc:
         return None, f"daemon at {path} sent an unreadable decision ({type(exc).__name__}); " \
                      f"selected in-process"
     update: dict[str, Any] = {"source": "daemon"}

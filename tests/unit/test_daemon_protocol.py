@@ -38,8 +38,15 @@ def _ask(d: Daemon, msg: Any, pid: int = 100, raw: bytes | None = None) -> dict[
     body = raw if raw is not None else json.dumps(msg).encode()
     frame, _close = d.handle(body, pid)
     (n,) = struct.unpack(">I", frame[:4])
-    assert n == len(frame) - 4
-    return decode_frame(frame[4:])
+    reply = decode_frame(frame[4:4 + n])
+    rest = frame[4 + n:]
+    if "attachment" in reply:  # a select reply: the Decision JSON follows in its own frame
+        (m,) = struct.unpack(">I", rest[:4])
+        assert m == reply["attachment"] == len(rest) - 4
+        reply["decision"] = json.loads(rest[4:])
+    else:
+        assert not rest
+    return reply
 
 
 def _select(d: Daemon, pid: int = 100, with_facts: bool = True, **change: Any) -> dict[str, Any]:
