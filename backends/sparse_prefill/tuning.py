@@ -126,8 +126,12 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
 
 
 def measure(case: Any, configs: dict[str, dict[str, Any]], *, warmup: int,
-            iters: int) -> dict[str, dict[str, Any]]:
-    """Check each config against the fp32 reference, then time the good ones interleaved."""
+            iters: int, include_auto: bool = False) -> dict[str, dict[str, Any]]:
+    """Check each config against the fp32 reference, then time the good ones interleaved.
+
+    ``include_auto`` adds the label ``auto``: ``registry.dispatch`` as a framework calls it, in
+    the same window (the selection-regret run).
+    """
     import torch
 
     from backends.sparse_prefill.bench import make_inputs
@@ -152,6 +156,14 @@ def measure(case: Any, configs: dict[str, dict[str, Any]], *, warmup: int,
         res[lab] = {"ms": None, "ok": err <= bound, "error": None, "max_abs_err": err}
         if err <= bound:
             fns[lab] = (lambda c=cfg: sparse_prefill_triton(q, k, v, idx, config=c, **kw))
+    if include_auto:
+        import registry
+
+        out = registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
+        err = float((out.float() - ref).abs().max()) if bool(out.isfinite().all()) \
+            else float("inf")
+        res["auto"] = {"ms": None, "ok": err <= bound, "error": None, "max_abs_err": err}
+        fns["auto"] = lambda: registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
     for lab, ms in interleaved_median_ms(fns, warmup=warmup, iters=iters).items():
         res[lab]["ms"] = ms
     return res

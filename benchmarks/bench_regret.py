@@ -1,0 +1,80 @@
+"""Selection regret: the time of what ``auto`` picks over the fastest candidate at each point.
+
+    python benchmarks/bench_regret.py sparse_prefill [--grid AXIS=V1,V2 ...] [--top 4]
+
+For every grid point of the op's tuner, one interleaved window times ``auto`` (registry.dispatch,
+as a framework calls it), the table config (``baseline``), and the ``--top`` fastest configs the
+tuning store recorded at that point (all of the point's candidates when it has no entry). Regret
+is ``t(auto) / min(t) - 1``; the run fails when it exceeds 2% anywhere or when ``auto`` is slower
+than the table by more than the same 2% noise allowance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import registry
+from registry._store import TuningStore
+from registry._tune import identity, load_tuner
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("op")
+    ap.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2")
+    ap.add_argument("--top", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--limit", type=float, default=0.02)
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    args = ap.parse_args()
+    grid = {g.split("=", 1)[0]: g.split("=", 1)[1].split(",") for g in args.grid}
+    tuner = load_tuner(args.op)
+    facts = registry.probe()
+    device, software = identity(facts)
+    stored = {repr(sorted(e.bucket.items())): e for e in TuningStore().load()
+              if e.op == args.op and e.device == device and e.software == software}
+    rows: list[dict[str, Any]] = []
+    print(f"# {args.op} on {facts.describe()}", flush=True)
+    head = f"{'point':<44} {'auto picks':<34} {'auto ms':>9} {'best ms':>9} {'table ms':>9} " \
+           f"{'regret':>7} {'vs table':>8}"
+    print(head)
+    worst = 0.0
+    bad = False
+    for case in tuner.cases(grid):
+        cands = {lab: cfg for lab, cfg, _ in tuner.candidates(case, facts) if cfg is not None}
+        base = tuner.baseline(case)
+        entry = stored.get(repr(sorted(tuner.bucket(case).items())))
+        if entry is not None:
+            keep = sorted(entry.timings_ms, key=entry.timings_ms.__getitem__)[:args.top]
+            cands = {lab: cfg for lab, cfg in cands.items() if lab in keep or lab == base}
+        res = tuner.measure(case, cands, warmup=args.warmup, iters=args.iters, include_auto=True)
+        ok = {lab: t["ms"] for lab, t in res.items() if t.get("ok") and t.get("ms")}
+        dec = registry.get_registry().last_decisions
+        picked = next((d.implementation + " " + d.config_short() for k, d in dec.items()
+                       if k[0] == args.op), "?")
+        best = min(v for k, v in ok.items() if k != "auto")
+        regret = ok["auto"] / best - 1
+        vs_table = ok["auto"] / ok[base] if base in ok else float("nan")
+        worst = max(worst, regret)
+        flag = regret > args.limit or vs_table > 1 + args.limit
+        bad |= flag
+        rows.append({"point": tuner.label(case), "auto": picked, "auto_ms": ok["auto"],
+                     "best_ms": best, "table_ms": ok.get(base), "regret": regret,
+                     "vs_table": vs_table, "all_ms": ok})
+        print(f"{tuner.label(case):<44} {picked[:34]:<34} {ok['auto']:>9.4f} {best:>9.4f} "
+              f"{ok.get(base, float('nan')):>9.4f} {regret:>6.1%} {vs_table:>7.3f}x"
+              f"{'  FAIL' if flag else ''}", flush=True)
+        registry.invalidate()
+    print(f"worst regret {worst:.2%} (limit {args.limit:.0%})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
