@@ -16,7 +16,8 @@ Providers (``--providers``, comma separated):
 * ``reference``: the exact torch reference (timed too).
 * ``triton``: the Triton kernels at :func:`triton_kernels.default_config` for the shape.
 * ``geometry=SLICE_KEYSxMAX_SLICESxWARPS[:key=val...]``: the Triton kernels at a forced config,
-  e.g. ``geometry=1024x64x4`` (the MI355X policy's geometry) or ``geometry=131072x1x4:SEARCH_BITS=2``.
+  e.g. ``geometry=1024x64x4`` (the MI355X policy's geometry) or
+  ``geometry=131072x1x4:SEARCH_BITS=2``; keys not given come from ``default_config``.
 * ``auto`` and implementation names (optionally ``:measure``): through
   ``registry.dispatch("indexer_topk", scores, lengths, k=k)`` under ``registry.override``.
 
@@ -149,7 +150,7 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
         try:
             fn = _provider_fn(name, scores, lengths, case.k)
             got = fn()
-        except Exception as e:  # noqa: BLE001 - reported per provider
+        except Exception as e:
             entry.update(error=f"{type(e).__name__}: {e}", exact=False)
             continue
         if name in _ANCHORS:

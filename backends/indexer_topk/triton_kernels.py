@@ -97,7 +97,8 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132) -> dict[str, int]:
+def default_config(num_rows: int, max_keys: int, k: int = 2048,
+                   sm_count: int = 132) -> dict[str, int]:
     """The config measured best on the H200 for a workload shape: GROUP so that a row has about
     2k groups (the bound is then about the median group maximum), enough slices to give the
     device ~2 programs an SM (at most 64, at least 2048 keys a slice), CAND_TILE >= 2k and
@@ -575,7 +576,6 @@ def _resolve(config: dict[str, Any], k: int, n: int,
     cfg = {**default_config(rows, n, k), **config}
     validate_config(cfg, k, n)
     p = plan(cfg, n)
-    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
     p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
     p["kb"] = min(_next_pow2(k), 4096)
     p["sp"] = _next_pow2(p["slices"])

@@ -141,7 +141,8 @@ def test_input_validation():
 @pytest.mark.parametrize("bad, key", [
     ({"GROUP": 12}, "GROUP"), ({"num_warps": 3}, "num_warps"), ({"CAND_CAP": 8}, "CAND_CAP"),
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
-    ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"), ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"),
+    ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
+    ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 2}, "SPARSE"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -184,3 +185,55 @@ def test_gpu_half_and_causal(dtype):
     lengths = (torch.arange(1, rows + 1, device="cuda") * (n // rows)).to(torch.int32)
     got, want = run_both(scores, lengths, k, TK.default_config(rows, n, k))
     assert topk_mismatches(got, want) == []
+
+
+# ------------------------------------------------------------------------------ bench library
+
+
+def test_bench_module_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import backends.indexer_topk.bench as b; "
+            "assert b.bench_command.name == 'indexer_topk'; "
+            "print('torch' in sys.modules, 'triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_bench_command_checks_and_times(monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from backends.indexer_topk import bench
+
+    args = ["--rows", "2", "--keys", "600", "--k", "16", "--iters", "1", "--warmup", "0",
+            "--providers", "torch-topk,reference,triton,geometry=256x8x4:SPARSE=0", "--json"]
+    res = CliRunner().invoke(bench.bench_command, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[res.output.index("["):])
+    prov = data[0]["providers"]
+    assert prov["triton"]["exact"] and prov["geometry=256x8x4:SPARSE=0"]["exact"]
+    assert prov["torch-topk"]["check"] == "same set" and "us" in prov["triton"]
+
+    # A wrong provider must fail the run (exit 1).
+    real = bench._provider_fn
+
+    def broken(name, scores, lengths, k):
+        fn = real(name, scores, lengths, k)
+        if name != "triton":
+            return fn
+        return lambda: fn().flip(1)
+    monkeypatch.setattr(bench, "_provider_fn", broken)
+    res = CliRunner().invoke(bench.bench_command, args[:-1])
+    assert res.exit_code == 1 and "MISMATCH" in res.output
+
+
+def test_bench_parse_geometry():
+    from backends.indexer_topk.bench import parse_geometry
+
+    assert parse_geometry("1024x64x4:SEARCH_BITS=2") == {
+        "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "SEARCH_BITS": 2}
+    with pytest.raises(Exception, match="SLICE_KEYSxMAX_SLICESxWARPS"):
+        parse_geometry("1024x64")
