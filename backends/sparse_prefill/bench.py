@@ -244,8 +244,11 @@ def _make_fn(provider: str, case: BenchCase, inp: dict[str, Any]) -> tuple[Any, 
         def fn() -> Any:
             return registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
         return fn, desc
-    with registry.override("sparse_prefill", name):
-        dec = registry.select("sparse_prefill", wl)
+    try:
+        with registry.override("sparse_prefill", name):
+            dec = registry.select("sparse_prefill", wl)
+    except LookupError as exc:  # UnknownImplementationError: a typo, not a failed check
+        raise click.UsageError(f"provider {provider!r}: {exc}") from None
     desc = f"{dec.implementation} {dec.config}" + (" (measure)" if measure else "")
 
     def fn_override() -> Any:

@@ -302,3 +302,64 @@ def test_gpu_chunk_steady_state_ragged_paged(group):
     for cfg in _gpu_configs("chunk", group):
         for mode in ("fused", "pretranslate"):
             _gpu_check(inp, {**cfg, "CHUNK_MODE": mode}, idx)
+
+
+# ------------------------------------------------------------------ bench library (CPU)
+
+
+def test_bench_module_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import backends.sparse_prefill.bench as b; "
+            "assert 'torch' not in sys.modules and 'triton' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('torch', 'triton')))")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_geometry_round_trip():
+    from backends.sparse_prefill.bench import format_geometry, parse_geometry
+
+    for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:keys:even",
+                 "16x32x4x1:pf1"):
+        cfg = parse_geometry(spec)
+        assert parse_geometry(format_geometry(cfg)) == cfg
+    for (_, group), cfg in H200_CONFIGS.items():
+        assert parse_geometry(format_geometry(cfg)) == cfg
+
+
+def test_bench_inputs_follow_the_affine_walk():
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+    from backends.sparse_prefill.reference import resolve_slots
+
+    inp = make_inputs(BenchCase(kind="chunk", group_size=6, kv_len=50, total_q=12,
+                                req_lens=(5, 7), topk=20, head_dim=16, dtype="float32",
+                                page_size=4), "cpu")
+    kw = inp["kwargs"]
+    slot, valid = resolve_slots(inp["indices"], kind="chunk", lengths=kw["lengths"],
+                                num_slots=inp["k"].shape[0], cu_seqlens_q=kw["cu_seqlens_q"],
+                                prefix_lens=kw["prefix_lens"], page_table=kw["page_table"],
+                                page_size=4)
+    # every entry below lengths is a distinct visible position, so every one is valid
+    n = kw["lengths"].long()
+    assert torch.equal(valid.sum(1), n)
+    for r in range(12):
+        row = inp["indices"][r, : n[r]]
+        assert row.unique().numel() == n[r]
+
+
+def test_bench_command_cpu_smoke():
+    from click.testing import CliRunner
+
+    from backends.sparse_prefill.bench import bench_command
+
+    res = CliRunner().invoke(bench_command, [
+        "--kind", "prefill", "--group-size", "6", "--kv-len", "40", "--total-q", "3",
+        "--topk", "20", "--head-dim", "16", "--dtype", "float32", "--iters", "1",
+        "--warmup", "0", "--providers", "table,h200,geometry=8x16x2x2:split2,reference"])
+    assert res.exit_code == 0, res.output
+    assert "8x32x4x2:rev:split2:r96" in res.output and "torch reference" in res.output
+    bad = CliRunner().invoke(bench_command, [
+        "--providers", "geometry=16x16", "--baseline", "reference", "--total-q", "3",
+        "--kv-len", "40", "--topk", "20", "--head-dim", "16", "--dtype", "float32"])
+    assert bad.exit_code != 0 and "BMxBNxWxS" in bad.output
