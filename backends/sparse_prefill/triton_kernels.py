@@ -553,7 +553,9 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         return out.zero_()
     scale = float(sm_scale) if sm_scale is not None else d ** -0.5
     d_pad = max(16, triton.next_power_of_2(d))
-    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    # fp32 inputs: exact fp32 products; 16-bit inputs: the backend default (the option only
+    # matters for fp32, and not every backend accepts every value)
+    dot_prec = "ieee" if q.dtype == torch.float32 else None
     has_lens = lengths is not None
     lens = lengths if has_lens else indices  # dummy pointer when absent
     chunk = kind == "chunk"
