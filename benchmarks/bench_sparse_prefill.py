@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backends.sparse_prefill.bench import bench_command  # noqa: E402
+from backends.sparse_prefill.bench import bench_command
 
 if __name__ == "__main__":
     bench_command(prog_name="bench_sparse_prefill.py")

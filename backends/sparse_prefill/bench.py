@@ -27,8 +27,8 @@ Providers (``--providers``, comma separated):
 * ``table``: the Triton kernel at the generic table geometry (:func:`table_config`).
 * ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``even`` (EVEN_TILES=1), ``rev``
-  (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2`` (SPLIT_QK=2), ``rN`` (MAXNREG=N), e.g.
-  ``geometry=16x32x4x3:pre:r96``.
+  (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2`` (SPLIT_QK=2), ``rN``
+  (MAXNREG=N), e.g. ``geometry=16x32x4x3:pre:r96``.
 * ``h200``: the measured H200 family of ``triton_kernels.H200_CONFIGS`` for (kind, group).
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
@@ -144,7 +144,7 @@ def parse_geometry(spec: str) -> dict[str, Any]:
     if len(parts) != 4 or not all(p.isdigit() for p in parts):
         raise click.BadParameter(f"geometry={spec!r}: expected BMxBNxWxS like 16x64x4x3")
     cfg: dict[str, Any] = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
-                                   map(int, parts)))
+                                   map(int, parts), strict=True))
     for o in opts:
         if o[:1] == "r" and o[1:].isdigit():
             cfg["MAXNREG"] = int(o[1:])
@@ -233,7 +233,8 @@ def _make_fn(provider: str, case: BenchCase, inp: dict[str, Any]) -> tuple[Any, 
     try:
         import registry
     except ImportError as exc:  # the registry is optional for this module
-        raise click.UsageError(f"provider {provider!r} needs the registry package: {exc}")
+        raise click.UsageError(
+            f"provider {provider!r} needs the registry package: {exc}") from None
     name = provider
     measure = name.endswith(":measure")
     wl = workload_of(case)

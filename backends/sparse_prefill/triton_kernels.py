@@ -60,8 +60,8 @@ import triton.language as tl
 
 from registry.errors import ConfigError, WorkloadError
 
-__all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_triton", "table_config",
-           "validate_config"]
+__all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_triton",
+           "table_config", "validate_config"]
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
@@ -97,7 +97,8 @@ def _is_pow2(x: int) -> bool:
 def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> None:
     """Raise :class:`ConfigError` if ``config`` cannot run a group of ``group_size`` heads."""
     if not isinstance(config, dict):
-        raise ConfigError(f"config={config!r}: expected a dict with keys {', '.join(REQUIRED_KEYS)}")
+        raise ConfigError(f"config={config!r}: expected a dict with keys "
+                          f"{', '.join(REQUIRED_KEYS)}")
     for key in REQUIRED_KEYS:
         if key not in config:
             raise ConfigError(f"config is missing {key}: a sparse_prefill config needs "
@@ -171,7 +172,7 @@ def _row_request(CU, r, num_req):
 @triton.jit
 def _load_idx(IDX_row, j, n, MASK_N: tl.constexpr):
     """Raw index entries ``j`` of one row; -1 past the row's length (never read)."""
-    if MASK_N:
+    if MASK_N:  # noqa: SIM108 (constexpr branch in a kernel)
         t = tl.load(IDX_row + j, mask=j < n, other=-1)
     else:
         t = tl.load(IDX_row + j)
@@ -206,7 +207,7 @@ def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
 def _load_rows(X_h, slot, ok, s_xt, offs_d, d_mask, HEAD_DIM: tl.constexpr,
                D_PAD: tl.constexpr):
     """Gather rows ``slot`` of one head of K or V: [BLOCK_N, D_PAD], zeros where invalid."""
-    if HEAD_DIM == D_PAD:
+    if HEAD_DIM == D_PAD:  # noqa: SIM108 (constexpr branch in a kernel)
         mask = ok[:, None]
     else:
         mask = ok[:, None] & d_mask[None, :]
@@ -300,7 +301,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
                         REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
                         SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr):
     pid = tl.program_id(0)
-    if REVERSE_ROWS:
+    if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
         r = total_q - 1 - pid
     else:
         r = pid
@@ -328,7 +329,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
         q = tl.load(Q + r64 * s_qt + heads[:, None] * s_qh + offs_d[None, :],
                     mask=m_mask[:, None] & d_mask[None, :], other=0.0)
         q2 = q
-    if HAS_LENS:
+    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
         n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
         n = topk
@@ -416,7 +417,7 @@ def _translate_chunk(IDX, LENS, SLOTS, CU, PREFIX, PT, num_slots, topk, page_siz
     """SLOTS[r, j] = KV slot of chunk entry (r, j), or -1 when the entry is invalid."""
     r = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    if HAS_LENS:
+    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
         n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
         n = topk

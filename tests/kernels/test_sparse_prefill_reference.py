@@ -48,7 +48,7 @@ def _naive(q, k, v, indices, *, kind="prefill", lengths=None, sm_scale=None, cu_
             m = max(scores)
             w = [math.exp(x - m) for x in scores]
             tot = sum(w)
-            o = sum(wi * v[s, kh].double() for wi, s in zip(w, slots))
+            o = sum(wi * v[s, kh].double() for wi, s in zip(w, slots, strict=True))
             out[r, h] = o / tot
     return out
 

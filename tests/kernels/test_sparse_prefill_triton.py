@@ -48,7 +48,7 @@ def _chunk_case(seed, *, reqs=(3, 4), prefixes=(5, 2), group=6, hkv=1, d=32, pag
     g = torch.Generator().manual_seed(seed)
     total_q = sum(reqs)
     hq = group * hkv
-    ctx = max(p + r for p, r in zip(prefixes, reqs))
+    ctx = max(p + r for p, r in zip(prefixes, reqs, strict=True))
     max_pages = -(-ctx // page_size) + 1
     num_slots = len(reqs) * max_pages * page_size - 3  # the last page is partly out of range
     q = torch.randn((total_q, hq, d), generator=g).to(dtype)
@@ -118,7 +118,7 @@ def test_prefill_table_geometry_and_h200_configs_run():
 def test_lengths_beyond_topk_and_negative_are_clamped():
     q, k, v, idx, lengths = _prefill_case(5, total_q=4, d=16)
     lengths = torch.tensor([100, -5, 3, 37], dtype=torch.int32)
-    out, ref = _check(q, k, v, idx, BASE, lengths=lengths)
+    out, _ = _check(q, k, v, idx, BASE, lengths=lengths)
     assert torch.all(out[1] == 0)
 
 
@@ -160,7 +160,7 @@ def test_chunk_causal_mask_hides_future_positions():
 def test_block_m_below_group_is_config_error():
     with pytest.raises(ConfigError, match=r"BLOCK_M=8 is below group_size=12.*use 16"):
         validate_config({**BASE, "BLOCK_M": 8}, 12, 256)
-    q, k, v, idx, lengths = _prefill_case(1, group=12, d=16)
+    q, k, v, idx, _ = _prefill_case(1, group=12, d=16)
     with pytest.raises(ConfigError):
         sparse_prefill_triton(q, k, v, idx, config={**BASE, "BLOCK_M": 8})
 
@@ -324,7 +324,7 @@ def test_bench_geometry_round_trip():
                  "16x32x4x1:pf1"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
-    for (_, group), cfg in H200_CONFIGS.items():
+    for cfg in H200_CONFIGS.values():
         assert parse_geometry(format_geometry(cfg)) == cfg
 
 
@@ -336,7 +336,7 @@ def test_bench_inputs_follow_the_affine_walk():
                                 req_lens=(5, 7), topk=20, head_dim=16, dtype="float32",
                                 page_size=4), "cpu")
     kw = inp["kwargs"]
-    slot, valid = resolve_slots(inp["indices"], kind="chunk", lengths=kw["lengths"],
+    _, valid = resolve_slots(inp["indices"], kind="chunk", lengths=kw["lengths"],
                                 num_slots=inp["k"].shape[0], cu_seqlens_q=kw["cu_seqlens_q"],
                                 prefix_lens=kw["prefix_lens"], page_table=kw["page_table"],
                                 page_size=4)
