@@ -314,7 +314,10 @@ def test_bench_module_imports_without_torch():
     code = ("import sys; import backends.sparse_prefill.bench as b; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith(('torch', 'triton')))")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
 def test_bench_geometry_round_trip():
