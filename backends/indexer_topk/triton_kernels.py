@@ -52,7 +52,11 @@ BOUND_TILE      4096       register tile of the bound search; rows with more gro
 CAND_TILE       4096       register tile of stage 3 (power of two)
 CAND_CAP        16384      candidate buffer per row (power of two, >= k, >= CAND_TILE)
 SEARCH_BITS     1          1: halving search; 2: four-way (one packed int64 reduction a step)
-SPARSE          1          stage 2 reads only groups whose maximum reaches the bound
+SPARSE          1          stage 2 reads: 0 every key; 1 only groups whose maximum reaches
+                           the bound, scanning the group maxima step by step; 2 the same
+                           groups from a compacted active-group list (+4 bytes a group of
+                           scratch; needs the row's groups <= BOUND_TILE, else acts as 1;
+                           not measured on the H200 yet)
 ==============  =========  ==================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`): ``4 * ceil(max_keys / GROUP)`` (group maxima)
@@ -169,9 +173,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if cfg["SEARCH_BITS"] not in (1, 2):
         raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
                           "(halving) or 2 (four-way, one packed reduction a step); use 1")
-    if cfg["SPARSE"] not in (0, 1):
-        raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 3 reads "
-                          "every key) or 1 (only groups reaching the bound); use 1")
+    if cfg["SPARSE"] not in (0, 1, 2):
+        raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 2 reads "
+                          "every key), 1 (only groups reaching the bound) or 2 (active-group "
+                          "list); use 1")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
@@ -191,7 +196,8 @@ def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
-    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2)
+    extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
+    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 
 
 # ----------------------------------------------------------------------------------- kernels
@@ -328,8 +334,29 @@ def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.conste
 
 
 @triton.jit
+def _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY: tl.constexpr,
+                NT: tl.constexpr):
+    """Count (COUNT_ONLY) or place in position order the keys >= lb of one [groups, GS] tile."""
+    x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
+    key = _to_key(x)
+    ci = (m & (key >= lb)).to(tl.int32)
+    if COUNT_ONLY:
+        run += tl.sum(tl.sum(ci, axis=1), axis=0)
+    else:
+        flat_c = tl.reshape(ci, [NT])
+        flat_p = tl.reshape(pos, [NT])
+        flat_k = tl.reshape(key, [NT])
+        dst = run + tl.cumsum(flat_c, axis=0) - flat_c
+        wm = (flat_c != 0) & (dst < cap)
+        tl.store(cpos + dst, flat_p, mask=wm)
+        tl.store(ckey + dst, flat_k, mask=wm)
+        run += tl.sum(flat_c, axis=0)
+    return run
+
+
+@triton.jit
 def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, slice_len,
-                  n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                  n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey, off_list,
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
                   CHUNKED: tl.constexpr, SB: tl.constexpr,
                   COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr):
@@ -343,6 +370,8 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         src = scores_ptr + row.to(tl.int64) * stride_s
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
         row_c = row.to(tl.int64) * cap
+        cpos = ws_ptr + off_cpos + row_c
+        ckey = ws_ptr + off_ckey + row_c
         cnt_row = ws_ptr + off_cnt + row.to(tl.int64) * n_slices
         base = tl.full([], 0, tl.int32)
         go = True
@@ -361,34 +390,43 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         j = tl.arange(0, GS)
         run = base
         if go:
-            for c0 in range(start, end, GB * GS):
-                if SPARSE:
-                    # Read only the groups whose maximum reaches the bound.
-                    gidx = c0 // GS + g_off
-                    gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
-                    act = gval >= lb
-                    live = tl.sum(act.to(tl.int32), axis=0) > 0
-                else:
-                    act = g_off >= 0
-                    live = True
-                if live:
-                    pos = c0 + g_off[:, None] * GS + j[None, :]
-                    m = act[:, None] & (pos < end)
-                    x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
-                    key = _to_key(x)
-                    cand = m & (key >= lb)
-                    ci = cand.to(tl.int32)
-                    if COUNT_ONLY:
-                        run += tl.sum(tl.sum(ci, axis=1), axis=0)
+            if SPARSE == 2:
+                # Active-group list: the slice's groups whose maximum reaches the bound, in
+                # order, compacted once from the group maxima; then only those are visited.
+                g_lo = start // GS
+                g_hi = (end + GS - 1) // GS
+                ga = tl.arange(0, GT)
+                inr = (ga >= g_lo) & (ga < g_hi)
+                gv = tl.load(gsrc + ga, mask=inr, other=-2147483648)
+                ai = (inr & (gv >= lb)).to(tl.int32)
+                adst = tl.cumsum(ai, axis=0) - ai
+                n_act = tl.sum(ai, axis=0)
+                lst = ws_ptr + off_list + row.to(tl.int64) * n_groups + g_lo
+                tl.store(lst + adst, ga, mask=ai != 0)
+                tl.debug_barrier()
+                for a0 in range(0, n_act, GB):
+                    am = a0 + g_off < n_act
+                    gi = tl.load(lst + a0 + g_off, mask=am, other=0)
+                    pos = gi[:, None] * GS + j[None, :]
+                    m = am[:, None] & (pos < end)
+                    run = _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY,
+                                      GB * GS)
+            else:
+                for c0 in range(start, end, GB * GS):
+                    if SPARSE == 1:
+                        # Read only the groups whose maximum reaches the bound.
+                        gidx = c0 // GS + g_off
+                        gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
+                        act = gval >= lb
+                        live = tl.sum(act.to(tl.int32), axis=0) > 0
                     else:
-                        flat_c = tl.reshape(ci, [GB * GS])
-                        flat_p = tl.reshape(pos, [GB * GS])
-                        flat_k = tl.reshape(key, [GB * GS])
-                        dst = run + tl.cumsum(flat_c, axis=0) - flat_c
-                        wm = (flat_c != 0) & (dst < cap)
-                        tl.store(ws_ptr + off_cpos + row_c + dst, flat_p, mask=wm)
-                        tl.store(ws_ptr + off_ckey + row_c + dst, flat_k, mask=wm)
-                        run += tl.sum(flat_c, axis=0)
+                        act = g_off >= 0
+                        live = True
+                    if live:
+                        pos = c0 + g_off[:, None] * GS + j[None, :]
+                        m = act[:, None] & (pos < end)
+                        run = _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY,
+                                          GB * GS)
         if COUNT_ONLY:
             tl.store(cnt_row + sl, run)
         elif SINGLE:
@@ -620,21 +658,25 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     off_cnt = off_ncand + rows
     off_cpos = off_cnt + rows * slices
     off_ckey = off_cpos + rows * cap
-    ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
+    chunked = groups > p["gt"]
+    sp = cfg["SPARSE"] if not (chunked and cfg["SPARSE"] == 2) else 1
+    off_list = off_ckey + rows * cap
+    ws = torch.empty(off_list + (rows * groups if sp == 2 else 0), dtype=torch.int32,
+                     device=dev)
     nw = cfg["num_warps"]
-    sp = bool(cfg["SPARSE"])
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                  GS=gs, GB=gb, num_warps=nw)
-    chunked = groups > p["gt"]
     if slices > 1:
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
-                                      GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
-                                      SB=sb, COUNT_ONLY=True, SINGLE=False, SPARSE=sp,
+                                      off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
+                                      CHUNKED=chunked, SB=sb, COUNT_ONLY=True, SINGLE=False,
+                                      SPARSE=sp,
                                       num_warps=nw)
     _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                   k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
-                                  GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
+                                  off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
+                                  CHUNKED=chunked,
                                   SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
                                   SPARSE=sp, num_warps=nw)
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,

@@ -27,6 +27,10 @@ SMALL = {
                   "CAND_CAP": 256, "SEARCH_BITS": 2},
     "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
                     "CAND_CAP": 1024},
+    "active_list": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
+                    "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256},
+    "active_one_slice": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
+                         "CAND_CAP": 512, "SPARSE": 2},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
                  "CAND_CAP": 64, "SEARCH_BITS": 2},
 }
@@ -142,7 +146,7 @@ def test_input_validation():
     ({"GROUP": 12}, "GROUP"), ({"num_warps": 3}, "num_warps"), ({"CAND_CAP": 8}, "CAND_CAP"),
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
     ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
-    ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 2}, "SPARSE"),
+    ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
