@@ -91,6 +91,11 @@ def test_indexer_topk_op_dispatches_through_the_registry() -> None:
                           test_utils=("test_schema", "test_faketensor"))
 
 
+# torch 2.11's dynamo touches torch.jit.script_method on import, which warns.
+compile_warnings = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
 def _compile(fn: Any) -> Any:
     try:
         import torch._dynamo
@@ -101,6 +106,7 @@ def _compile(fn: Any) -> Any:
     return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
 
+@compile_warnings
 def test_compile_fullgraph_sparse_prefill_chunk() -> None:
     args, kwargs = _chunk()
 
@@ -120,6 +126,7 @@ def test_compile_fullgraph_sparse_prefill_chunk() -> None:
     torch.testing.assert_close(got, layer(*call))
 
 
+@compile_warnings
 def test_compile_fullgraph_indexer_topk_with_lengths() -> None:
     scores, lengths = _topk()
 
@@ -130,6 +137,7 @@ def test_compile_fullgraph_indexer_topk_with_lengths() -> None:
     assert torch.equal(got, indexer_topk_reference(scores * 0.5, lengths, 8))
 
 
+@compile_warnings
 def test_calling_dispatch_directly_breaks_the_graph() -> None:
     """The control: without the custom op, fullgraph compilation fails, so the tests above can."""
     scores, lengths = _topk()
