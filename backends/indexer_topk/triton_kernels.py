@@ -57,6 +57,10 @@ SPARSE          1          stage 2 reads: 0 every key; 1 only groups whose maxim
                            groups from a compacted active-group list (+4 bytes a group of
                            scratch; needs the row's groups <= BOUND_TILE, else acts as 1;
                            not measured on the H200 yet)
+BOUND_PASS      -1         1: the bound in a launch of its own (grid rows) that the slices read;
+                           0: every slice program searches it (no extra launch, redundant
+                           work per slice); -1: 1 when slices > 1 and rows * slices > 1024
+                           (pinned geometries such as 1024 x 64 on many rows)
 ==============  =========  ==================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`): ``4 * ceil(max_keys / GROUP)`` (group maxima)
@@ -83,7 +87,7 @@ __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
-    "SEARCH_BITS": 1, "SPARSE": 1,
+    "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP")
 _WARPS = (1, 2, 4, 8, 16, 32)
@@ -177,6 +181,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 2 reads "
                           "every key), 1 (only groups reaching the bound) or 2 (active-group "
                           "list); use 1")
+    if cfg["BOUND_PASS"] not in (-1, 0, 1):
+        raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
+                          "(automatic), 0 (each slice program finds the bound) or 1 (a launch "
+                          "of its own); use -1")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
@@ -334,6 +342,17 @@ def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.conste
 
 
 @triton.jit
+def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound,
+                  GS: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr, SB: tl.constexpr):
+    """BOUND_PASS=1: the row's bound once, for the slices of the next launches to read."""
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
+        tl.store(ws_ptr + off_bound + row, lb)
+
+
+@triton.jit
 def _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY: tl.constexpr,
                 NT: tl.constexpr):
     """Count (COUNT_ONLY) or place in position order the keys >= lb of one [groups, GS] tile."""
@@ -359,12 +378,16 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
                   n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey, off_list,
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
                   CHUNKED: tl.constexpr, SB: tl.constexpr,
-                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr):
+                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr,
+                  BOUND_IN: tl.constexpr):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
-        lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
+        if BOUND_IN:
+            lb = tl.load(ws_ptr + off_bound + row)
+        else:
+            lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
         start = sl * slice_len
         end = tl.minimum(start + slice_len, length)
         src = scores_ptr + row.to(tl.int64) * stride_s
@@ -376,8 +399,9 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         base = tl.full([], 0, tl.int32)
         go = True
         if not COUNT_ONLY:
-            if sl == 0:
-                tl.store(ws_ptr + off_bound + row, lb)
+            if not BOUND_IN:  # noqa: SIM102 (constexpr, then a runtime test)
+                if sl == 0:
+                    tl.store(ws_ptr + off_bound + row, lb)
             if not SINGLE:
                 si = tl.arange(0, SP)
                 cnts = tl.load(cnt_row + si, mask=si < n_slices, other=0)
@@ -666,19 +690,23 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     nw = cfg["num_warps"]
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                  GS=gs, GB=gb, num_warps=nw)
+    bp = cfg["BOUND_PASS"]
+    bound_in = bool(bp == 1 or (bp == -1 and slices > 1 and rows * slices > 1024))
+    if bound_in:
+        _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, GS=gs, GT=p["gt"],
+                               CHUNKED=chunked, SB=sb, num_warps=cfg["SEARCH_WARPS"])
     if slices > 1:
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                       off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
                                       CHUNKED=chunked, SB=sb, COUNT_ONLY=True, SINGLE=False,
-                                      SPARSE=sp,
-                                      num_warps=nw)
+                                      SPARSE=sp, BOUND_IN=bound_in, num_warps=nw)
     _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                   k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                   off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
                                   CHUNKED=chunked,
                                   SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
-                                  SPARSE=sp, num_warps=nw)
+                                  SPARSE=sp, BOUND_IN=bound_in, num_warps=nw)
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
                             off_ncand, off_cpos, off_ckey, GS=gs, GB=max(1, min(gb, 1024 // gs)),
                             CAP=cfg["CAND_TILE"],

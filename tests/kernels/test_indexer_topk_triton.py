@@ -31,6 +31,8 @@ SMALL = {
                     "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256},
     "active_one_slice": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
                          "CAND_CAP": 512, "SPARSE": 2},
+    "bound_pass": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
+                   "CAND_CAP": 512, "BOUND_PASS": 1, "SEARCH_BITS": 2},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
                  "CAND_CAP": 64, "SEARCH_BITS": 2},
 }
@@ -147,6 +149,7 @@ def test_input_validation():
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
     ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
     ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
+    ({"BOUND_PASS": 2}, "BOUND_PASS"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
