@@ -241,7 +241,7 @@ class _State:
         self.seq = 0
         self.logged: set[tuple[Any, ...]] = set()
         self.checks: dict[tuple[int, str], _OpCheck] = {}
-        self.installed: weakref.WeakSet[Registry] = weakref.WeakSet()
+        self.known: weakref.WeakSet[Registry] = weakref.WeakSet()  # registries seen by _sync
         self.dirty = False
         self.updated = time.time()
         self.last_write = 0.0
@@ -365,20 +365,20 @@ def _check_one(decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any]
 # installing the hub
 
 def _sync(reg: Registry | None = None) -> None:
-    """Install the hub where it is needed, remove it everywhere else."""
+    """Install the hub in every live registry while check mode or a recorder is active; remove
+    it from all of them otherwise."""
     if reg is None:
         from registry._registry import get_registry
 
         reg = get_registry()
+    _state.known.add(reg)
     want = _state.rate > 0.0 or bool(_state.recorders)
-    for other in list(_state.installed):
-        if other is not reg or not want:
-            while _hub in other.observers:
-                other.observers.remove(_hub)
-            _state.installed.discard(other)
-    if want and _hub not in reg.observers:
-        reg.observers.append(_hub)
-        _state.installed.add(reg)
+    for r in list(_state.known):
+        if want and _hub not in r.observers:
+            r.observers.append(_hub)
+        elif not want:
+            while _hub in r.observers:
+                r.observers.remove(_hub)
 
 
 def install_from_env(reg: Registry) -> None:
