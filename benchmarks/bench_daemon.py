@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -101,6 +102,7 @@ def _registry_client(args: tuple[Any, ...]) -> dict[str, Any]:
     import registry
 
     facts = registry.profiles()[DEVICE]
+    registry.get_registry()  # load the plugins before the clock starts
     events: list[tuple[float, str]] = []
     failed = 0
     barrier.wait(60)
@@ -294,6 +296,7 @@ def main() -> int:
             out["abuse"] = _abuse(path, args.abuse)
     finally:
         stop_daemon(Path(path))
+        shutil.rmtree(home, ignore_errors=True)
     out["loadavg_after"] = os.getloadavg()[0]
     _print(out)
     if args.json:
@@ -320,11 +323,12 @@ def _print(out: dict[str, Any]) -> None:
                   f"{r['loadavg']:.1f} |")
     k = out.get("kill")
     if k:
+        last = k["back_after_max_s"]
         print(f"\nkill -9 under load: {k['selects']} selects, {k['failed']} failed, "
               f"{k['from_daemon']} from the daemon, {k['in_process']} in-process fallbacks; "
               f"daemon down {k['downtime_s']:.2f} s (pid {k['old_pid']} -> {k['new_pid']}); "
               f"{k['clients_back']}/{n} clients back on the daemon, the last after "
-              f"{k['back_after_max_s']:.2f} s after the restart; from then on "
+              f"{'-' if last is None else format(last, '.2f')} s after the restart; from then on "
               f"{k['tail_from_daemon']}/{k['tail_total']} selects came from the daemon")
     a = out.get("abuse")
     if a:
