@@ -227,3 +227,39 @@ def test_slow_daemon_times_out_to_local(tmp_path: Path, monkeypatch: pytest.Monk
     finally:
         dc.reset_links()
         server.close()
+
+
+def test_connection_limit_and_idle_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from registry._daemon import Daemon
+
+    monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
+    sock = tmp_path / "d.sock"
+    ready = threading.Event()
+    d = Daemon(sock, max_connections=2, idle_timeout=0.5)
+    t = threading.Thread(target=d.run, kwargs={"ready": ready.set}, daemon=True)
+    t.start()
+    assert ready.wait(30)
+    a, b = _conn(sock), _conn(sock)
+    for s in (a, b):  # both served
+        s.sendall(_frame({"v": 1, "id": 1, "type": "stats"}))
+        assert (_read_reply(s) or {}).get("ok") is True
+    last_active = time.monotonic()
+    c = _conn(sock)
+    reply = _read_reply(c)
+    assert reply is not None and reply["error"]["code"] == "busy"
+    assert _read_reply(c) is None  # and closed
+    c.close()
+    # Idle connections are closed after idle_timeout; the slots free up.
+    a.settimeout(5)
+    assert a.recv(10) == b""
+    assert 0.45 < time.monotonic() - last_active < 4
+    b.close()
+    a.close()
+    with DaemonClient(sock, 5.0) as client:
+        assert client.stats()["errors"] == {"busy": 1}
+        assert client.shutdown()["pid"] == os.getpid()
+    t.join(10)
+    assert not t.is_alive()
+    assert not sock.exists()
