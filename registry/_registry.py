@@ -78,7 +78,8 @@ class Registry:
         self.generation = 0
         self._context_overrides: dict[str, list[str]] = {}
         self._env_overrides: dict[str, str | None] = {}
-        self.strict = False
+        self._env_strict = False
+        self._strict_set: bool | None = None  # set through the property; wins over KREG_STRICT
         self._decisions: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
@@ -91,6 +92,10 @@ class Registry:
         if load_entry_points:
             self._load_entry_points()
         self._rebuild()
+        # KREG_CHECK and active recorders attach their observer to every new registry.
+        from registry._observe import install_from_env
+
+        install_from_env(self)
 
     # -----------------------------------------------------------------------------------------
     # plugins
@@ -217,11 +222,23 @@ class Registry:
         """
         with self._lock:
             self._env_overrides = {op: os.environ.get(select_override_var(op)) for op in self.ops}
-            self.strict = knobs.strict
+            self._env_strict = knobs.strict
             self._decisions.clear()
             self.dispatch_map.clear()
             self.last_decisions.clear()
             self.generation += 1
+
+    @property
+    def strict(self) -> bool:
+        """KREG_STRICT as read at the last invalidation, unless set here (which drops cached
+        decisions)."""
+        return self._env_strict if self._strict_set is None else self._strict_set
+
+    @strict.setter
+    def strict(self, value: bool) -> None:
+        if value != self.strict:
+            self.invalidate()
+        self._strict_set = bool(value)
 
     def spec(self, op: str) -> OpSpec:
         spec = self.ops.get(op)

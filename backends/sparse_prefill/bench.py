@@ -24,12 +24,14 @@ Providers (``--providers``, comma separated):
 * ``reference``: the torch reference (fp32 math), in its own short window.
 * ``gather-sdpa``: materialize the selected K/V rows, then torch SDPA with a boolean mask (row
   chunks of 512), in its own short window.
-* ``table``: the Triton kernel at the generic table geometry (:func:`table_config`).
+* ``table``: the Triton kernel at the generic table geometry
+  (``plugins.generic.sparse_prefill_table_config``).
 * ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``even`` (EVEN_TILES=1), ``rev``
   (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2`` (SPLIT_QK=2), ``rN``
   (MAXNREG=N), e.g. ``geometry=16x32x4x3:pre:r96``.
-* ``h200``: the measured H200 family of ``triton_kernels.H200_CONFIGS`` for (kind, group).
+* ``h200``: the measured H200 family (``plugins.nvidia_hopper.H200_PREFILL_CONFIGS``) for
+  (kind, group), forced whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 
@@ -169,7 +171,8 @@ def format_geometry(cfg: dict[str, Any]) -> str:
 
 def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | None]:
     """-> (kind of provider, config or None). Kinds: reference, gather-sdpa, triton, registry."""
-    from backends.sparse_prefill.triton_kernels import H200_CONFIGS, table_config
+    from plugins.generic import sparse_prefill_table_config as table_config
+    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
 
     if name in _UNTIMED:
         return name, None

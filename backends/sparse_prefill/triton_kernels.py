@@ -60,8 +60,9 @@ import triton.language as tl
 
 from registry.errors import ConfigError, WorkloadError
 
-__all__ = ["DEFAULT_VARIANT", "H200_CONFIGS", "error_bound", "sparse_prefill_triton",
-           "table_config", "validate_config"]
+# The configs are policy: the table lives in plugins/generic.py, the measured families in
+# plugins/nvidia_sm120.py and plugins/nvidia_hopper.py.
+__all__ = ["DEFAULT_VARIANT", "error_bound", "sparse_prefill_triton", "validate_config"]
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
@@ -588,36 +589,3 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"],
         **_launch_extras(var, q))
     return out
-
-
-def table_config(group_size: int, total_q: int) -> dict[str, int]:
-    """The generic table geometry (policy of generic.sparse_prefill_table), for benchmarks."""
-    bm = max(16, triton.next_power_of_2(group_size))
-    if total_q <= 32:
-        bn, w, s = 32, 8, 2
-    elif total_q <= 64:
-        bn, w, s = 64, 8, 2
-    elif total_q <= 128:
-        bn, w, s = 64, 4, 2
-    elif total_q <= 512:
-        bn, w, s = 32, 4, 2
-    else:
-        bn, w, s = 16, 1, 2
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
-
-
-
-# Measured H200 family (kind, group_size) -> config, for the seed workload (topk 2051,
-# head_dim 256, bf16, 1 or 2 KV heads). Measured against table_config() in one interleaved window
-# per case on an H200 (Triton 3.6); numbers, crossovers and the runs that rejected other variants
-# are in docs/notes/sparse_prefill.md and docs/BENCHMARKS.md (section sparse_prefill).
-H200_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
-    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-                     "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
-    ("chunk", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-                   "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
-    ("prefill", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
-                      "SPLIT_QK": 2, "REVERSE_ROWS": 1},
-    ("chunk", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
-                    "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1},
-}

@@ -65,10 +65,7 @@ def bucket(case: Any) -> dict[str, Any]:
 def _fmt(cfg: dict[str, Any]) -> str:
     from backends.sparse_prefill.bench import format_geometry
 
-    s = format_geometry(cfg)
-    if cfg.get("MAXNREG"):
-        s += f":r{cfg['MAXNREG']}"
-    return s
+    return str(format_geometry(cfg))
 
 
 def baseline(case: Any) -> str:
@@ -78,8 +75,8 @@ def baseline(case: Any) -> str:
 
 
 def _space(case: Any) -> list[dict[str, Any]]:
-    from backends.sparse_prefill.triton_kernels import H200_CONFIGS
     from plugins.generic import sparse_prefill_table_config
+    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
     g = case.group_size

@@ -14,12 +14,12 @@ pytest.importorskip("triton")
 
 from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
 from backends.sparse_prefill.triton_kernels import (  # noqa: E402
-    H200_CONFIGS,
     error_bound,
     sparse_prefill_triton,
-    table_config,
     validate_config,
 )
+from plugins.generic import sparse_prefill_table_config as table_config  # noqa: E402
+from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS  # noqa: E402
 from registry.errors import ConfigError, WorkloadError  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

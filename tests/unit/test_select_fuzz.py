@@ -82,4 +82,5 @@ def test_select_gives_a_decision_or_a_kreg_error(f: registry.DeviceFacts,
             assert d.override is None or d.override.honoured
         assert d.explain()
     finally:
-        reg.strict = False
+        reg._strict_set = None
+        reg.invalidate()

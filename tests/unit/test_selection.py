@@ -155,14 +155,14 @@ def test_strict_mode(bare: registry.Registry, monkeypatch: pytest.MonkeyPatch) -
 def test_env_override_is_read_on_invalidate(fresh: registry.Registry,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert registry.select("sparse_prefill", seed_workload(),
-                           "h200").implementation == "generic.sparse_prefill_table"
+                           "h100").implementation == "generic.sparse_prefill_table"
     setenv(monkeypatch, "KREG_SELECT_SPARSE_PREFILL", "reference.sparse_prefill")
-    d = registry.select("sparse_prefill", seed_workload(), "h200")
+    d = registry.select("sparse_prefill", seed_workload(), "h100")
     assert d.implementation == "reference.sparse_prefill"
     assert d.override is not None and d.override.source == "KREG_SELECT_SPARSE_PREFILL"
     setenv(monkeypatch, "KREG_SELECT_SPARSE_PREFILL", "nope")
     with pytest.raises(UnknownImplementationError, match="KREG_SELECT_SPARSE_PREFILL='nope'"):
-        registry.select("sparse_prefill", seed_workload(), "h200")
+        registry.select("sparse_prefill", seed_workload(), "h100")
 
 
 def test_cache_hit_returns_the_stored_decision(bare: registry.Registry) -> None:

@@ -1,0 +1,108 @@
+"""The sparse-prefill family measured on the H200 (the GPU this project measures on).
+
+Gated the way the seed gates sm120: the exact device set the numbers come from (NVIDIA H200,
+132 SMs), the Triton floor it was measured on (3.6), the measured workload (top-k 2051, head dim
+256, bf16, the rank shapes below) and, per (kind, group), the lowest measured total_q from which
+the family wins and is never more than 2% slower above (docs/BENCHMARKS.md, "sparse_prefill":
+the total_q sweep). Chunk batches additionally need the measured rows per request and the grid
+bound. Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives
+the envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry import DeviceFacts, Implementation, Workload, hookimpl
+from registry.requirements import (
+    ENVELOPE,
+    arch_in,
+    device_in,
+    field_eq,
+    fields_in,
+    grid_bound,
+    predicate,
+    triton_runtime,
+    vendor_in,
+    version_at_least,
+    when,
+)
+
+PRIORITY = 100
+
+H200 = ("NVIDIA H200", 132)
+
+# (kind, group_size) -> config. Variant keys: CHUNK_MODE=pretranslate (page-table translation in
+# a pre-pass), SPLIT_QK=2 (two independent half-head_dim score chains), REVERSE_ROWS=1 (long
+# causal rows start first), MAXNREG (register cap: more resident programs); see
+# backends/sparse_prefill/triton_kernels.py.
+H200_PREFILL_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+                     "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+    ("chunk", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+                   "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+    ("prefill", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                      "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+    ("chunk", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                    "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+}
+
+# (kind, group_size) -> the lowest measured total_q from which the family wins (KV 8K sweep).
+MIN_TOTAL_Q: dict[tuple[str, int], int] = {
+    ("chunk", 6): 256, ("chunk", 12): 1024, ("prefill", 6): 1024, ("prefill", 12): 1024,
+}
+
+
+# Chunk: rows per request measured to win (one request at the floor; 16 requests of 512 rows).
+MIN_ROWS_PER_REQUEST: dict[int, int] = {6: 256, 12: 512}
+
+
+def _rows_per_request(f: DeviceFacts, w: Workload) -> tuple[bool, str, str]:
+    floor = MIN_ROWS_PER_REQUEST.get(w.group_size, 0)  # type: ignore[attr-defined]
+    total, n = w.total_q, max(1, w.num_requests)  # type: ignore[attr-defined]
+    return (total >= floor * n, f"{total / n:g} ({total} rows / {n} requests)",
+            f">= {floor} on average for group {w.group_size}")  # type: ignore[attr-defined]
+
+
+def _min_rows(f: DeviceFacts, w: Workload) -> tuple[bool, str, str]:
+    key = (w.kind, w.group_size)  # type: ignore[attr-defined]
+    floor = MIN_TOTAL_Q.get(key)
+    if floor is None:
+        return False, f"no measurement for {key}", f"(kind, group) in {sorted(MIN_TOTAL_Q)}"
+    total = w.total_q  # type: ignore[attr-defined]
+    return total >= floor, str(total), f">= {floor} for kind={key[0]}, group {key[1]}"
+
+
+REQUIREMENTS = (
+    # capability
+    vendor_in("nvidia"),
+    arch_in("sm_90"),
+    version_at_least("triton", "3.6"),
+    triton_runtime(),
+    field_eq("topk", 2051),
+    field_eq("head_dim", 256),
+    when("kind", "prefill", fields_in(("group_size", "num_kv_heads"), [(6, 1), (12, 1)],
+                                      name="rank_shape")),
+    when("kind", "chunk", fields_in(("group_size", "num_kv_heads"),
+                                    [(6, 1), (6, 2), (12, 1), (12, 2)], name="rank_shape")),
+    # envelope
+    device_in(H200),
+    field_eq("dtype", "bfloat16", kind=ENVELOPE),
+    predicate("total_q", ENVELOPE, _min_rows),
+    when("kind", "chunk", predicate("rows_per_request", ENVELOPE, _rows_per_request)),
+    when("kind", "chunk", grid_bound(2)),
+)
+
+
+def _config(f: DeviceFacts, w: Workload) -> dict[str, Any]:
+    return dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])  # type: ignore[attr-defined]
+
+
+@hookimpl
+def kreg_implementations() -> list[Implementation]:
+    return [
+        Implementation(op="sparse_prefill", name="nvidia_hopper.sparse_prefill_tuned",
+                       priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
+                       kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
+                       description="H200-measured family: pretranslate, split QK, reversed rows"),
+    ]

@@ -1,0 +1,67 @@
+"""The H200 family's gates, on fabricated facts."""
+
+from __future__ import annotations
+
+import pytest
+
+import registry
+from plugins.generic import sparse_prefill_table_config
+from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, MIN_TOTAL_Q
+
+from unit_helpers import profile, seed_workload, setenv
+
+HOPPER = "nvidia_hopper.sparse_prefill_tuned"
+
+
+def pick(wl: dict[str, object], device: object = "h200") -> registry.Decision:
+    return registry.select("sparse_prefill", wl, device)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
+def test_family_at_and_above_its_crossover(kind: str, group: int) -> None:
+    floor = MIN_TOTAL_Q[(kind, group)]
+    for tq in (floor, 2 * floor, 8192):
+        d = pick(seed_workload(kind=kind, group_size=group, total_q=tq, max_q=tq))
+        assert d.implementation == HOPPER
+        assert d.config == H200_PREFILL_CONFIGS[(kind, group)]
+    below = pick(seed_workload(kind=kind, group_size=group, total_q=floor - 1, max_q=floor - 1))
+    assert below.implementation == "generic.sparse_prefill_table"
+    assert below.config == sparse_prefill_table_config(group, floor - 1)
+
+
+def test_only_the_h200_gets_it() -> None:
+    for dev in ("h100", "h20", "l20", "rtx-5090", "mi300x"):
+        assert pick(seed_workload(), dev).implementation != HOPPER
+    d = pick(seed_workload(), "h100")
+    cand = next(c for c in d.candidates if c.implementation == HOPPER)
+    assert [c.name for c in cand.checks if not c.passed] == ["device"]
+
+
+def test_h100_with_measure_and_gates_measure_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    setenv(monkeypatch, "KREG_SELECT_SPARSE_PREFILL", HOPPER + ":measure")
+    assert pick(seed_workload(), "h100").implementation == HOPPER
+    assert pick(seed_workload(topk=2048), "h100").implementation != HOPPER
+    assert pick(seed_workload(), "rtx-5090").implementation != HOPPER  # arch is a capability
+
+
+@pytest.mark.parametrize("change", [{"topk": 2048}, {"head_dim": 128}, {"dtype": "float16"},
+                                    {"group_size": 8}])
+def test_workload_gates(change: dict[str, object]) -> None:
+    assert pick(seed_workload(**change)).implementation != HOPPER
+
+
+def test_chunk_batches_need_rows_per_request_and_the_grid_bound() -> None:
+    assert pick(seed_workload(total_q=8192, num_requests=16, max_q=512)).implementation == HOPPER
+    assert pick(seed_workload(total_q=8192, num_requests=64, max_q=128)).implementation != HOPPER
+    assert pick(seed_workload(total_q=8192, num_requests=4, max_q=5000)).implementation != HOPPER
+    # prefill with two KV heads was not measured
+    assert pick(seed_workload(kind="prefill", group_size=12, num_kv_heads=2)).implementation \
+        != HOPPER
+    assert pick(seed_workload(group_size=12, num_kv_heads=2)).implementation == HOPPER
+
+
+def test_triton_floor() -> None:
+    old = profile("h200", triton_version="3.5.1")
+    d = pick(seed_workload(), old)
+    assert d.implementation != HOPPER
+    assert "triton: 3.5.1, requires >= 3.6 [capability]" in d.explain()
