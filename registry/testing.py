@@ -15,6 +15,8 @@ the item is skipped with the failed checks as the reason. An item fails when the
 when dispatch ran another implementation, when the kernel changed one of its inputs, or when the
 comparison reports a violation; the failure names the case, what it pins and the violation.
 
+The items join whatever else pytest collects; ``-m kreg_conformance`` selects the kit alone.
+
 Options::
 
     --kreg-conformance PLUGIN        plugin name (repeatable, or comma-separated; "all" for every
