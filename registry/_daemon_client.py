@@ -114,18 +114,9 @@ def resolve_socket(value: str | os.PathLike[str] | None) -> Path:
 
 
 def client_timeout() -> float:
-    raw = os.environ.get(TIMEOUT_VAR)
-    if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"Unable to use {TIMEOUT_VAR}={raw!r}: expected seconds "
-                          f"(a positive number)") from None
-    if not value > 0:
-        raise ConfigError(f"Unable to use {TIMEOUT_VAR}={raw!r}: expected seconds "
-                          f"(a positive number)")
-    return value
+    from registry._knobs import knobs
+
+    return knobs.daemon_timeout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,16 @@ def _parse_fraction(name: str, raw: str) -> float:
     return value
 
 
+def _parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"Unable to use {name}={raw!r}: expected seconds (a positive number)")
+    return value
+
+
 def _parse_list(name: str, raw: str) -> frozenset[str] | None:
     items = frozenset(p.strip() for p in raw.split(",") if p.strip())
     return items or None
@@ -79,6 +89,8 @@ class _Knobs:
                         "Deny-list of plugin names (comma separated).")
     daemon_knob = Knob("KREG_DAEMON", lambda: None, lambda n, r: r.strip() or None,
                        "Socket path of the dispatch daemon, or 1 for the default path.")
+    daemon_timeout_knob = Knob("KREG_DAEMON_TIMEOUT", lambda: 0.5, _parse_seconds,
+                               "Seconds a client waits for the daemon before selecting locally.")
     check_knob = Knob("KREG_CHECK", lambda: 0.0, _parse_fraction,
                       "Fraction of dispatches re-run through the reference and compared.")
 
@@ -103,12 +115,16 @@ class _Knobs:
         return self.daemon_knob.get()
 
     @property
+    def daemon_timeout(self) -> float:
+        return self.daemon_timeout_knob.get()
+
+    @property
     def check(self) -> float:
         return self.check_knob.get()
 
     def all(self) -> list[Knob[object]]:
         return [self.home_knob, self.strict_knob, self.plugins_knob, self.disable_knob,
-                self.daemon_knob, self.check_knob]  # type: ignore[list-item]
+                self.daemon_knob, self.daemon_timeout_knob, self.check_knob]  # type: ignore[list-item]
 
 
 knobs = _Knobs()
