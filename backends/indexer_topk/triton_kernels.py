@@ -30,8 +30,9 @@ row, 4 with several, 1 when max_keys <= k:
    keys ``== T`` in position order, written in position order (running prefix sums). Three
    tiers: the candidates fit the register tile ``CAND_TILE``; they fit the buffer (searched and
    placed ``CAND_TILE`` at a time); or there are more than ``CAND_CAP`` (tie-heavy rows: all
-   equal, a few repeated values) and the buffer is not trusted: the same search and placement
-   run over the row itself, reading the groups whose maximum reaches the probe. Exact in every
+   equal, a few repeated values) and the buffer is not trusted: the same search (four-way,
+   three probes a pass) and placement run over the row itself, reading the groups whose
+   maximum reaches the probe. Exact in every
    tier; the buffer is never silently truncated. Rows with ``length <= k`` take the fast path
    (positions ``0..length-1`` then -1); stages 1-2 return at once for them.
 
@@ -468,6 +469,28 @@ def _count_gt_mem(ptr, n, t, CH: tl.constexpr):
 
 
 @triton.jit
+def _count3_ge_row(src, gsrc, length, t1, t2, t3, GS: tl.constexpr, GB: tl.constexpr):
+    """#(valid keys >= t) for t1 <= t2 <= t3 in one pass, reading groups whose maximum >= t1."""
+    g_off = tl.arange(0, GB)
+    j = tl.arange(0, GS)
+    c1 = tl.full([], 0, tl.int32)
+    c2 = tl.full([], 0, tl.int32)
+    c3 = tl.full([], 0, tl.int32)
+    for c0 in range(0, length, GB * GS):
+        gidx = c0 // GS + g_off
+        gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
+        act = gval >= t1
+        if tl.sum(act.to(tl.int32), axis=0) > 0:
+            pos = c0 + g_off[:, None] * GS + j[None, :]
+            m = act[:, None] & (pos < length)
+            key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
+            c1 += tl.sum(tl.sum((m & (key >= t1)).to(tl.int32), axis=1), axis=0)
+            c2 += tl.sum(tl.sum((m & (key >= t2)).to(tl.int32), axis=1), axis=0)
+            c3 += tl.sum(tl.sum((m & (key >= t3)).to(tl.int32), axis=1), axis=0)
+    return c1, c2, c3
+
+
+@triton.jit
 def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr):
     """#(valid keys >= t) of a row, reading only groups whose maximum is >= t."""
     g_off = tl.arange(0, GB)
@@ -555,12 +578,16 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
                 hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
             lo64 = lb.to(tl.int64)
             hi64 = hi32.to(tl.int64)
+            # Four-way search (three probes a pass over the row: the pass is memory-bound).
             while lo64 < hi64:
-                mid = lo64 + (hi64 - lo64 + 1) // 2
-                c = _count_ge_row(src, gsrc, length, mid.to(tl.int32), GS, GB)
-                ge = c >= k
-                lo64 = tl.where(ge, mid, lo64)
-                hi64 = tl.where(ge, hi64, mid - 1)
+                step = (hi64 - lo64 + 4) // 4
+                p1 = tl.minimum(lo64 + step, hi64 + 1).to(tl.int32)
+                p2 = tl.minimum(lo64 + 2 * step, hi64 + 1).to(tl.int32)
+                p3 = tl.minimum(lo64 + 3 * step, hi64 + 1).to(tl.int32)
+                c1, c2, c3 = _count3_ge_row(src, gsrc, length, p1, p2, p3, GS, GB)
+                js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
+                lo64 = lo64 + js * step
+                hi64 = tl.minimum(hi64, lo64 + step - 1)
             t = lo64.to(tl.int32)
             # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
             need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB)
