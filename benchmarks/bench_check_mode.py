@@ -124,6 +124,48 @@ def run(op: str, device: str, small: bool, reps: int, batch: int) -> list[dict[s
     return rows
 
 
+def host_overhead(n: int = 20_000, reps: int = 7) -> list[tuple[str, float]]:
+    """ns per dispatch of a no-op kernel on CPU tensors: the observer machinery alone."""
+    import torch
+
+    class Noop:
+        @hookimpl
+        def kreg_implementations(self) -> list[Implementation]:
+            return [Implementation(op="sparse_prefill", name="noop.sparse_prefill", priority=2000,
+                                   configurable=False, kernel=lambda q, k, v, idx, **kw: q)]
+
+    registry.register_plugin(Noop(), "noop")
+    q, k, v = torch.zeros(4, 2, 8), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8)
+    idx = torch.zeros(4, 4, dtype=torch.int32)
+
+    def batch() -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            registry.dispatch("sparse_prefill", q, k, v, idx)
+        return (time.perf_counter_ns() - t0) / n
+
+    modes: dict[str, Callable[[], Any]] = {
+        "rate 0 (no observer)": lambda: observe.check(0.0),
+        "rate 1e-9 (observer, never sampled)": lambda: observe.check(1e-9, seed=0),
+        "recorder on, rate 0": lambda: observe.check(0.0),
+    }
+    out: dict[str, list[float]] = {m: [] for m in modes}
+    try:
+        batch()
+        for _ in range(reps):
+            for mode, enter in modes.items():
+                enter()
+                if mode.startswith("recorder"):
+                    with registry.record():
+                        out[mode].append(batch())
+                else:
+                    out[mode].append(batch())
+    finally:
+        observe.check(0.0)
+        registry.unregister_plugin("noop")
+    return [(m, statistics.median(v)) for m, v in out.items()]
+
+
 def main() -> None:
     import torch
 
@@ -165,6 +207,12 @@ def main() -> None:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print()
+    print("# host overhead: a no-op implementation on CPU tensors, ns per dispatch (median)")
+    print("| mode | ns/dispatch |")
+    print("|---|---|")
+    for mode, ns in host_overhead():
+        print(f"| {mode} | {ns:.0f} |")
     observe.reset_stats()  # nothing to persist from a benchmark
 
 

@@ -236,7 +236,9 @@ class _State:
         self.rng = random.Random(0)
         self.explicit = False  # check() was called: KREG_CHECK no longer decides the rate
         self.recorders: list[list[Launch]] = []
-        self.counters: dict[tuple[Any, ...], Counter] = {}
+        self.counters: dict[tuple[Any, ...], _Count] = {}
+        self.by_decision: dict[int, tuple[Decision, _Count]] = {}
+        self.launches: dict[int, tuple[Decision, Launch]] = {}
         self.violations: deque[Violation] = deque(maxlen=MAX_VIOLATIONS_KEPT)
         self.seq = 0
         self.logged: set[tuple[Any, ...]] = set()
@@ -269,11 +271,17 @@ def _hub(decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], resu
     """The one observer this module installs; see the module docstring."""
     st = _state
     if st.recorders:
-        launch = Launch(decision.op, decision.implementation,
-                        MappingProxyType(dict(decision.config or {})),
-                        MappingProxyType(dict(decision.workload)), decision.fallback)
+        launch = st.launches.get(id(decision))
+        if launch is None or launch[0] is not decision:
+            if len(st.launches) >= 4096:
+                st.launches.clear()
+            # immutable: one record per decision, shared by every dispatch that it served
+            launch = st.launches[id(decision)] = (decision, Launch(
+                decision.op, decision.implementation,
+                MappingProxyType(dict(decision.config or {})),
+                MappingProxyType(dict(decision.workload)), decision.fallback))
         for launches in list(st.recorders):
-            launches.append(launch)
+            launches.append(launch[1])
     if st.rate > 0.0 and not getattr(_local, "busy", False):
         _local.busy = True  # a reference that dispatches must not be checked recursively
         try:
@@ -282,13 +290,44 @@ def _hub(decision: Decision, args: tuple[Any, ...], kwargs: dict[str, Any], resu
             _local.busy = False
 
 
-def _counter(decision: Decision) -> Counter:
+class _Count:
+    """The mutable counters behind a :class:`Counter` (plain slots: bumped on every observed
+    dispatch, where a pydantic ``__setattr__`` would cost more than the rest of the hub)."""
+
+    __slots__ = ("checked", "config", "dispatches", "errors", "implementation", "last_violation",
+                 "last_workload", "op", "skipped", "violations")
+
+    def __init__(self, op: str, implementation: str, config: dict[str, Any] | None) -> None:
+        self.op, self.implementation, self.config = op, implementation, config
+        self.dispatches = self.checked = self.violations = self.errors = self.skipped = 0
+        self.last_violation: str | None = None
+        self.last_workload: dict[str, Any] | None = None
+
+    def snapshot(self) -> Counter:
+        return Counter(op=self.op, implementation=self.implementation,
+                       config=None if self.config is None else dict(self.config),
+                       dispatches=self.dispatches, checked=self.checked,
+                       violations=self.violations, errors=self.errors, skipped=self.skipped,
+                       last_violation=self.last_violation,
+                       last_workload=None if self.last_workload is None
+                       else dict(self.last_workload))
+
+
+def _counter(decision: Decision) -> _Count:
+    # Decisions are long-lived (the registry keeps one per dispatch key): look the counter up by
+    # identity first, holding the decision so that its id cannot be reused while cached.
+    hit = _state.by_decision.get(id(decision))
+    if hit is not None and hit[0] is decision:
+        return hit[1]
     cfg = decision.config
     key = (decision.op, decision.implementation, tuple(cfg.items()) if cfg else ())
     c = _state.counters.get(key)
     if c is None:
-        c = _state.counters[key] = Counter(op=decision.op, implementation=decision.implementation,
-                                           config=dict(cfg) if cfg is not None else None)
+        c = _state.counters[key] = _Count(decision.op, decision.implementation,
+                                          dict(cfg) if cfg is not None else None)
+    if len(_state.by_decision) >= 4096:
+        _state.by_decision.clear()
+    _state.by_decision[id(decision)] = (decision, c)
     return c
 
 
@@ -470,7 +509,7 @@ def stats() -> Stats:
     """A snapshot of this process's check-mode counters."""
     with _state.lock:
         return Stats(pid=os.getpid(), rate=_state.rate, seed=_state.seed, updated=_state.updated,
-                     counters=[c.model_copy(deep=True) for c in _state.counters.values()])
+                     counters=[c.snapshot() for c in _state.counters.values()])
 
 
 def violations() -> list[Violation]:
@@ -483,6 +522,7 @@ def reset_stats() -> None:
     """Forget this process's counters and violations (the persisted entry is left as is)."""
     with _state.lock:
         _state.counters.clear()
+        _state.by_decision.clear()
         _state.violations.clear()
         _state.logged.clear()
         _state.dirty = False
