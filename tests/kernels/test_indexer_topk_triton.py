@@ -244,3 +244,26 @@ def test_bench_parse_geometry():
         "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "SEARCH_BITS": 2}
     with pytest.raises(Exception, match="SLICE_KEYSxMAX_SLICESxWARPS"):
         parse_geometry("1024x64")
+
+
+# ------------------------------------------------------------------------------ property test
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 4), n=st.integers(1, 700), k=st.sampled_from([1, 5, 16, 40]),
+       kind=st.sampled_from(["random", "ties", "zeros", "special", "lowbits"]),
+       geom=st.sampled_from(sorted(SMALL)), seed=st.integers(0, 2 ** 16),
+       data=st.data())
+def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
+    lengths = torch.tensor(data.draw(st.lists(st.integers(-2, n), min_size=rows, max_size=rows)),
+                           dtype=torch.int32, device=DEV)
+    scores = make_scores(kind, rows, n, seed=seed)
+    cfg = dict(SMALL[geom])
+    cfg["CAND_CAP"] = max(cfg["CAND_CAP"], k)
+    cfg["CAND_TILE"] = min(cfg["CAND_TILE"], cfg["CAND_CAP"])
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
