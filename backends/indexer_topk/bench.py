@@ -250,10 +250,10 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
             click.echo(f"{r['case']}  (baseline {r['baseline']})")
             for n, e in r["providers"].items():
                 if "error" in e:
-                    click.echo(f"  {n:<28} ERROR {e['error'][:100]}")
+                    click.echo(f"  {n:<36} ERROR {e['error'][:100]}")
                     continue
                 chk = e.get("check") or ("exact" if e.get("exact") else "MISMATCH")
-                click.echo(f"  {n:<28} {e.get('us', float('nan')):>10.1f} us  "
+                click.echo(f"  {n:<36} {e.get('us', float('nan')):>10.1f} us  "
                            f"x{e.get('ratio', float('nan')):<7} {chk}")
                 for m in e.get("mismatches", []):
                     click.echo(f"      {m}")
