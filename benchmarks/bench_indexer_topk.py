@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backends.indexer_topk.bench import bench_command  # noqa: E402
+from backends.indexer_topk.bench import bench_command
 
 if __name__ == "__main__":
     bench_command(prog_name="bench_indexer_topk.py")

@@ -130,7 +130,6 @@ def topk_mismatches(got: Any, want: Any, *, limit: int = 8) -> list[str]:
     the other lacks ("missed"/"extra"), so a wrong member, a swapped pair and a wrong order are
     all reported. At most ``limit`` rows are described.
     """
-    import torch
 
     if tuple(got.shape) != tuple(want.shape):
         return [f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"]

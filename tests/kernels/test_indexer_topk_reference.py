@@ -11,7 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.indexer_topk.reference import (  # noqa: E402
-    indexer_topk_reference, score_keys, topk_mismatches, topk_to_slots)
+    indexer_topk_reference,
+    score_keys,
+    topk_mismatches,
+    topk_to_slots,
+)
 from registry.errors import WorkloadError  # noqa: E402
 
 
