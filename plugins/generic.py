@@ -39,9 +39,12 @@ def _table(f: DeviceFacts, w: Workload) -> dict[str, int]:
     return sparse_prefill_table_config(w.group_size, w.total_q)  # type: ignore[attr-defined]
 
 
-# The portable radix geometry: a slice per 4,096 keys keeps long rows parallel without
-# flooding short ones; see backends/indexer_topk for the keys.
-INDEXER_TOPK_RADIX_CONFIG: dict[str, int] = {"SLICE_KEYS": 4096, "MAX_SLICES": 64, "num_warps": 4}
+def _radix(f: DeviceFacts, w: Workload) -> dict[str, int]:
+    # The shape-dependent default: enough slices to give the device ~2 programs per
+    # multiprocessor, groups sized so a row has ~2k group maxima (backends/indexer_topk/config.py).
+    from backends.indexer_topk.config import default_config
+
+    return default_config(w.num_rows, w.max_keys, w.k, max(1, f.sm_count))  # type: ignore[attr-defined]
 
 
 @hookimpl
@@ -53,7 +56,7 @@ def kreg_implementations() -> list[Implementation]:
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="portable Triton kernel, geometry from the total_q table"),
         Implementation(op="indexer_topk", name="generic.indexer_topk_radix", priority=PRIORITY,
-                       requirements=(triton_runtime(),), config=INDEXER_TOPK_RADIX_CONFIG,
+                       requirements=(triton_runtime(),), config=_radix,
                        kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
                        description="portable sliced radix select, exact"),
     ]

@@ -126,12 +126,12 @@ def record() -> Any:
     return _record()
 
 
-def check(rate: float) -> Any:
+def check(rate: float, seed: int | None = None) -> Any:
     """Re-run a sampled fraction of dispatches through the op's reference and compare (also a
     context manager restoring the previous rate); see ``KREG_CHECK``."""
     from registry._observe import check as _check
 
-    return _check(rate)
+    return _check(rate, seed=seed)
 
 
 def stats() -> Any:

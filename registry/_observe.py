@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from registry._knobs import knobs
-from registry.errors import ConfigError, KregError, StrictModeError
+from registry.errors import CheckViolationError, ConfigError, KregError
 
 if TYPE_CHECKING:
     from registry._decision import Decision
@@ -81,14 +81,6 @@ STATS_SCHEMA_VERSION = 1
 PERSIST_INTERVAL_S = 1.0
 MAX_PERSISTED_PROCESSES = 64  # the file keeps the most recently updated processes
 MAX_VIOLATIONS_KEPT = 256
-
-
-class CheckViolationError(StrictModeError, AssertionError):
-    """Check mode found a kernel result outside the op's bound, and ``KREG_STRICT=1`` is set.
-
-    A :class:`~registry.errors.StrictModeError` (strict mode refused to carry on) and an
-    ``AssertionError`` (what a test runner reports as a failed check).
-    """
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ caller would already catch::
     ├── NoEligibleImplementationError (RuntimeError)
     │                                       nothing can run this workload (the message has the trace)
     ├── StrictModeError (RuntimeError)      KREG_STRICT=1 refused an override fallback or a fallback
-    │                                       to the torch reference
+    │   │                                   to the torch reference
+    │   └── CheckViolationError (AssertionError)
+    │                                       check mode found a kernel outside its op's bound
     ├── KernelUnavailableError (NotImplementedError)
     │                                       the selected implementation has no kernel on this install
     ├── PluginError (RuntimeError)          a plugin failed to import or its hook raised
@@ -27,6 +29,7 @@ Messages name the object, the rule it broke, and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "CheckViolationError",
     "ConfigError",
     "DaemonError",
     "KernelUnavailableError",
@@ -77,6 +80,10 @@ class NoEligibleImplementationError(KregError, RuntimeError):
 
 class StrictModeError(KregError, RuntimeError):
     """``KREG_STRICT=1`` turned a fallback (override not honoured, torch reference) into an error."""
+
+
+class CheckViolationError(StrictModeError, AssertionError):
+    """Check mode under ``KREG_STRICT=1``: a dispatch's result is outside its op's bound."""
 
 
 class KernelUnavailableError(KregError, NotImplementedError):

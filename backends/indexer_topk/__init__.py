@@ -51,6 +51,9 @@ def call_key(scores: Any, lengths: Any, k: int = 2048, **unknown: Any) -> tuple[
 
 SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
               reference="reference.indexer_topk", error_bound=lambda dtype: 0.0,
+              tuner="backends.indexer_topk.tuning",
+              compare="backends.indexer_topk.compare:compare",
+              conformance="backends.indexer_topk.conformance",
               doc=(__doc__ or "").strip().splitlines()[0])
 
 

@@ -80,134 +80,19 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from registry.errors import ConfigError, WorkloadError
+from registry.errors import WorkloadError
 
 __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
            "scratch_bytes_per_row", "validate_config"]
 
-DEFAULT_CONFIG: dict[str, int] = {
-    "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
-    "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
-    "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
-}
-_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP")
-_WARPS = (1, 2, 4, 8, 16, 32)
-
-
-def _pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def default_config(num_rows: int, max_keys: int, k: int = 2048,
-                   sm_count: int = 132) -> dict[str, int]:
-    """The config measured best on the H200 for a workload shape: GROUP so that a row has about
-    2k groups (the bound is then about the median group maximum), enough slices to give the
-    device ~2 programs an SM (at most 64, at least 2048 keys a slice), CAND_TILE >= 2k and
-    CAND_CAP >= 8k."""
-    cfg = dict(DEFAULT_CONFIG)
-    n = max(max_keys, 1)
-    cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
-    want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
-    slices = min(64, want, max(1, n // 2048))
-    per_slice = _cdiv(n, slices)
-    # Measured on the H200 (docs/notes/indexer_topk.md): one slice a row (many rows) wants
-    # 2048-key steps at 4 warps; several slices a row want steps up to 8192 keys at 8 warps.
-    step = 2048 if slices == 1 else 8192
-    cfg["num_warps"] = 4 if slices == 1 else 8
-    cfg["GROUP_BLOCK"] = max(1, min(step, _next_pow2(per_slice)) // cfg["GROUP"])
-    block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
-    cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
-    cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
-    cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
-    cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
-    return cfg
-
-
-def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
-    """Raise :class:`ConfigError` naming the key, the rule and the fix."""
-    if not isinstance(config, dict):
-        raise ConfigError(f"indexer_topk config must be a dict of ints; got "
-                          f"{type(config).__name__}; pass e.g. {DEFAULT_CONFIG}")
-    unknown = sorted(set(config) - set(DEFAULT_CONFIG))
-    if unknown:
-        raise ConfigError(f"indexer_topk config has unknown key(s) {unknown}; known keys: "
-                          f"{sorted(DEFAULT_CONFIG)}; remove them")
-    cfg = {**DEFAULT_CONFIG, **config}
-    for key, val in cfg.items():
-        if not isinstance(val, int) or isinstance(val, bool):
-            raise ConfigError(f"indexer_topk config {key}={val!r}: must be an int; "
-                              f"use e.g. {DEFAULT_CONFIG[key]}")
-    for key in _POW2_KEYS:
-        if not _pow2(cfg[key]):
-            raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be a power of two; "
-                              f"use {_next_pow2(cfg[key])}")
-    for key in ("num_warps", "SEARCH_WARPS"):
-        if cfg[key] not in _WARPS:
-            raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be one of {_WARPS}; "
-                              "use 4 or 8")
-    if not 2 <= cfg["GROUP"] <= 256:
-        raise ConfigError(f"indexer_topk config GROUP={cfg['GROUP']}: must be in [2, 256]; "
-                          "use 16 (or max_keys / 8192 for very long rows)")
-    if cfg["GROUP"] * cfg["GROUP_BLOCK"] > 65536:
-        raise ConfigError(f"indexer_topk config GROUP*GROUP_BLOCK="
-                          f"{cfg['GROUP'] * cfg['GROUP_BLOCK']}: must be <= 65536 keys per "
-                          "inner step; lower GROUP_BLOCK")
-    if cfg["SLICE_KEYS"] < 1:
-        raise ConfigError(f"indexer_topk config SLICE_KEYS={cfg['SLICE_KEYS']}: must be >= 1; "
-                          "use 1024")
-    if not 1 <= cfg["MAX_SLICES"] <= 1024:
-        raise ConfigError(f"indexer_topk config MAX_SLICES={cfg['MAX_SLICES']}: must be in "
-                          "[1, 1024]; use 64")
-    if cfg["CAND_CAP"] < k:
-        raise ConfigError(f"indexer_topk config CAND_CAP={cfg['CAND_CAP']}: must be >= k ({k}); "
-                          f"use {max(16384, _next_pow2(8 * k))}")
-    if cfg["CAND_TILE"] > cfg["CAND_CAP"]:
-        raise ConfigError(f"indexer_topk config CAND_TILE={cfg['CAND_TILE']}: must be <= "
-                          f"CAND_CAP ({cfg['CAND_CAP']}); lower CAND_TILE or raise CAND_CAP")
-    if cfg["CAND_TILE"] > 65536 or cfg["BOUND_TILE"] > 65536:
-        raise ConfigError("indexer_topk config CAND_TILE and BOUND_TILE: must be <= 65536 "
-                          "(register tiles); lower them")
-    if cfg["SEARCH_BITS"] not in (1, 2):
-        raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
-                          "(halving) or 2 (four-way, one packed reduction a step); use 1")
-    if cfg["SPARSE"] not in (0, 1, 2):
-        raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 2 reads "
-                          "every key), 1 (only groups reaching the bound) or 2 (active-group "
-                          "list); use 1")
-    if cfg["BOUND_PASS"] not in (-1, 0, 1):
-        raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
-                          "(automatic), 0 (each slice program finds the bound) or 1 (a launch "
-                          "of its own); use -1")
-    if max_keys < 0:
-        raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
-
-
-def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
-    """Resolved launch geometry: slices, slice_len, groups, block."""
-    cfg = {**DEFAULT_CONFIG, **config}
-    block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
-    n = max(int(max_keys), 1)
-    s0 = max(1, min(cfg["MAX_SLICES"], _cdiv(n, cfg["SLICE_KEYS"])))
-    slice_len = _cdiv(_cdiv(n, s0), block) * block
-    slices = _cdiv(n, slice_len)
-    groups = _cdiv(n, cfg["GROUP"])
-    return {"slices": slices, "slice_len": slice_len, "groups": groups, "block": block}
-
-
-def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
-    cfg = {**DEFAULT_CONFIG, **config}
-    p = plan(cfg, max_keys)
-    extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
-    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
-
+from backends.indexer_topk.config import (
+    DEFAULT_CONFIG,
+    _next_pow2,
+    default_config,
+    plan,
+    scratch_bytes_per_row,
+    validate_config,
+)
 
 # ----------------------------------------------------------------------------------- kernels
 

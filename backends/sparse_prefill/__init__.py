@@ -122,6 +122,8 @@ def _shape(x: Any) -> str:
 SPEC = OpSpec(name=OP, workload_model=SparsePrefillWorkload, call_key=call_key,
               reference="reference.sparse_prefill", error_bound=error_bound,
               tuner="backends.sparse_prefill.tuning",
+              compare="backends.sparse_prefill.compare:compare",
+              conformance="backends.sparse_prefill.conformance",
               doc=(__doc__ or "").strip().splitlines()[0])
 
 
