@@ -70,7 +70,11 @@ def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
     spec = reg.ops.get(op)
     if spec is None:
         reg.spec(op)  # raises UnknownOpError listing the known ops
-    key = spec.call_key(*args, **kwargs)  # type: ignore[union-attr]
+    try:
+        key = spec.call_key(*args, **kwargs)  # type: ignore[union-attr]
+    except TypeError as exc:  # an unknown keyword or a missing argument
+        raise errors.WorkloadError(f"{op}: {exc}; see `kreg ops` for the call's arguments") \
+            from None
     fn = reg.dispatch_map.get(key)
     if fn is None:
         fn = reg.dispatch_miss(op, key)
@@ -84,7 +88,10 @@ def select(op: str, workload: Mapping[str, Any] | Workload,
     """The decision for ``workload`` on ``device`` (DeviceFacts, a profile name, or None for this
     machine's current device), with every candidate's verdicts. Raises a ``KregError`` subclass
     for an unknown op, an invalid workload, or when nothing can run it."""
-    return (_r._default or get_registry()).select(op, workload, device)
+    reg = _r._default
+    if reg is None:
+        reg = get_registry()
+    return reg.select(op, workload, device)
 
 
 def probe() -> DeviceFacts:

@@ -197,6 +197,7 @@ def _adopt(report: AgreeReport, rank0: dict[str, Choice]) -> None:
                     reg.last_decisions[rkey] = adopted
                 else:
                     reg._decisions[rkey] = adopted.model_copy(update={"cached": True})
+                    reg._lru.cache_clear()  # the next select() finds the pinned decision
             report.pinned += 1
 
 

@@ -19,7 +19,7 @@ import importlib.metadata
 import logging
 import os
 import threading
-from collections import OrderedDict
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,7 +68,8 @@ class PluginRecord:
 class Registry:
     """One registry of ops and implementations. ``registry.*`` functions use a process default."""
 
-    def __init__(self, *, load_entry_points: bool = True) -> None:
+    def __init__(self, *, load_entry_points: bool = True,
+                 decision_cache_size: int = DECISION_CACHE_SIZE) -> None:
         self._lock = threading.RLock()
         self.pm = pluggy.PluginManager("kreg")
         self.pm.add_hookspecs(hookspecs)
@@ -80,7 +81,12 @@ class Registry:
         self._env_overrides: dict[str, str | None] = {}
         self._env_strict = False
         self._strict_set: bool | None = None  # set through the property; wins over KREG_STRICT
-        self._decisions: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
+        # select(): a C LRU for hits; _decisions keeps the made decisions (bounded, oldest out)
+        # for registry.agree() to list and pin; _FRESH.fresh hands a miss's own decision back.
+        self.decision_cache_size = decision_cache_size
+        self._lru = functools.lru_cache(maxsize=decision_cache_size)(self._lru_miss)
+        self._decisions: dict[tuple[Any, ...], Decision] = {}
+        self._override_now: dict[str, str | None] = {}
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
         # Called with (decision, args, kwargs, run) around each dispatch when non-empty: the
@@ -223,6 +229,8 @@ class Registry:
         with self._lock:
             self._env_overrides = {op: os.environ.get(select_override_var(op)) for op in self.ops}
             self._env_strict = knobs.strict
+            self._override_now = {op: self._override_value(op) for op in self.ops}
+            self._lru.cache_clear()
             self._decisions.clear()
             self.dispatch_map.clear()
             self.last_decisions.clear()
@@ -330,44 +338,52 @@ class Registry:
 
     def select(self, op: str, workload: Mapping[str, Any] | Workload,
                device: DeviceFacts | str | None = None) -> Decision:
-        # The hit path: a key from what the caller passed, one LRU lookup. A profile name stands
-        # for its (immutable) facts; DeviceFacts are keyed by fingerprint; None by this machine's
-        # probed facts.
-        if device.__class__ is str:
-            dkey: Any = device
-        else:
-            dkey = self.resolve_device(device).fingerprint  # type: ignore[arg-type]
-        stack = self._context_overrides.get(op)
-        raw = stack[-1] if stack else self._env_overrides.get(op)
+        # The hit path: a key from what the caller passed, one lookup in a C-implemented LRU
+        # (functools.lru_cache). A profile name stands for its (immutable) facts; DeviceFacts
+        # hash by fingerprint; None means this machine's probed facts (one object per device).
         try:
-            key = (op, dkey, tuple(workload.items()), raw)  # type: ignore[union-attr]
-            hit = self._decisions.get(key)
+            hit = self._lru(op, device if device is not None else self.resolve_device(None),
+                            tuple(workload.items()),  # type: ignore[union-attr]
+                            self._override_now.get(op))
         except (AttributeError, TypeError):  # a Workload model, or unhashable values
-            key = None
-            hit = None
-        if hit is not None:
-            self._decisions.move_to_end(key)
-            return hit
-        return self._select_miss(op, workload, device, key)
+            return self._select_slow(op, workload, device)
+        if _FRESH.fresh is None:
+            return hit  # type: ignore[no-any-return]
+        fresh, _FRESH.fresh = _FRESH.fresh, None  # this call missed: return what it just made
+        return fresh  # type: ignore[no-any-return]
 
-    def _select_miss(self, op: str, workload: Mapping[str, Any] | Workload,
-                     device: DeviceFacts | str | None, key: tuple[Any, ...] | None) -> Decision:
+    def _lru_miss(self, op: str, dkey: Any, items: tuple[Any, ...], raw: str | None) -> Decision:
+        key = (op, dkey, items, raw)
+        known = self._decisions.get(key)  # pinned by registry.agree(), or evicted from the LRU
+        if known is not None:
+            return known
+        facts = self.resolve_device(dkey)
+        decision = self._decide(op, facts, make_workload(self.spec(op).workload_model,
+                                                         dict(items)), self._override_raw(op))
+        cached = decision.model_copy(update={"cached": True})
+        with self._lock:
+            self._decisions[key] = cached
+            while len(self._decisions) > self.decision_cache_size:
+                self._decisions.pop(next(iter(self._decisions)))
+        _FRESH.fresh = decision
+        return cached
+
+    def _select_slow(self, op: str, workload: Mapping[str, Any] | Workload,
+                     device: DeviceFacts | str | None) -> Decision:
+        """Workload models and unhashable mappings: validated first, then cached by value."""
         spec = self.spec(op)
         facts = self.resolve_device(device)
         if isinstance(workload, Workload):
-            key = (op, facts.fingerprint, (type(workload), workload.key()),
-                   self._override_value(op))
-            hit = self._decisions.get(key)
-            if hit is not None:
-                return hit
-        wl = make_workload(spec.workload_model, workload)
-        decision = self._decide(op, facts, wl, self._override_raw(op))
-        if key is not None:
-            with self._lock:
-                self._decisions[key] = decision.model_copy(update={"cached": True})
-                while len(self._decisions) > DECISION_CACHE_SIZE:
-                    self._decisions.popitem(last=False)
-        return decision
+            if not isinstance(workload, spec.workload_model):
+                make_workload(spec.workload_model, workload)  # raises, naming both types
+            items = tuple(workload.model_dump().items())
+        else:
+            items = tuple(make_workload(spec.workload_model, workload).model_dump().items())
+        hit = self._lru(op, facts, items, self._override_now.get(op))
+        if _FRESH.fresh is None:
+            return hit  # type: ignore[no-any-return]
+        fresh, _FRESH.fresh = _FRESH.fresh, None
+        return fresh  # type: ignore[no-any-return]
 
     def _override_value(self, op: str) -> str | None:
         stack = self._context_overrides.get(op)
@@ -458,6 +474,14 @@ class Registry:
                 self.last_decisions.pop(next(iter(self.last_decisions)))
             self.last_decisions[key] = decision
         return fn
+
+
+class _Fresh(threading.local):
+    fresh: Decision | None = None
+
+
+# Per thread: the decision a select() miss just made (the LRU stores its cached copy).
+_FRESH = _Fresh()
 
 
 _default: Registry | None = None

@@ -33,10 +33,8 @@ class IndexerTopkWorkload(Workload):
 _DTYPES: dict[Any, str] = {}
 
 
-def call_key(scores: Any, lengths: Any, k: int = 2048, **unknown: Any) -> tuple[Any, ...]:
+def call_key(scores: Any, lengths: Any, k: int = 2048) -> tuple[Any, ...]:
     """``(op, device index, k, num_rows, max_keys, dtype)``; never reads device memory."""
-    if unknown:
-        raise WorkloadError(f"indexer_topk got unknown keyword(s) {sorted(unknown)}; accepted: k")
     try:
         rows, keys = scores.shape
     except (AttributeError, ValueError):

@@ -188,13 +188,18 @@ def test_registering_a_plugin_or_an_override_invalidates(bare: registry.Registry
     assert bare.select("indexer_topk", TOPK, "h200").implementation == "new.x"
 
 
-def test_cache_is_bounded(bare: registry.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry import _registry
-
-    monkeypatch.setattr(_registry, "DECISION_CACHE_SIZE", 8)
-    for k in range(1, 30):
-        bare.select("indexer_topk", {**TOPK, "k": k}, "h200")
-    assert len(bare._decisions) == 8
+def test_cache_is_a_bounded_lru() -> None:
+    reg = registry.Registry(load_entry_points=False, decision_cache_size=8)
+    reg.register_plugin(indexer_op, "indexer_topk")
+    reg.register_plugin(reference_plugin, "reference")
+    first = reg.select("indexer_topk", {**TOPK, "k": 1}, "h200")
+    for k in range(2, 30):
+        reg.select("indexer_topk", {**TOPK, "k": 1}, "h200")  # keeps k=1 the most recent
+        reg.select("indexer_topk", {**TOPK, "k": k}, "h200")
+    assert reg._lru.cache_info().currsize == 8 and len(reg._decisions) <= 8
+    again = reg.select("indexer_topk", {**TOPK, "k": 1}, "h200")
+    assert again.cached and again.implementation == first.implementation
+    assert reg.select("indexer_topk", {**TOPK, "k": 2}, "h200").cached is False  # evicted
 
 
 @pytest.mark.parametrize("change,field", [
