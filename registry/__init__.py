@@ -67,11 +67,11 @@ def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
     reg = _r._default
     if reg is None:
         reg = get_registry()
-    spec = reg.ops.get(op)
-    if spec is None:
+    call_key = reg.call_keys.get(op)
+    if call_key is None:
         reg.spec(op)  # raises UnknownOpError listing the known ops
     try:
-        key = spec.call_key(*args, **kwargs)  # type: ignore[union-attr]
+        key = call_key(*args, **kwargs)  # type: ignore[misc]
     except TypeError as exc:  # an unknown keyword or a missing argument
         raise errors.WorkloadError(f"{op}: {exc}; see `kreg ops` for the call's arguments") \
             from None

@@ -75,6 +75,7 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginRecord] = {}
         self.ops: dict[str, OpSpec] = {}
+        self.call_keys: dict[str, Callable[..., tuple[Any, ...]]] = {}
         self.impls: dict[str, dict[str, Implementation]] = {}
         self.generation = 0
         self._context_overrides: dict[str, list[str]] = {}
@@ -203,6 +204,7 @@ class Registry:
                 owner[impl.name] = name
                 self.plugins[name].implementations.append(impl.name)
         self.ops, self.impls = ops, impls
+        self.call_keys = {name: spec.call_key for name, spec in ops.items()}
         self._facts.clear()
         self.invalidate()
 
