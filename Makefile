@@ -19,11 +19,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check registry backends plugins cli.py tests
+	$(BIN)/ruff check registry backends plugins cli.py tests benchmarks examples/demo.py
 	$(BIN)/mypy
 
 bench-select: $(STAMP)

@@ -7,6 +7,7 @@ profiles of devices nobody here has, so every policy can be explained and tested
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -145,7 +146,8 @@ def profiles() -> dict[str, DeviceFacts]:
     """``{name: DeviceFacts}`` of the shipped device profiles."""
     global _PROFILES
     if _PROFILES is None:
-        _PROFILES = {name: DeviceFacts(profile=name, **data) for name, data in _PROFILE_DATA.items()}
+        _PROFILES = {name: DeviceFacts(profile=name, **data)
+                     for name, data in _PROFILE_DATA.items()}
     return dict(_PROFILES)
 
 
@@ -169,10 +171,8 @@ def _probe_uncached(index: int, torch: Any) -> DeviceFacts:
         extra["triton_interpret"] = "1"
     if index < 0 or not torch.cuda.is_available():
         mem = 0
-        try:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            pass
         return DeviceFacts(vendor="cpu", name=platform.processor() or platform.machine() or "cpu",
                            arch="cpu", compute_capability=None, sm_count=os.cpu_count() or 1,
                            memory_bytes=mem, torch_version=torch_version,
@@ -244,4 +244,5 @@ def resolve_device(device: DeviceFacts | str | None) -> DeviceFacts:
                 f"unknown device profile {device!r}; known profiles: {', '.join(sorted(prof))} "
                 "(or pass DeviceFacts, or None for this machine)")
         return facts
-    raise ConfigError(f"device must be DeviceFacts, a profile name or None, not {type(device).__name__}")
+    raise ConfigError(f"device must be DeviceFacts, a profile name or None, not "
+                      f"{type(device).__name__}")

@@ -58,7 +58,8 @@ def format_decision(d: Decision, verbose: bool = False) -> str:
     if d.override is not None:
         o = d.override
         state = "honoured" if o.honoured else "NOT honoured"
-        lines.append(f"override: {o.source}={o.value} ({state}{': ' + o.reason if o.reason else ''})")
+        why = f": {o.reason}" if o.reason else ""
+        lines.append(f"override: {o.source}={o.value} ({state}{why})")
     else:
         lines.append("override: none")
     if d.cached or d.source != "local":

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from registry.errors import ConfigError
 
@@ -122,9 +122,9 @@ class _Knobs:
     def check(self) -> float:
         return self.check_knob.get()
 
-    def all(self) -> list[Knob[object]]:
+    def all(self) -> list[Knob[Any]]:
         return [self.home_knob, self.strict_knob, self.plugins_knob, self.disable_knob,
-                self.daemon_knob, self.daemon_timeout_knob, self.check_knob]  # type: ignore[list-item]
+                self.daemon_knob, self.daemon_timeout_knob, self.check_knob]
 
 
 knobs = _Knobs()

@@ -15,11 +15,11 @@ both caches and bumps ``generation``, which is equivalent and keeps the hit path
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import os
 import threading
-import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -216,7 +216,8 @@ class Registry:
     def plugin_fingerprint(self) -> str:
         import hashlib
 
-        parts = sorted(f"{op}:{n}:{i.priority}" for op, d in self.impls.items() for n, i in d.items())
+        parts = sorted(f"{op}:{n}:{i.priority}"
+                       for op, d in self.impls.items() for n, i in d.items())
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     # -----------------------------------------------------------------------------------------
@@ -253,8 +254,8 @@ class Registry:
     def spec(self, op: str) -> OpSpec:
         spec = self.ops.get(op)
         if spec is None:
-            raise UnknownOpError(f"unknown op {op!r}; known ops: "
-                                 f"{', '.join(sorted(self.ops)) or '(none loaded: see kreg plugins)'}")
+            known = ", ".join(sorted(self.ops)) or "(none loaded: see kreg plugins)"
+            raise UnknownOpError(f"unknown op {op!r}; known ops: {known}")
         return spec
 
     def implementations(self, op: str) -> list[Implementation]:
@@ -457,7 +458,7 @@ class Registry:
         return result
 
     def dispatch_miss(self, op: str, key: tuple[Any, ...]) -> Callable[..., Any]:
-        """Decide for a dispatch key ``(op, device index, *workload values)`` and bind the kernel."""
+        """Decide for a dispatch key ``(op, device index, *workload values)``; bind the kernel."""
         spec = self.spec(op)
         if not (isinstance(key, tuple) and len(key) >= 2 and key[0] == op):
             raise PluginError(f"op {op!r}: its call_key returned {key!r}; it must return "
@@ -510,4 +511,4 @@ def reset_registry(registry: Registry | None = None) -> Registry:
         return _default
 
 
-__all__ += ["reset_registry", "KregError"]
+__all__ += ["KregError", "reset_registry"]

@@ -25,8 +25,8 @@ from registry._workload import Workload
 
 __all__ = [
     "CAPABILITY",
-    "Check",
     "ENVELOPE",
+    "Check",
     "Requirement",
     "arch_in",
     "device_in",
@@ -230,7 +230,8 @@ def rows_per_request_at_least(minimum: int, kind: Kind = ENVELOPE) -> Requiremen
     req = f">= {minimum} on average"
 
     def fn(f: DeviceFacts, w: Workload) -> Verdict:
-        total, n = getattr(w, "total_q"), max(1, getattr(w, "num_requests"))
+        # The fields of workloads with a batch of requests (sparse_prefill's).
+        total, n = w.total_q, max(1, w.num_requests)  # type: ignore[attr-defined]
         avg = total / n
         shown = f"{avg:g}" if avg != int(avg) else str(int(avg))
         return total >= minimum * n, f"{shown} ({total} rows / {n} requests)", req
@@ -247,7 +248,7 @@ def grid_bound(factor: int = 2, kind: Kind = ENVELOPE) -> Requirement:
     req = f"max_q * num_requests <= {factor} * total_q"
 
     def fn(f: DeviceFacts, w: Workload) -> Verdict:
-        mq, n, t = getattr(w, "max_q"), getattr(w, "num_requests"), getattr(w, "total_q")
+        mq, n, t = w.max_q, w.num_requests, w.total_q  # type: ignore[attr-defined]
         return mq * n <= factor * t, f"{mq} * {n} = {mq * n} vs {factor} * {t} = {factor * t}", req
 
     return Requirement("grid_bound", kind, fn)

@@ -129,7 +129,8 @@ def select_pure(op: str, facts: DeviceFacts, workload: Workload,
                     for i, _, cs in assessed if i is target for c in cs) and not any(
                     c.kind == "capability" and not c.passed
                     for i, _, cs in assessed if i is target for c in cs):
-                why += f" (only envelope checks fail: {override.implementation}:measure would waive them)"
+                why += (f" (only envelope checks fail: {override.implementation}:measure would "
+                        "waive them)")
             info = OverrideInfo(value=override.value, source=override.source,
                                 implementation=override.implementation, measure=override.measure,
                                 honoured=False, reason=why)

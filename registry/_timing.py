@@ -33,7 +33,8 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
-        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        make = torch.cuda.Event
+        events = [[(make(enable_timing=True), make(enable_timing=True))  # type: ignore[no-untyped-call]
                    for _ in names] for _ in range(iters)]
         for it in range(iters):
             shift = it % len(names)

@@ -37,7 +37,8 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
          iters: int, plot: str | None, as_json: bool) -> None:
     """Sweep OP's valid configs on this device; write each point's winner to the store."""
     import registry
-    from registry._tune import load_tuner, tune as run_tune
+    from registry._tune import load_tuner
+    from registry._tune import tune as run_tune
     from registry.errors import KregError
 
     try:

@@ -5,20 +5,20 @@ caller would already catch::
 
     KregError
     ├── WorkloadError (ValueError)          a workload or call argument breaks an op's contract
-    ├── OverrideError (ValueError)          a malformed override value (KREG_SELECT_<OP>, override())
+    ├── OverrideError (ValueError)          a malformed override (KREG_SELECT_<OP>, override())
     ├── ConfigError (ValueError)            a bad environment setting or kernel config
     ├── UnknownOpError (LookupError)        no op of that name is registered
     ├── UnknownDeviceError (LookupError)    no device profile of that name
     ├── UnknownImplementationError (LookupError)
     │                                       no implementation of that name exists for the op
     ├── NoEligibleImplementationError (RuntimeError)
-    │                                       nothing can run this workload (the message has the trace)
+    │                                       nothing can run this workload (message: the trace)
     ├── StrictModeError (RuntimeError)      KREG_STRICT=1 refused an override fallback or a fallback
     │   │                                   to the torch reference
     │   └── CheckViolationError (AssertionError)
     │                                       check mode found a kernel outside its op's bound
     ├── KernelUnavailableError (NotImplementedError)
-    │                                       the selected implementation has no kernel on this install
+    │                                       the chosen implementation has no kernel installed
     ├── PluginError (RuntimeError)          a plugin failed to import or its hook raised
     ├── StoreError (RuntimeError)           the tuning store cannot be read or written
     └── DaemonError (ConnectionError)       the dispatch daemon is unreachable or refused a request
@@ -79,7 +79,7 @@ class NoEligibleImplementationError(KregError, RuntimeError):
 
 
 class StrictModeError(KregError, RuntimeError):
-    """``KREG_STRICT=1`` turned a fallback (override not honoured, torch reference) into an error."""
+    """``KREG_STRICT=1`` turned a fallback (override not honoured, reference) into an error."""
 
 
 class CheckViolationError(StrictModeError, AssertionError):

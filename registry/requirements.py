@@ -24,8 +24,8 @@ from registry._requirements import (
 
 __all__ = [
     "CAPABILITY",
-    "Check",
     "ENVELOPE",
+    "Check",
     "Requirement",
     "arch_in",
     "device_in",

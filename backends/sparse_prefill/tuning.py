@@ -26,9 +26,8 @@ _INT_AXES = ("group_size", "kv_heads", "kv_len", "total_q", "topk", "head_dim")
 
 
 def cases(grid: dict[str, list[str]]) -> list[Any]:
-    from registry.errors import ConfigError
-
     from backends.sparse_prefill.bench import BenchCase
+    from registry.errors import ConfigError
 
     unknown = set(grid) - set(DEFAULTS)
     if unknown:

@@ -89,7 +89,8 @@ def test_plugins_devices_profiles_ops() -> None:
 
 def test_explain_on_a_profile_imports_neither_torch_nor_triton() -> None:
     code = ("import sys\nfrom click.testing import CliRunner\nimport cli\n"
-            f"r = CliRunner().invoke(cli.main, {['explain', 'sparse_prefill', '--device', 'gb10', *SEED]!r})\n"
+            f"args = {['explain', 'sparse_prefill', '--device', 'gb10', *SEED]!r}\n"
+            "r = CliRunner().invoke(cli.main, args)\n"
             "assert r.exit_code == 0, r.output\n"
             "bad = [m for m in ('torch', 'triton') if m in sys.modules]\nassert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)

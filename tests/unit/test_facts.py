@@ -72,7 +72,8 @@ class _Props:
         self.__dict__.update(kw)
 
 
-def _fake_torch(props: _Props, *, hip: str | None = None, cuda: str | None = "13.0") -> types.ModuleType:
+def _fake_torch(props: _Props, *, hip: str | None = None,
+                cuda: str | None = "13.0") -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.__version__ = "2.99.0"  # type: ignore[attr-defined]
     calls: list[str] = []

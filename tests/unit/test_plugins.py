@@ -22,10 +22,10 @@ IN_TREE = {"sparse_prefill", "indexer_topk", "reference", "generic", "nvidia_sm1
 
 def test_in_tree_plugins_load_through_entry_points() -> None:
     eps = {ep.name for ep in importlib.metadata.entry_points(group="kreg")}
-    assert IN_TREE <= eps
+    assert eps >= IN_TREE
     reg = registry.Registry()
     loaded = {name for name, rec in reg.plugins.items() if rec.loaded}
-    assert IN_TREE <= loaded
+    assert loaded >= IN_TREE
     assert reg.plugins["nvidia_sm120"].implementations == ["nvidia_sm120.sparse_prefill_tuned"]
     assert reg.plugins["sparse_prefill"].ops == ["sparse_prefill"]
 
@@ -74,7 +74,7 @@ def test_a_plugin_that_fails_to_import_is_named_and_isolated(
     assert rec.error == ("Error importing plugin 'broken_vendor': ImportError: No module named "
                          "'vendor_kernels'")
     assert any("broken_vendor" in r.getMessage() for r in caplog.records)
-    assert IN_TREE <= {n for n, r in reg.plugins.items() if r.loaded}
+    assert {n for n, r in reg.plugins.items() if r.loaded} >= IN_TREE
     # and `kreg plugins` shows it
     registry.reset_registry(reg)
     try:
