@@ -10,8 +10,8 @@ from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG", "default_config", "plan", "scratch_bytes_per_row",
-           "validate_config"]
+__all__ = ["DEFAULT_CONFIG", "check_inputs", "default_config", "plan",
+           "scratch_bytes_per_row", "validate_config"]
 
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
@@ -135,3 +135,42 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     p = plan(cfg, max_keys)
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
+
+
+def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:
+    """Shapes, dtypes and devices of a call (no device sync; the lengths bound only on a CPU).
+
+    ``kernel`` adds what the Triton kernels need beyond the reference: unit stride along keys
+    and int32 positions.
+    """
+    import torch
+
+    from registry.errors import WorkloadError
+
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
+        raise WorkloadError(f"indexer_topk: scores must be a 2-D tensor [rows, max_keys]; got "
+                            f"{getattr(scores, 'shape', type(scores).__name__)}")
+    if scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise WorkloadError(f"indexer_topk: scores dtype must be float32, bfloat16 or float16; "
+                            f"got {scores.dtype}; cast the scores first")
+    if kernel and scores.shape[1] > 1 and scores.stride(1) != 1:
+        raise WorkloadError("indexer_topk: scores must have unit stride along keys; "
+                            "pass scores.contiguous()")
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 \
+            or lengths.shape[0] != scores.shape[0]:
+        raise WorkloadError(f"indexer_topk: lengths must be a 1-D tensor of {scores.shape[0]} "
+                            f"entries; got {getattr(lengths, 'shape', type(lengths).__name__)}")
+    if lengths.dtype != torch.int32:
+        raise WorkloadError(f"indexer_topk: lengths must be int32; got {lengths.dtype}; "
+                            "use lengths.to(torch.int32)")
+    if lengths.device != scores.device:
+        raise WorkloadError(f"indexer_topk: lengths is on {lengths.device} but scores on "
+                            f"{scores.device}; move both to one device")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise WorkloadError(f"indexer_topk: k must be a positive int; got {k!r}")
+    if kernel and scores.shape[1] >= 2 ** 31 - 65536:
+        raise WorkloadError(f"indexer_topk: max_keys {scores.shape[1]} too large; must be "
+                            "< 2**31 - 65536 (int32 positions)")
+    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > scores.shape[1]:
+        raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
+                            f"got max {int(lengths.max())}; clamp lengths or widen scores")

@@ -29,33 +29,9 @@ NAN_KEY = INT32_MIN + 1   # below -inf's key (-2139095041); INT32_MIN itself mar
 
 
 def _check(scores: Any, lengths: Any, k: int) -> None:
-    import torch
+    from backends.indexer_topk.config import check_inputs
 
-    from registry.errors import WorkloadError
-
-    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
-        raise WorkloadError(f"indexer_topk: scores must be a 2-D tensor [rows, max_keys]; got "
-                            f"{getattr(scores, 'shape', type(scores).__name__)}; pass one row "
-                            "of scores per query row")
-    if scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise WorkloadError(f"indexer_topk: scores dtype must be float32, bfloat16 or float16; "
-                            f"got {scores.dtype}; cast the scores first")
-    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 \
-            or lengths.shape[0] != scores.shape[0]:
-        raise WorkloadError(f"indexer_topk: lengths must be a 1-D tensor of {scores.shape[0]} "
-                            f"entries (one per row); got "
-                            f"{getattr(lengths, 'shape', type(lengths).__name__)}")
-    if lengths.dtype != torch.int32:
-        raise WorkloadError(f"indexer_topk: lengths must be int32; got {lengths.dtype}; "
-                            "use lengths.to(torch.int32)")
-    if lengths.device != scores.device:
-        raise WorkloadError(f"indexer_topk: lengths is on {lengths.device} but scores on "
-                            f"{scores.device}; move both to one device")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise WorkloadError(f"indexer_topk: k must be a positive int; got {k!r}")
-    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > scores.shape[1]:
-        raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
-                            f"got max {int(lengths.max())}; clamp lengths or widen scores")
+    check_inputs(scores, lengths, k)
 
 
 def score_keys(scores: Any) -> Any:

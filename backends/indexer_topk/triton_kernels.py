@@ -80,14 +80,13 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from registry.errors import WorkloadError
-
 __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
            "scratch_bytes_per_row", "validate_config"]
 
 from backends.indexer_topk.config import (
     DEFAULT_CONFIG,
     _next_pow2,
+    check_inputs,
     default_config,
     plan,
     scratch_bytes_per_row,
@@ -503,35 +502,7 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
 # ----------------------------------------------------------------------------------- wrapper
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
-    import torch
-
-    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
-        raise WorkloadError(f"indexer_topk: scores must be a 2-D tensor [rows, max_keys]; got "
-                            f"{getattr(scores, 'shape', type(scores).__name__)}")
-    if scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise WorkloadError(f"indexer_topk: scores dtype must be float32, bfloat16 or float16; "
-                            f"got {scores.dtype}; cast the scores first")
-    if scores.shape[1] > 1 and scores.stride(1) != 1:
-        raise WorkloadError("indexer_topk: scores must have unit stride along keys; "
-                            "pass scores.contiguous()")
-    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 \
-            or lengths.shape[0] != scores.shape[0]:
-        raise WorkloadError(f"indexer_topk: lengths must be a 1-D tensor of {scores.shape[0]} "
-                            f"entries; got {getattr(lengths, 'shape', type(lengths).__name__)}")
-    if lengths.dtype != torch.int32:
-        raise WorkloadError(f"indexer_topk: lengths must be int32; got {lengths.dtype}; "
-                            "use lengths.to(torch.int32)")
-    if lengths.device != scores.device:
-        raise WorkloadError(f"indexer_topk: lengths is on {lengths.device} but scores on "
-                            f"{scores.device}; move both to one device")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise WorkloadError(f"indexer_topk: k must be a positive int; got {k!r}")
-    if scores.shape[1] >= 2 ** 31 - 65536:
-        raise WorkloadError(f"indexer_topk: max_keys {scores.shape[1]} too large; must be "
-                            "< 2**31 - 65536 (int32 positions)")
-    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > scores.shape[1]:
-        raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
-                            f"got max {int(lengths.max())}; clamp lengths or widen scores")
+    check_inputs(scores, lengths, k, kernel=True)
 
 
 _PLANS: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
