@@ -11,7 +11,7 @@ STAMP := $(VENV)/.kreg-installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,plot,dev]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,plot,dev,daemon]"
 	touch $(STAMP)
 
 install: $(STAMP)
