@@ -18,6 +18,7 @@ from registry._facts import profiles as profiles
 from registry._registry import PluginRecord, Registry, get_registry, reset_registry
 from registry._requirements import Check, Requirement
 from registry._spec import Implementation, OpSpec
+from registry._store import TuningEntry, TuningStore, load_table
 from registry._workload import Workload
 from registry.hookspecs import hookimpl, hookspec
 
@@ -34,6 +35,8 @@ __all__ = [
     "PluginRecord",
     "Registry",
     "Requirement",
+    "TuningEntry",
+    "TuningStore",
     "Workload",
     "agree",
     "check",
@@ -44,6 +47,7 @@ __all__ = [
     "hookspec",
     "implementations",
     "invalidate",
+    "load_table",
     "ops",
     "override",
     "plugins",
