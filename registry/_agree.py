@@ -193,8 +193,7 @@ def _adopt(report: AgreeReport, rank0: dict[str, Choice]) -> None:
                 "notes": [*decision.notes, f"rank {report.rank} pinned to rank 0's choice"]})
             with reg._lock:
                 if where == "dispatch":
-                    reg.dispatch_map[rkey] = impl.bind(config)
-                    reg.last_decisions[rkey] = adopted
+                    reg.pin(rkey, adopted)  # survives invalidation, until reg.unpin()
                 else:
                     reg._decisions[rkey] = adopted.model_copy(update={"cached": True})
                     reg._lru.cache_clear()  # the next select() finds the pinned decision

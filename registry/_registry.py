@@ -90,6 +90,9 @@ class Registry:
         self._override_now: dict[str, str | None] = {}
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
+        # Dispatch keys pinned to a decision (registry.agree(adopt=True)): they survive
+        # invalidation, until unpin() or a new registry.
+        self.pins: dict[tuple[Any, ...], Decision] = {}
         # Called with (decision, args, kwargs, run) around each dispatch when non-empty: the
         # launch recorder and check mode. Empty in production: the hit path tests it once.
         self.observers: list[Callable[..., Any]] = []
@@ -457,15 +460,34 @@ class Registry:
             obs(decision, args, kwargs, result)
         return result
 
+    def pin(self, key: tuple[Any, ...], decision: Decision) -> None:
+        """Make dispatch key ``key`` run ``decision`` (its implementation and config) from now
+        on, whatever selection would say, until :meth:`unpin`."""
+        impl = self.implementation(decision.op, decision.implementation)
+        with self._lock:
+            self.pins[key] = decision
+            self.dispatch_map[key] = impl.bind(decision.config)
+            self.last_decisions[key] = decision
+
+    def unpin(self) -> int:
+        """Drop every pin; the next dispatch of those keys selects again. Returns the count."""
+        with self._lock:
+            n = len(self.pins)
+            self.pins.clear()
+        self.invalidate()
+        return n
+
     def dispatch_miss(self, op: str, key: tuple[Any, ...]) -> Callable[..., Any]:
         """Decide for a dispatch key ``(op, device index, *workload values)``; bind the kernel."""
         spec = self.spec(op)
         if not (isinstance(key, tuple) and len(key) >= 2 and key[0] == op):
             raise PluginError(f"op {op!r}: its call_key returned {key!r}; it must return "
                               f"(op name, device index, *workload values)")
-        facts = self.facts_for_index(key[1])
-        wl = spec.workload_from_key(key[2:])
-        decision = self.select(op, wl, facts)
+        decision = self.pins.get(key)
+        if decision is None or decision.implementation not in self.impls[op]:
+            facts = self.facts_for_index(key[1])
+            wl = spec.workload_from_key(key[2:])
+            decision = self.select(op, wl, facts)
         impl = self.impls[op][decision.implementation]
         fn = impl.bind(decision.config)
         with self._lock:

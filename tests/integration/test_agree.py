@@ -67,6 +67,9 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
             bound_impl, bound_cfg = _bound(reg, key)
             after = reg.last_decisions[key]
             final = registry.agree()
+            registry.invalidate()  # a pin survives invalidation (override or plugin changes)
+            with registry.record() as relaunched:
+                registry.dispatch("sparse_prefill", q, k, v, idx, kind="prefill")
         result = {
             "rank": rank, "ran_first": ran_first,
             "before": {"agreed": before.agreed, "keys": before.keys, "text": str(before),
@@ -77,6 +80,7 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
                       "adopted": [d.adopted for d in adopted.divergences]},
             "after": {"bound": bound_impl, "bound_config": bound_cfg,
                       "launched": [x.implementation for x in launches],
+                      "relaunched": [x.implementation for x in relaunched],
                       "implementation": after.implementation,
                       "source": after.source, "config": after.config},
             "final_agreed": final.agreed, "final_divergences": len(final.divergences),
@@ -128,6 +132,7 @@ def test_agree_reports_and_resolves_a_planted_divergence(tmp_path: Path,
         assert r["after"]["implementation"] == GENERIC
         assert r["after"]["config"] == cfg0
         assert r["after"]["bound"] == GENERIC and r["after"]["bound_config"] == cfg0
+        assert r["after"]["relaunched"] == [GENERIC]
         assert r["after"]["launched"] == [GENERIC]
         assert r["final_agreed"] is True and r["final_divergences"] == 0
         assert r["max_diff"] < 1e-4  # the adopted kernel computes the same op

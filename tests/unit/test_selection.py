@@ -251,3 +251,29 @@ def test_a_raising_requirement_disqualifies_only_its_candidate(bare: registry.Re
     assert not bad.eligible
     assert "requirement raised AttributeError" in bad.checks[0].observed
     assert "bug in plugin 'bad'" in bad.checks[0].required
+
+
+def test_pins_survive_invalidation_until_unpinned() -> None:
+    import torch
+
+    reg = registry.Registry(load_entry_points=False)
+    reg.register_plugin(indexer_op, "indexer_topk")
+    reg.register_plugin(plugin_with(Implementation(
+        op="indexer_topk", name="a.fast", priority=100, configurable=False,
+        kernel=lambda scores, lengths, k=2048: "fast"), Implementation(
+        op="indexer_topk", name="b.slow", priority=1, configurable=False,
+        kernel=lambda scores, lengths, k=2048: "slow")), "ab")
+    scores, lengths = torch.zeros(2, 8), torch.zeros(2, dtype=torch.int32)
+    registry.reset_registry(reg)
+    try:
+        assert registry.dispatch("indexer_topk", scores, lengths, k=4) == "fast"
+        (key,) = list(reg.last_decisions)
+        slow = reg.last_decisions[key].model_copy(update={"implementation": "b.slow"})
+        reg.pin(key, slow)
+        assert registry.dispatch("indexer_topk", scores, lengths, k=4) == "slow"
+        reg.invalidate()
+        assert registry.dispatch("indexer_topk", scores, lengths, k=4) == "slow"
+        assert reg.unpin() == 1
+        assert registry.dispatch("indexer_topk", scores, lengths, k=4) == "fast"
+    finally:
+        registry.reset_registry()
