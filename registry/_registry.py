@@ -1,16 +1,18 @@
 """The registry's state: loaded plugins, ops, implementations, overrides and caches.
 
 Two caches, both cleared whenever the answer could change (a plugin registered, an override
-entered or left, ``invalidate()``):
+entered or left, ``invalidate()``, which also re-reads KREG_SELECT_<OP> and KREG_STRICT):
 
-* the decision cache (bounded LRU) maps ``(op, facts fingerprint, workload key, override)`` to
-  the Decision, for ``select``;
-* the dispatch map maps ``(op, device index, workload key)`` to the bound kernel, for
+* the decision cache, a bounded LRU (``functools.lru_cache``, implemented in C) keyed by
+  ``(op, device, workload items, override value)`` where the device is a profile name (immutable
+  facts) or DeviceFacts (hashed by fingerprint), for ``select``;
+* the dispatch map, ``(op, device index, *workload values) -> bound kernel``, bounded, for
   ``dispatch``. Its hit path is one dict lookup: no pydantic model, no device read, no
   environment read, no lock; safe during CUDA graph capture.
 
-The plugin set and override state are not spelled out in the keys: a change to either clears
-both caches and bumps ``generation``, which is equivalent and keeps the hit path short.
+The plugin set is not spelled out in the keys: a change to it clears both caches and bumps
+``generation``, which is equivalent and keeps the hit paths short. Pins (``pin()``, used by
+``registry.agree(adopt=True)``) are the one thing invalidation keeps.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from registry._spec import Implementation, OpSpec
 from registry._workload import Workload, make_workload
 from registry.errors import (
     ConfigError,
-    KregError,
     PluginError,
     UnknownDeviceError,
     UnknownImplementationError,
@@ -45,7 +46,7 @@ from registry.errors import (
 
 logger = logging.getLogger("registry")
 
-__all__ = ["PluginRecord", "Registry", "get_registry"]
+__all__ = ["PluginRecord", "Registry", "get_registry", "reset_registry"]
 
 ENTRY_POINT_GROUP = "kreg"
 DECISION_CACHE_SIZE = 4096
@@ -532,5 +533,3 @@ def reset_registry(registry: Registry | None = None) -> Registry:
         _default = registry if registry is not None else Registry()
         return _default
 
-
-__all__ += ["KregError", "reset_registry"]
