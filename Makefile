@@ -23,7 +23,7 @@ test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check registry backends plugins cli.py tests benchmarks examples/demo.py
+	$(BIN)/ruff check registry backends plugins cli.py tests benchmarks examples/demo.py examples/demo_interpreter.py
 	$(BIN)/mypy
 
 bench-select: $(STAMP)

@@ -55,3 +55,12 @@ d2 = registry.select("indexer_topk", {"k": 2048, "num_rows": 8, "max_keys": 4096
 print(f"indexer_topk: out {tuple(top.shape)} {top.dtype}; valid per row "
       f"{(top >= 0).sum(dim=1).tolist()}")
 print("  " + d2.one_line())
+
+if dev == "cpu":
+    print("\n$ TRITON_INTERPRET=1 python examples/demo_interpreter.py  "
+          "(the Triton kernels on this CPU)", flush=True)
+    import pathlib
+
+    here = pathlib.Path(__file__).resolve().parent
+    subprocess.run([sys.executable, str(here / "demo_interpreter.py")], check=True,
+                   env={**os.environ, "TRITON_INTERPRET": "1"})
