@@ -109,18 +109,20 @@ class MeasuredTable:
 
     def entry_check(self, facts: DeviceFacts, workload: Workload) -> tuple[bool, str, str]:
         good, why = self.candidates(facts, workload)
-        required = "a tuning entry for this device, software and workload shape"
+        required = f"an entry from `kreg tune {self.op}` on this device and software"
         if good:
             return True, f"{len(good)} entries for this device and software", required
         if why:
             uniq = sorted(set(why))
             return False, f"{len(why)} entries ignored: " + " | ".join(uniq[:3]), required
-        return False, "no entry for this device and workload shape", required
+        return False, "none for this device and workload shape", required
 
     def range_check(self, facts: DeviceFacts, workload: Workload) -> tuple[bool, str, str]:
         entry, words = self.serving(facts, workload)
         names = ", ".join(self.points)
         got = _fmt(self.point(workload.model_dump()))
+        if words == "no entry":  # tuning_entry already says so; one failed line is enough
+            return True, f"n/a ({names} = {got}; no entry)", "inside the measured range"
         return entry is not None, f"{names} = {got} ({words})", "inside the measured range"
 
     def config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:

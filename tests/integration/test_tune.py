@@ -68,7 +68,7 @@ def test_tune_measures_writes_resumes_and_measured_serves(home: Path) -> None:
     assert outside.implementation != "measured.sparse_prefill"
     assert "measured total_q from 8 to 16" in outside.explain()
     other_shape = registry.select("sparse_prefill", {**WL, "topk": 25})
-    assert "no entry for this device and workload shape" in other_shape.explain()
+    assert "tuning_entry: none for this device and workload shape" in other_shape.explain()
 
 
 def _entry(facts: registry.DeviceFacts, **software: str) -> TuningEntry:
