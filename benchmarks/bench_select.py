@@ -116,18 +116,20 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    # Rows print as they are measured, so a run cut short still says where it stopped.
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"torch {torch.__version__}", flush=True)
+    print(f"{'measurement':<44} {'kreg':>10} {'baseline':>10} {'ratio/diff':>12}  target",
+          flush=True)
     kreg_ns, lru_ns = bench_select()
-    disp_ns, direct_ns = bench_dispatch()
-    cold_ns, n_impls = bench_cold()
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, torch {torch.__version__}")
-    print(f"{'measurement':<44} {'kreg':>10} {'baseline':>10} {'ratio/diff':>12}  target")
     print(f"{'select, cache hit vs lru_cache selector':<44} {kreg_ns:>8.0f}ns {lru_ns:>8.0f}ns "
-          f"{kreg_ns / lru_ns:>11.2f}x  <= 1.5x")
+          f"{kreg_ns / lru_ns:>11.2f}x  <= 1.5x", flush=True)
+    disp_ns, direct_ns = bench_dispatch()
     print(f"{'dispatch vs direct call (overhead)':<44} {disp_ns:>8.0f}ns {direct_ns:>8.0f}ns "
-          f"{(disp_ns - direct_ns) / 1000:>10.2f}us  <= 2 us")
+          f"{(disp_ns - direct_ns) / 1000:>10.2f}us  <= 2 us", flush=True)
+    cold_ns, n_impls = bench_cold()
     print(f"{'cold select over all impls (' + str(n_impls) + ' in-tree)':<44} "
-          f"{cold_ns / 1000:>8.1f}us {'':>10} {'':>12}")
+          f"{cold_ns / 1000:>8.1f}us {'':>10} {'':>12}", flush=True)
     if args.fuzz:
         env = {**os.environ, "KREG_FUZZ_EXAMPLES": str(args.fuzz)}
         t0 = time.perf_counter()
