@@ -181,10 +181,18 @@ def test_bad_configs(cfg, match):
 
 
 def test_all_shipped_configs_validate():
+    # Every config a policy can hand the kernel is valid for its group (validate_config raises).
+    from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
+
     for (_, group), cfg in H200_CONFIGS.items():
         validate_config(cfg, group, 256)
-    for tq in (1, 32, 64, 128, 512, 8192):
-        validate_config(table_config(6, tq), 6, 256)
+    for group, cfg in SM120_PREFILL_CONFIGS.items():
+        validate_config(cfg, group, 256)
+    for group in (1, 6, 12, 16, 17):
+        for tq in (1, 32, 64, 128, 512, 8192):
+            validate_config(table_config(group, tq), group, 256)
+    with pytest.raises(ConfigError, match="BLOCK_M=8 is below group_size=12"):
+        validate_config(SM120_PREFILL_CONFIGS[6], 12, 256)
 
 
 def test_error_bounds():
