@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One lease on the lent H200: GPU tests, hit-path benchmark on its quiet host CPU, kreg tune and
 # the selection-regret run. Logs go to $OUT (or ./device-out). Usage: bash benchmarks/device_run.sh
+#
+# The device image has no kreg installed, and plugins load through entry points only, so carry an
+# installed copy: before the call, here, `rm -f .whl/kreg-*.whl && .venv/bin/pip wheel --no-deps
+# -w .whl .` (next to the pydantic wheels the device README lists), and name `.whl` in `carry`.
 set -u
+ls .whl/kreg-*.whl >/dev/null 2>&1 || { echo "no .whl/kreg-*.whl: build it first (see above)"; exit 2; }
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
