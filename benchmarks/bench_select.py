@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -81,13 +82,19 @@ def bench_dispatch() -> tuple[float, float]:
 
     noop = Implementation(op="sparse_prefill", name="bench.noop", priority=1000,
                           kernel=lambda q, k, v, idx, **kw: q, configurable=False)
-    plugin = type("P", (), {"kreg_implementations": hookimpl(staticmethod(lambda: [noop]))})()
+    # The marker on a plain function of a namespace: pluggy < 1.7 does not see it through a
+    # staticmethod (the bench then timed the torch reference and never finished on pluggy 1.6).
+    plugin = types.SimpleNamespace(kreg_implementations=hookimpl(lambda: [noop]))
     registry.register_plugin(plugin, "bench")
     try:
         q = torch.zeros(8, 6, 64)
         k = torch.zeros(16, 1, 64)
         idx = torch.zeros(8, 4, dtype=torch.int32)
-        registry.dispatch("sparse_prefill", q, k, k, idx, kind="prefill")
+        with registry.record() as launches:
+            registry.dispatch("sparse_prefill", q, k, k, idx, kind="prefill")
+        if launches[0].implementation != noop.name:
+            raise SystemExit(f"the no-op implementation was not selected ({launches[0]}): "
+                             "the dispatch row would time a real kernel")
         direct = noop.bind(None)
         res = interleaved({
             "dispatch": lambda: registry.dispatch("sparse_prefill", q, k, k, idx, kind="prefill"),

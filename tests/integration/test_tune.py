@@ -4,6 +4,7 @@ plugin: measure, write, resume, serve inside the measured range only, explain mi
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,8 +91,8 @@ def test_mismatched_triton_version_is_ignored_with_the_reason() -> None:
 
     reg.register_plugin(op, "sparse_prefill")
     reg.register_plugin(ref, "reference")
-    reg.register_plugin(type("P", (), {"kreg_implementations": registry.hookimpl(
-        staticmethod(lambda: [impls["measured.sparse_prefill"]]))})(), "measured")
+    reg.register_plugin(types.SimpleNamespace(kreg_implementations=registry.hookimpl(
+        lambda: [impls["measured.sparse_prefill"]])), "measured")
     d = reg.select("sparse_prefill", WL, facts)
     assert d.implementation == "reference.sparse_prefill"
     assert "measured with triton 3.5.0, running 3.6.0" in d.explain()
