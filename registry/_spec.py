@@ -22,11 +22,12 @@ ConfigResolver = Callable[[DeviceFacts, Workload], Mapping[str, Any] | None]
 class OpSpec:
     """An op's contract, contributed by its package in ``backends/``.
 
-    ``call_key(*args, **kwargs)`` returns ``(op name, device index, *workload field values)``
-    for one call (device index -1 for the CPU; field values in the model's field order), from
-    shapes, dtypes and host arguments only. It is the dispatch cache key and runs on the hot path:
-    it must be cheap and must never read device memory. ``workload_from_key`` builds the validated
-    model from the values.
+    ``call_key(*args, **kwargs)`` returns ``(op name, device index, *rest)`` for one call
+    (device index -1 for the CPU), from shapes, dtypes and host arguments only. It is the
+    dispatch cache key and runs on the hot path: it must be cheap, must never read device memory,
+    and may leave derivations and validation to the miss path — ``decode_key(rest)`` turns the
+    rest into the workload's field values (model field order); without it, the rest must already
+    be those values. ``workload_from_key`` builds the validated model.
     """
 
     name: str
@@ -43,11 +44,14 @@ class OpSpec:
     conformance: str = ""
     # "module" implementing the tuner protocol of registry/_tune.py (kreg tune).
     tuner: str = ""
+    decode_key: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
 
     def workload_from_key(self, key: tuple[Any, ...]) -> Workload:
         fields = list(self.workload_model.model_fields)
         from registry._workload import make_workload
 
+        if self.decode_key is not None:
+            key = self.decode_key(key)
         if len(key) != len(fields):
             raise WorkloadError(f"{self.name}: workload key has {len(key)} values, "
                                 f"expected {len(fields)} ({', '.join(fields)})")

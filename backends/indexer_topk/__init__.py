@@ -18,7 +18,7 @@ from registry.errors import WorkloadError
 
 OP = "indexer_topk"
 
-__all__ = ["OP", "IndexerTopkWorkload", "call_key"]
+__all__ = ["OP", "IndexerTopkWorkload", "call_key", "decode_key"]
 
 
 class IndexerTopkWorkload(Workload):
@@ -30,24 +30,29 @@ class IndexerTopkWorkload(Workload):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(description="scores.dtype")
 
 
-_DTYPES: dict[Any, str] = {}
-
-
 def call_key(scores: Any, lengths: Any, k: int = 2048) -> tuple[Any, ...]:
-    """``(op, device index, k, num_rows, max_keys, dtype)``; never reads device memory."""
+    """``(op, device index, k, scores.shape, scores.dtype)``; never reads device memory.
+    :func:`decode_key` derives the workload on the miss path."""
     try:
-        rows, keys = scores.shape
-    except (AttributeError, ValueError):
+        return (OP, scores.get_device(), k, scores.shape, scores.dtype)
+    except AttributeError:
+        raise WorkloadError(f"indexer_topk expects scores, a tensor [rows, max_keys]; got "
+                            f"{type(scores).__name__}") from None
+
+
+def decode_key(rest: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The workload's field values from a :func:`call_key` tail (the miss path)."""
+    k, shape, dtype = rest
+    try:
+        rows, keys = shape
+    except ValueError:
         raise WorkloadError(f"indexer_topk expects scores [rows, max_keys]; got "
-                            f"{getattr(scores, 'shape', type(scores).__name__)}") from None
-    dt = scores.dtype
-    name = _DTYPES.get(dt)
-    if name is None:
-        name = _DTYPES[dt] = str(dt).removeprefix("torch.")
-    return (OP, scores.get_device(), k, rows, keys, name)
+                            f"{list(shape)}") from None
+    return (k, rows, keys, str(dtype).removeprefix("torch."))
 
 
 SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
+              decode_key=decode_key,
               reference="reference.indexer_topk", error_bound=lambda dtype: 0.0,
               tuner="backends.indexer_topk.tuning",
               compare="backends.indexer_topk.compare:compare",

@@ -29,7 +29,7 @@ from registry.errors import WorkloadError
 
 OP = "sparse_prefill"
 
-__all__ = ["OP", "SparsePrefillWorkload", "call_key", "error_bound"]
+__all__ = ["OP", "SparsePrefillWorkload", "call_key", "decode_key", "error_bound"]
 
 
 class SparsePrefillWorkload(Workload):
@@ -61,60 +61,62 @@ def error_bound(dtype: str) -> float:
     return {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-3, "float64": 1e-6}[dtype]
 
 
-_DTYPES: dict[Any, str] = {}
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = _DTYPES.get(dtype)
-    if name is None:
-        name = str(dtype).removeprefix("torch.")
-        _DTYPES[dtype] = name
-    return name
-
-
 _CALL_KEYWORDS = frozenset({"lengths", "sm_scale", "cu_seqlens_q", "prefix_lens", "page_table",
                             "page_size", "max_q"})
 
 
 def call_key(q: Any, k: Any, v: Any, indices: Any, kind: str = "prefill",
              **kw: Any) -> tuple[Any, ...]:
-    """``(op, device index, kind, topk, head_dim, group_size, num_kv_heads, total_q,
-    num_requests, max_q, dtype)`` from shapes and host arguments; never reads device memory.
+    """``(op, device index, kind, q.shape, num_kv_heads, topk, q.dtype, num_requests, max_q)``
+    from shapes and host arguments; never reads device memory. :func:`decode_key` derives the
+    workload (group size, dtype name) and validates it, once per key, on the miss path.
 
-    On the dispatch hot path: every tensor attribute read costs ~0.1 us, so each is read once,
-    and the keywords arrive as one dict (a signature of eight keyword defaults costs ~0.2 us more
-    per call); unknown keywords are refused here all the same.
+    This is the dispatch hot path: every tensor attribute read costs ~0.1 us, so each is read
+    once and nothing is derived here; the keywords arrive as one dict (eight keyword defaults
+    cost ~0.2 us more per call); unknown keywords are refused all the same.
     """
-    try:
-        total_q, hq, d = q.shape
-        hk = k.shape[1]
-        topk = indices.shape[1]
-        group = hq // hk
-    except (AttributeError, ValueError, IndexError, ZeroDivisionError):
-        raise WorkloadError(
-            "sparse_prefill expects q [total_q, num_q_heads, head_dim], k/v [num_slots, "
-            f"num_kv_heads, head_dim] and indices [total_q, topk]; got q {_shape(q)}, "
-            f"k {_shape(k)}, indices {_shape(indices)}") from None
-    if group * hk != hq:
-        raise WorkloadError(f"group_size: num_q_heads={hq} is not a multiple of "
-                            f"num_kv_heads={hk}; every KV head must serve the same number of "
-                            "query heads")
     if kw and not kw.keys() <= _CALL_KEYWORDS:
         raise WorkloadError(f"sparse_prefill got unknown keyword(s) "
                             f"{sorted(kw.keys() - _CALL_KEYWORDS)}; accepted: kind, "
                             f"{', '.join(sorted(_CALL_KEYWORDS))}")
-    dtype = _DTYPES.get(q.dtype) or _dtype_name(q.dtype)
-    if kind == "prefill":
-        return (OP, q.get_device(), kind, topk, d, group, hk, total_q, 1, total_q, dtype)
-    if kind == "chunk":
-        cu_seqlens_q, max_q = kw.get("cu_seqlens_q"), kw.get("max_q")
-        if cu_seqlens_q is None or max_q is None:
-            raise WorkloadError("sparse_prefill kind='chunk' needs cu_seqlens_q=[num_requests+1] "
-                                "int32 and max_q=<longest request's rows> (a host int: kreg never "
-                                "reads cu_seqlens_q from the device)")
-        return (OP, q.get_device(), kind, topk, d, group, hk, total_q,
-                cu_seqlens_q.shape[0] - 1, max_q, dtype)
+    try:
+        if kind == "prefill":
+            return (OP, q.get_device(), kind, q.shape, k.shape[1], indices.shape[1], q.dtype,
+                    1, None)
+        if kind == "chunk":
+            cu_seqlens_q, max_q = kw.get("cu_seqlens_q"), kw.get("max_q")
+            if cu_seqlens_q is None or max_q is None:
+                raise WorkloadError("sparse_prefill kind='chunk' needs cu_seqlens_q="
+                                    "[num_requests+1] int32 and max_q=<longest request's rows> "
+                                    "(a host int: kreg never reads cu_seqlens_q from the device)")
+            return (OP, q.get_device(), kind, q.shape, k.shape[1], indices.shape[1], q.dtype,
+                    cu_seqlens_q.shape[0] - 1, max_q)
+    except (AttributeError, IndexError):
+        _bad_shapes(q, k, indices)
     raise WorkloadError(f"sparse_prefill kind={kind!r} is not one of 'prefill', 'chunk'")
+
+
+def decode_key(rest: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The workload's field values from a :func:`call_key` tail (the miss path)."""
+    kind, q_shape, hk, topk, dtype, num_requests, max_q = rest
+    try:
+        total_q, hq, d = q_shape
+    except ValueError:
+        raise WorkloadError(f"sparse_prefill expects q [total_q, num_q_heads, head_dim]; got q "
+                            f"{list(q_shape)}") from None
+    if hk < 1 or hq % hk:
+        raise WorkloadError(f"group_size: num_q_heads={hq} is not a multiple of "
+                            f"num_kv_heads={hk}; every KV head must serve the same number of "
+                            "query heads")
+    return (kind, topk, d, hq // hk, hk, total_q, num_requests,
+            total_q if max_q is None else max_q, str(dtype).removeprefix("torch."))
+
+
+def _bad_shapes(q: Any, k: Any, indices: Any) -> None:
+    raise WorkloadError(
+        "sparse_prefill expects q [total_q, num_q_heads, head_dim], k/v [num_slots, "
+        f"num_kv_heads, head_dim] and indices [total_q, topk]; got q {_shape(q)}, "
+        f"k {_shape(k)}, indices {_shape(indices)}")
 
 
 def _shape(x: Any) -> str:
@@ -123,6 +125,7 @@ def _shape(x: Any) -> str:
 
 
 SPEC = OpSpec(name=OP, workload_model=SparsePrefillWorkload, call_key=call_key,
+              decode_key=decode_key,
               reference="reference.sparse_prefill", error_bound=error_bound,
               tuner="backends.sparse_prefill.tuning",
               compare="backends.sparse_prefill.compare:compare",
