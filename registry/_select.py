@@ -108,36 +108,28 @@ def select_pure(op: str, facts: DeviceFacts, workload: Workload,
     reason = ""
     if override is not None:
         target = next((i for i in impls if i.name == override.implementation), None)
-        if target is not None and target in eligible:
+        target_checks = next((cs for i, _, cs in assessed if i is target), [])
+        honoured = target is not None and target in eligible
+        why = ""
+        if honoured:
             chosen = target
-            waived = [c.name for i, _, cs in assessed if i is target for c in cs if c.waived]
-            why = "override " + override.value
+            waived = [c.name for c in target_checks if c.waived]
+            reason = "override " + override.value
             if waived:
-                why += " (envelope waived: " + ", ".join(waived) + ")"
-            reason = why
-            info = OverrideInfo(value=override.value, source=override.source,
-                                implementation=override.implementation, measure=override.measure,
-                                honoured=True)
+                reason += " (envelope waived: " + ", ".join(waived) + ")"
         else:
-            failed = []
-            for i, _, cs in assessed:
-                if i is target:
-                    failed = [str(c) for c in cs if not c.ok]
-            why = "; ".join(failed) or "not registered for this op"
-            if override.measure is False and any(
-                    c.kind == "envelope" and not c.passed
-                    for i, _, cs in assessed if i is target for c in cs) and not any(
-                    c.kind == "capability" and not c.passed
-                    for i, _, cs in assessed if i is target for c in cs):
+            failed = [c for c in target_checks if not c.ok]
+            why = "; ".join(str(c) for c in failed) or "not registered for this op"
+            if failed and not override.measure and all(c.kind == "envelope" for c in failed):
                 why += (f" (only envelope checks fail: {override.implementation}:measure would "
                         "waive them)")
-            info = OverrideInfo(value=override.value, source=override.source,
-                                implementation=override.implementation, measure=override.measure,
-                                honoured=False, reason=why)
             if strict:
                 raise StrictModeError(
                     f"KREG_STRICT=1: override {override.source}={override.value} cannot be "
                     f"honoured for {op} on {facts.describe()}: {why}")
+        info = OverrideInfo(value=override.value, source=override.source,
+                            implementation=override.implementation, measure=override.measure,
+                            honoured=honoured, reason=why)
     if chosen is None:
         if not eligible:
             trace = "\n".join(format_candidates(candidates(None), None))
