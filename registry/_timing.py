@@ -11,21 +11,41 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["interleaved_median_ms", "isolated_median_ms"]
+__all__ = ["graphed", "interleaved_median_ms", "isolated_median_ms"]
+
+
+def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` captured once in a CUDA graph; the returned callable replays it."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()   # allocations and compilation outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int = 10,
-                          iters: int = 100) -> dict[str, float]:
+                          iters: int = 100, graphs: bool = False) -> dict[str, float]:
     """Median milliseconds of each callable, timed round-robin with CUDA events in one window.
 
     Each iteration runs every provider once, in a rotated order so no provider is always first.
-    Falls back to ``time.perf_counter`` around a synchronize when CUDA is absent (CPU runs).
+    ``graphs``: each callable is captured once in a CUDA graph and its replays are timed (the
+    GPU time of the work, without host launch cost: how a captured decode step runs it).
+    Falls back to ``time.perf_counter`` around a synchronize when CUDA is absent (CPU runs;
+    ``graphs`` is then ignored).
     """
     import torch
 
     names = list(fns)
     if not names:
         return {}
+    if graphs and torch.cuda.is_available():
+        fns = {n: graphed(fns[n]) for n in names}
     for _ in range(warmup):
         for name in names:
             fns[name]()

@@ -17,13 +17,17 @@ Providers (``--providers``, comma separated):
 * ``triton``: the Triton kernels at :func:`triton_kernels.default_config` for the shape.
 * ``geometry=SLICE_KEYSxMAX_SLICESxWARPS[:key=val...]``: the Triton kernels at a forced config,
   e.g. ``geometry=1024x64x4`` (the MI355X policy's geometry) or
-  ``geometry=131072x1x4:SEARCH_BITS=2``; keys not given come from ``default_config``.
+  ``geometry=131072x1x4:SEARCH_BITS=2``, or keys alone: ``geometry=FUSED=0:GROUP=32``; keys
+  not given come from ``resolve_config`` (the shape's defaults).
 * ``auto`` and implementation names (optionally ``:measure``): through
   ``registry.dispatch("indexer_topk", scores, lengths, k=k)`` under ``registry.override``.
 
 Every kreg provider's output is compared entry by entry with the reference on every run; any
 difference makes the command exit 1. Timed providers alternate in one window
-(``registry._timing.interleaved_median_ms``, CUDA events, plain launches, no graphs).
+(``registry._timing.interleaved_median_ms``, CUDA events): plain launches, or with
+``--graphs`` replays of a CUDA graph captured per provider (the GPU time without the host's
+launch cost, as inside a captured decode step; the reference, which synchronizes, is then
+reported as not capturable).
 """
 
 from __future__ import annotations
@@ -70,14 +74,19 @@ def make_inputs(case: BenchCase, device: Any = None) -> tuple[Any, Any]:
 
 
 def parse_geometry(spec: str) -> dict[str, int]:
-    """``SLICE_KEYSxMAX_SLICESxWARPS[:KEY=VAL...]`` -> config dict."""
+    """``SLICE_KEYSxMAX_SLICESxWARPS[:KEY=VAL...]`` or ``KEY=VAL[:KEY=VAL...]`` -> config."""
     head, *opts = spec.split(":")
-    try:
-        sk, ms, w = (int(x) for x in head.split("x"))
-    except ValueError:
-        raise click.BadParameter(f"geometry {spec!r}: expected SLICE_KEYSxMAX_SLICESxWARPS, "
-                                 "e.g. 1024x64x4") from None
-    cfg = {"SLICE_KEYS": sk, "MAX_SLICES": ms, "num_warps": w}
+    cfg: dict[str, int] = {}
+    if "=" in head:
+        opts = [head, *opts]
+    else:
+        try:
+            sk, ms, w = (int(x) for x in head.split("x"))
+        except ValueError:
+            raise click.BadParameter(f"geometry {spec!r}: expected SLICE_KEYSxMAX_SLICESxWARPS"
+                                     "[:KEY=VAL...], e.g. 1024x64x4, or KEY=VAL[:KEY=VAL...], "
+                                     "e.g. SEARCH_WARPS=16") from None
+        cfg = {"SLICE_KEYS": sk, "MAX_SLICES": ms, "num_warps": w}
     for o in opts:
         key, _, val = o.partition("=")
         try:
@@ -100,9 +109,8 @@ def _provider_fn(name: str, scores: Any, lengths: Any, k: int) -> Any:
     if name == "triton" or name.startswith("geometry="):
         from backends.indexer_topk import triton_kernels as tk
         rows, n = scores.shape
-        base = tk.default_config(rows, n, k)
-        cfg = base if name == "triton" else {**base, **parse_geometry(name.split("=", 1)[1])}
-        tk.validate_config(cfg, k, n)
+        cfg: dict[str, int] = {} if name == "triton" else parse_geometry(name.split("=", 1)[1])
+        tk.validate_config(tk.resolve_config(cfg, rows, n, k), k, n)
         return lambda: tk.indexer_topk_triton(scores, lengths, k, config=cfg)
     try:
         import registry
@@ -133,10 +141,15 @@ def _anchor_report(got: Any, want: Any, lengths: Any, n: int) -> str:
 
 def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: int = 50,
              baseline: str | None = None, device: Any = None,
-             progress: Any = None) -> dict[str, Any]:
-    """Time and check every provider on one case; returns a JSON-able dict."""
+             progress: Any = None, graphs: bool = False) -> dict[str, Any]:
+    """Time and check every provider on one case; returns a JSON-able dict.
+
+    ``graphs``: time CUDA-graph replays of each provider (GPU time without host launch cost);
+    a provider that cannot be captured is reported with its error and not timed."""
+    import torch
+
     from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches
-    from registry._timing import interleaved_median_ms
+    from registry._timing import graphed, interleaved_median_ms
 
     scores, lengths = make_inputs(case, device)
     want = indexer_topk_reference(scores, lengths, case.k)
@@ -166,6 +179,14 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
         fns[name] = fn
         if progress is not None:
             progress(name)
+    if graphs and torch.cuda.is_available():
+        for name in list(fns):
+            try:
+                fns[name] = graphed(fns[name])
+            except Exception as e:   # e.g. a provider that synchronizes
+                result["providers"][name]["error"] = f"not capturable in a CUDA graph: {e}"
+                del fns[name]
+    result["graphs"] = bool(graphs and torch.cuda.is_available())
     times = interleaved_median_ms(fns, warmup=warmup, iters=iters) if fns else {}
     base = baseline if baseline in times else (providers[0] if providers[0] in times else None)
     for name, ms in times.items():
@@ -226,9 +247,11 @@ def _ints(ctx: Any, param: Any, value: str) -> list[int]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="write a bar chart PNG (needs matplotlib)")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--graphs", is_flag=True,
+              help="time CUDA-graph replays (GPU time without host launch cost)")
 def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k: int,
                   warmup: int, iters: int, providers: str, baseline: str, as_json: bool,
-                  plot: str | None, seed: int) -> None:
+                  plot: str | None, seed: int, graphs: bool) -> None:
     """Time indexer_topk providers against torch.topk; exact check on every run."""
     names = [p.strip() for p in providers.split(",") if p.strip()]
     if not names:
@@ -240,14 +263,15 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
                            file=sys.stderr) as bar:
         for case in cases:
             results.append(run_case(case, names, warmup=warmup, iters=iters, baseline=baseline,
-                                    progress=lambda _n: bar.update(1)))
+                                    progress=lambda _n: bar.update(1), graphs=graphs))
     failed = [(r["case"], n) for r in results for n, e in r["providers"].items()
               if e.get("exact") is False]
     if as_json:
         click.echo(json.dumps(results, indent=1))
     else:
         for r in results:
-            click.echo(f"{r['case']}  (baseline {r['baseline']})")
+            how = "CUDA-graph replays" if r.get("graphs") else "plain launches"
+            click.echo(f"{r['case']}  (baseline {r['baseline']}, {how})")
             for n, e in r["providers"].items():
                 if "error" in e:
                     click.echo(f"  {n:<36} ERROR {e['error'][:100]}")

@@ -10,15 +10,16 @@ from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG", "check_inputs", "default_config", "plan",
+__all__ = ["DEFAULT_CONFIG", "check_inputs", "default_config", "plan", "resolve_config",
            "scratch_bytes_per_row", "validate_config"]
 
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
+    "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048,
 }
-_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP")
+_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS")
 _WARPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -36,26 +37,53 @@ def _cdiv(a: int, b: int) -> int:
 
 def default_config(num_rows: int, max_keys: int, k: int = 2048,
                    sm_count: int = 132) -> dict[str, int]:
-    """The config measured best on the H200 for a workload shape: GROUP so that a row has about
-    2k groups (the bound is then about the median group maximum), enough slices to give the
-    device ~2 programs an SM (at most 64, at least 2048 keys a slice), CAND_TILE >= 2k and
-    CAND_CAP >= 8k."""
+    """The default config for a workload shape (the fused two-launch path, ``FUSED=1``).
+
+    GROUP so that a row has about 8k groups (at most 16,384: the bound search holds them in one
+    register tile; a row's top-k then fits GROUP * k candidates, the buffer); enough gmax slices
+    to give the device ~2 programs an SM (at most 64, at least 2048 keys a slice); 8 warps for
+    the row program. The multi-launch path (``FUSED=0``) keeps the GROUP it was measured with
+    (about 2k groups a row) when a caller pins ``FUSED=0``: :func:`resolve_config`.
+    """
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)
-    cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
+    cfg["FUSED"] = 1
+    cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
+    groups = _cdiv(n, cfg["GROUP"])
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
     per_slice = _cdiv(n, slices)
-    # Measured on the H200 (docs/notes/indexer_topk.md): one slice a row (many rows) wants
-    # 2048-key steps at 4 warps; several slices a row want steps up to 8192 keys at 8 warps.
+    # gmax: one slice a row (many rows) wants 2048-key steps at 4 warps; several slices a row
+    # want steps up to 8192 keys at 8 warps (measured on the H200, docs/notes/indexer_topk.md).
     step = 2048 if slices == 1 else 8192
     cfg["num_warps"] = 4 if slices == 1 else 8
     cfg["GROUP_BLOCK"] = max(1, min(step, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
-    cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
+    cfg["BOUND_TILE"] = min(16384, max(1024, _next_pow2(groups)))
+    cfg["SEARCH_WARPS"] = 8
+    cfg["BOUND_SLACK"] = max(1, k // 8)
+    cfg["PLACE_KEYS"] = max(2048, cfg["GROUP"])
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
+    return cfg
+
+
+def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
+                   k: int = 2048) -> dict[str, int]:
+    """``config`` over :func:`default_config` for the shape. A config that pins ``FUSED=0``
+    without a GROUP gets the multi-launch path's group size (about 2k groups a row, as
+    measured), at the same keys per step unless GROUP_BLOCK is pinned too."""
+    base = default_config(num_rows, max_keys, k)
+    cfg = {**base, **config}
+    if not cfg["FUSED"] and "GROUP" not in config:
+        n = max(max_keys, 1)
+        g = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
+        cfg["GROUP"] = g
+        if "GROUP_BLOCK" not in config:
+            cfg["GROUP_BLOCK"] = max(1, base["GROUP"] * base["GROUP_BLOCK"] // g)
+        if "BOUND_TILE" not in config:
+            cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, g))))
     return cfg
 
 
@@ -110,6 +138,15 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 2 reads "
                           "every key), 1 (only groups reaching the bound) or 2 (active-group "
                           "list); use 1")
+    if cfg["FUSED"] not in (0, 1):
+        raise ConfigError(f"indexer_topk config FUSED={cfg['FUSED']}: must be 1 (two launches: "
+                          "group maxima, then one program a row) or 0 (four launches); use 1")
+    if cfg["BOUND_SLACK"] < 0:
+        raise ConfigError(f"indexer_topk config BOUND_SLACK={cfg['BOUND_SLACK']}: must be >= 0 "
+                          "(extra groups the FUSED bound search may leave); use k // 8")
+    if cfg["PLACE_KEYS"] < cfg["GROUP"] or cfg["PLACE_KEYS"] > 65536:
+        raise ConfigError(f"indexer_topk config PLACE_KEYS={cfg['PLACE_KEYS']}: must be in "
+                          f"[GROUP ({cfg['GROUP']}), 65536]; use 2048")
     if cfg["BOUND_PASS"] not in (-1, 0, 1):
         raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
                           "(automatic), 0 (each slice program finds the bound) or 1 (a launch "
@@ -133,6 +170,8 @@ def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
+    if cfg["FUSED"]:
+        return 4 * p["groups"] + 8 * cfg["CAND_CAP"]
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 

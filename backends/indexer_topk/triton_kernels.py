@@ -89,6 +89,7 @@ from backends.indexer_topk.config import (
     check_inputs,
     default_config,
     plan,
+    resolve_config,
     scratch_bytes_per_row,
     validate_config,
 )
@@ -353,17 +354,29 @@ def _count_gt_mem(ptr, n, t, CH: tl.constexpr):
 
 
 @triton.jit
-def _count3_ge_row(src, gsrc, length, t1, t2, t3, GS: tl.constexpr, GB: tl.constexpr):
-    """#(valid keys >= t) for t1 <= t2 <= t3 in one pass, reading groups whose maximum >= t1."""
+def _active_groups(gsrc, c0, g_off, length, t, GS: tl.constexpr, USE_GM: tl.constexpr):
+    """Groups of the step at ``c0`` that may hold a key >= t (all of them without USE_GM)."""
+    gidx = c0 // GS + g_off
+    if USE_GM:
+        gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
+        act = gval >= t
+    else:
+        act = gidx * GS < length
+    return act
+
+
+@triton.jit
+def _count3_ge_row(src, gsrc, length, t1, t2, t3, GS: tl.constexpr, GB: tl.constexpr,
+                   USE_GM: tl.constexpr):
+    """#(valid keys >= t) for t1 <= t2 <= t3 in one pass, reading groups whose maximum >= t1
+    (every group without USE_GM)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     c1 = tl.full([], 0, tl.int32)
     c2 = tl.full([], 0, tl.int32)
     c3 = tl.full([], 0, tl.int32)
     for c0 in range(0, length, GB * GS):
-        gidx = c0 // GS + g_off
-        gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
-        act = gval >= t1
+        act = _active_groups(gsrc, c0, g_off, length, t1, GS, USE_GM)
         if tl.sum(act.to(tl.int32), axis=0) > 0:
             pos = c0 + g_off[:, None] * GS + j[None, :]
             m = act[:, None] & (pos < length)
@@ -375,21 +388,129 @@ def _count3_ge_row(src, gsrc, length, t1, t2, t3, GS: tl.constexpr, GB: tl.const
 
 
 @triton.jit
-def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr):
-    """#(valid keys >= t) of a row, reading only groups whose maximum is >= t."""
+def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr,
+                  USE_GM: tl.constexpr):
+    """#(valid keys >= t) of a row, reading only groups whose maximum is >= t (USE_GM)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     c = tl.full([], 0, tl.int32)
     for c0 in range(0, length, GB * GS):
-        gidx = c0 // GS + g_off
-        gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
-        act = gval >= t
+        act = _active_groups(gsrc, c0, g_off, length, t, GS, USE_GM)
         if tl.sum(act.to(tl.int32), axis=0) > 0:
             pos = c0 + g_off[:, None] * GS + j[None, :]
             m = act[:, None] & (pos < length)
             key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
             c += tl.sum(tl.sum((m & (key >= t)).to(tl.int32), axis=1), axis=0)
     return c
+
+
+@triton.jit
+def _short_row(out, length, k, KB: tl.constexpr):
+    """A row with at most k valid keys: positions 0..length-1, then -1."""
+    ko = tl.arange(0, KB)
+    for c0 in range(0, k, KB):
+        i = c0 + ko
+        tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
+
+
+@triton.jit
+def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
+                  off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
+                  SB: tl.constexpr, USE_GM: tl.constexpr):
+    """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) sit in
+    the row's buffer in position order (``n > cap``: the buffer is not trusted, the row tier
+    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning)."""
+    row_c = row.to(tl.int64) * cap
+    if n <= CAP:
+        # The candidates fit the register tile.
+        offs = tl.arange(0, CAP)
+        cm = offs < n
+        keys = tl.load(ws_ptr + off_ckey + row_c + offs, mask=cm, other=-2147483648)
+        hi = tl.max(keys, axis=0).to(tl.int64)
+        t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
+        gt = keys > t
+        need = k - tl.sum(gt.to(tl.int32), axis=0)
+        eq = (keys == t).to(tl.int32)
+        sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
+        si = sel.to(tl.int32)
+        dst = tl.cumsum(si, axis=0) - si
+        p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
+        tl.store(out + dst, p, mask=sel)
+    elif n <= cap:
+        # The buffer holds them all: search and place over it, CAP at a time.
+        kp = ws_ptr + off_ckey + row_c
+        pp = ws_ptr + off_cpos + row_c
+        offs = tl.arange(0, CAP)
+        hi32 = tl.full([], -2147483648, tl.int32)
+        for c0 in range(0, n, CAP):
+            v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            hi32 = tl.maximum(hi32, tl.max(v, axis=0))
+        t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), CAP, SB)
+        t = t.to(tl.int32)
+        need = k - _count_gt_mem(kp, n, t, CAP)
+        run_sel = tl.full([], 0, tl.int32)
+        run_eq = tl.full([], 0, tl.int32)
+        for c0 in range(0, n, CAP):
+            cm = c0 + offs < n
+            keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
+            gt = keys > t
+            eq = (keys == t).to(tl.int32)
+            sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+            si = sel.to(tl.int32)
+            dst = run_sel + tl.cumsum(si, axis=0) - si
+            p = tl.load(pp + c0 + offs, mask=sel, other=0)
+            tl.store(out + dst, p, mask=sel)
+            run_sel += tl.sum(si, axis=0)
+            run_eq += tl.sum(eq, axis=0)
+    else:
+        # Too many candidates for the buffer (tie-heavy row): search and place over the row.
+        src = scores_ptr + row.to(tl.int64) * stride_s
+        gsrc = ws_ptr + row.to(tl.int64) * n_groups
+        ng = (length + GS - 1) // GS
+        go = tl.arange(0, GB)
+        hi32 = tl.full([], 0x7F800000, tl.int32)  # +inf's key: no real key is larger
+        if USE_GM:
+            hi32 = tl.full([], -2147483648, tl.int32)
+            for g0 in range(0, ng, GB):
+                gv = tl.load(gsrc + g0 + go, mask=g0 + go < ng, other=-2147483648)
+                hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
+        lo64 = lb.to(tl.int64)
+        hi64 = hi32.to(tl.int64)
+        # Four-way search (three probes a pass over the row: the pass is memory-bound).
+        while lo64 < hi64:
+            step = (hi64 - lo64 + 4) // 4
+            p1 = tl.minimum(lo64 + step, hi64 + 1).to(tl.int32)
+            p2 = tl.minimum(lo64 + 2 * step, hi64 + 1).to(tl.int32)
+            p3 = tl.minimum(lo64 + 3 * step, hi64 + 1).to(tl.int32)
+            c1, c2, c3 = _count3_ge_row(src, gsrc, length, p1, p2, p3, GS, GB, USE_GM)
+            js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
+            lo64 = lo64 + js * step
+            hi64 = tl.minimum(hi64, lo64 + step - 1)
+        t = lo64.to(tl.int32)
+        # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
+        need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB, USE_GM)
+        j = tl.arange(0, GS)
+        run_sel = tl.full([], 0, tl.int32)
+        run_eq = tl.full([], 0, tl.int32)
+        for c0 in range(0, length, GB * GS):
+            act = _active_groups(gsrc, c0, go, length, t, GS, USE_GM)
+            if tl.sum(act.to(tl.int32), axis=0) > 0:
+                pos = c0 + go[:, None] * GS + j[None, :]
+                m = act[:, None] & (pos < length)
+                key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
+                fm = tl.reshape(m, [GB * GS])
+                fk = tl.reshape(key, [GB * GS])
+                fp = tl.reshape(pos, [GB * GS])
+                eq = (fm & (fk == t)).to(tl.int32)
+                gt = fm & (fk > t)
+                sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+                si = sel.to(tl.int32)
+                dst = run_sel + tl.cumsum(si, axis=0) - si
+                tl.store(out + dst, fp, mask=sel)
+                run_sel += tl.sum(si, axis=0)
+                run_eq += tl.sum(eq, axis=0)
+
+
 
 
 @triton.jit
@@ -401,102 +522,105 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
     if length <= k:
-        ko = tl.arange(0, KB)
-        for c0 in range(0, k, KB):
-            i = c0 + ko
-            tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
+        _short_row(out, length, k, KB)
     else:
         lb = tl.load(ws_ptr + off_bound + row)
         n = tl.load(ws_ptr + off_ncand + row)
-        row_c = row.to(tl.int64) * cap
-        if n <= CAP:
-            # The candidates fit the register tile.
-            offs = tl.arange(0, CAP)
-            cm = offs < n
-            keys = tl.load(ws_ptr + off_ckey + row_c + offs, mask=cm, other=-2147483648)
-            hi = tl.max(keys, axis=0).to(tl.int64)
-            t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
-            gt = keys > t
-            need = k - tl.sum(gt.to(tl.int32), axis=0)
-            eq = (keys == t).to(tl.int32)
-            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
-            si = sel.to(tl.int32)
-            dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
-            tl.store(out + dst, p, mask=sel)
-        elif n <= cap:
-            # The buffer holds them all: search and place over it, CAP at a time.
-            kp = ws_ptr + off_ckey + row_c
-            pp = ws_ptr + off_cpos + row_c
-            offs = tl.arange(0, CAP)
-            hi32 = tl.full([], -2147483648, tl.int32)
-            for c0 in range(0, n, CAP):
-                v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
-                hi32 = tl.maximum(hi32, tl.max(v, axis=0))
-            t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), CAP, SB)
-            t = t.to(tl.int32)
-            need = k - _count_gt_mem(kp, n, t, CAP)
-            run_sel = tl.full([], 0, tl.int32)
-            run_eq = tl.full([], 0, tl.int32)
-            for c0 in range(0, n, CAP):
-                cm = c0 + offs < n
-                keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
-                gt = keys > t
-                eq = (keys == t).to(tl.int32)
-                sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-                si = sel.to(tl.int32)
-                dst = run_sel + tl.cumsum(si, axis=0) - si
-                p = tl.load(pp + c0 + offs, mask=sel, other=0)
-                tl.store(out + dst, p, mask=sel)
-                run_sel += tl.sum(si, axis=0)
-                run_eq += tl.sum(eq, axis=0)
+        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
+                      off_cpos, off_ckey, GS, GB, CAP, SB, True)
+
+
+@triton.jit
+def _bound_tile_loose(x, k, lo, hi, cnt_lo, slack):
+    """A lower bound of the k-th largest of the 1-D int32 tile ``x``: a four-way search for it
+    that stops as soon as at most ``k + slack`` values are >= ``lo`` (any ``lo`` with
+    #(x >= lo) >= k bounds the k-th largest from below; the search only tightens it).
+    ``cnt_lo`` = #(x >= lo) at the start; lo, hi: int64 scalars."""
+    while (lo < hi) & (cnt_lo > k + slack):
+        step = (hi - lo + 4) // 4
+        p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
+        p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
+        p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
+        packed = (x >= p1).to(tl.int64) + ((x >= p2).to(tl.int64) << 21) \
+            + ((x >= p3).to(tl.int64) << 42)
+        tot = tl.sum(packed, axis=0)
+        c1 = tot & 0x1FFFFF
+        c2 = (tot >> 21) & 0x1FFFFF
+        c3 = tot >> 42
+        js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
+        cnt_lo = tl.where(js == 3, c3, tl.where(js == 2, c2, tl.where(js == 1, c1, cnt_lo)))
+        lo = lo + js * step
+        hi = tl.minimum(hi, lo + step - 1)
+    return lo
+
+
+@triton.jit
+def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
+                slack, off_cpos, off_ckey,
+                GS: tl.constexpr, GB: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr,
+                CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr):
+    """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
+
+    1. ``L`` = a lower bound of the k-th largest group maximum (loose by at most ``slack``
+       groups; exact in the CHUNKED mode), so every top-k key is >= L.
+    2. The active groups (maximum >= L), in order, compacted over the row's group maxima
+       (which are not needed afterwards), then only those groups read: their keys >= L
+       placed in position order in the candidate buffer (at most GS * #active candidates).
+    3. :func:`_select_cands` on the candidates (the row tier reads the whole row).
+    """
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    out = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        _short_row(out, length, k, KB)
+    else:
+        ng = (length + GS - 1) // GS
+        gsrc = ws_ptr + row.to(tl.int64) * n_groups
+        offs = tl.arange(0, GT)
+        n_act = tl.full([], 0, tl.int32)
+        if CHUNKED:
+            lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, True, SB)
+            for c0 in range(0, ng, GT):
+                m = c0 + offs < ng
+                v = tl.load(gsrc + c0 + offs, mask=m, other=-2147483648)
+                ai = (m & (v >= lb)).to(tl.int32)
+                adst = n_act + tl.cumsum(ai, axis=0) - ai
+                tl.debug_barrier()
+                tl.store(gsrc + adst, c0 + offs, mask=ai != 0)
+                n_act += tl.sum(ai, axis=0)
         else:
-            # Too many candidates for the buffer (tie-heavy row): search and place over the row.
-            src = scores_ptr + row.to(tl.int64) * stride_s
-            gsrc = ws_ptr + row.to(tl.int64) * n_groups
-            ng = (length + GS - 1) // GS
-            go = tl.arange(0, GB)
-            hi32 = tl.full([], -2147483648, tl.int32)
-            for g0 in range(0, ng, GB):
-                gv = tl.load(gsrc + g0 + go, mask=g0 + go < ng, other=-2147483648)
-                hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
-            lo64 = lb.to(tl.int64)
-            hi64 = hi32.to(tl.int64)
-            # Four-way search (three probes a pass over the row: the pass is memory-bound).
-            while lo64 < hi64:
-                step = (hi64 - lo64 + 4) // 4
-                p1 = tl.minimum(lo64 + step, hi64 + 1).to(tl.int32)
-                p2 = tl.minimum(lo64 + 2 * step, hi64 + 1).to(tl.int32)
-                p3 = tl.minimum(lo64 + 3 * step, hi64 + 1).to(tl.int32)
-                c1, c2, c3 = _count3_ge_row(src, gsrc, length, p1, p2, p3, GS, GB)
-                js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
-                lo64 = lo64 + js * step
-                hi64 = tl.minimum(hi64, lo64 + step - 1)
-            t = lo64.to(tl.int32)
-            # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
-            need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB)
-            j = tl.arange(0, GS)
-            run_sel = tl.full([], 0, tl.int32)
-            run_eq = tl.full([], 0, tl.int32)
-            for c0 in range(0, length, GB * GS):
-                gidx = c0 // GS + go
-                gval = tl.load(gsrc + gidx, mask=gidx * GS < length, other=-2147483648)
-                act = gval >= t
-                if tl.sum(act.to(tl.int32), axis=0) > 0:
-                    pos = c0 + go[:, None] * GS + j[None, :]
-                    m = act[:, None] & (pos < length)
-                    key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
-                    fm = tl.reshape(m, [GB * GS])
-                    fk = tl.reshape(key, [GB * GS])
-                    fp = tl.reshape(pos, [GB * GS])
-                    eq = (fm & (fk == t)).to(tl.int32)
-                    gt = fm & (fk > t)
-                    sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-                    si = sel.to(tl.int32)
-                    dst = run_sel + tl.cumsum(si, axis=0) - si
-                    tl.store(out + dst, fp, mask=sel)
-                    run_sel += tl.sum(si, axis=0)
-                    run_eq += tl.sum(eq, axis=0)
+            m = offs < ng
+            v = tl.load(gsrc + offs, mask=m, other=-2147483648)
+            lb = tl.full([], -2147483648, tl.int32)
+            if ng >= k:
+                hi = tl.max(v, axis=0).to(tl.int64)
+                lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+                lb = _bound_tile_loose(v, k, lo, hi, ng.to(tl.int64), slack).to(tl.int32)
+            ai = (m & (v >= lb)).to(tl.int32)
+            adst = tl.cumsum(ai, axis=0) - ai
+            n_act = tl.sum(ai, axis=0)
+            tl.debug_barrier()
+            tl.store(gsrc + adst, offs, mask=ai != 0)
+        tl.debug_barrier()
+        src = scores_ptr + row.to(tl.int64) * stride_s
+        row_c = row.to(tl.int64) * cap
+        cpos = ws_ptr + off_cpos + row_c
+        ckey = ws_ptr + off_ckey + row_c
+        g_off = tl.arange(0, GB)
+        j = tl.arange(0, GS)
+        run = tl.full([], 0, tl.int32)
+        if n_act <= cap:
+            for a0 in range(0, n_act, GB):
+                am = a0 + g_off < n_act
+                gi = tl.load(gsrc + a0 + g_off, mask=am, other=0)
+                pos = gi[:, None] * GS + j[None, :]
+                pm = am[:, None] & (pos < length)
+                run = _place_tile(src, pos, pm, lb, run, cpos, ckey, cap, False, GB * GS)
+        else:
+            run = cap + 1   # >= n_act > cap candidates: the row tier
+        tl.debug_barrier()
+        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s, n_groups, k,
+                      cap, off_cpos, off_ckey, GS, max(1, min(GB, 1024 // GS)), CAP, SB, False)
 
 
 # ----------------------------------------------------------------------------------- wrapper
@@ -518,7 +642,7 @@ def _resolve(config: dict[str, Any], k: int, n: int,
     if hit is not None:
         return hit
     validate_config(config, k, n)
-    cfg = {**default_config(rows, n, k), **config}
+    cfg = resolve_config(config, rows, n, k)
     validate_config(cfg, k, n)
     p = plan(cfg, n)
     p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
@@ -560,6 +684,20 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0,
                                 GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw)
         return out
+    nw = cfg["num_warps"]
+    if cfg["FUSED"]:
+        # 2 launches: group maxima, then one program a row for the rest (see _row_kernel).
+        off_cpos = rows * groups
+        off_ckey = off_cpos + rows * cap
+        ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
+        _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
+                                     GS=gs, GB=gb, num_warps=nw)
+        _row_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap,
+                             cfg["BOUND_SLACK"], off_cpos, off_ckey, GS=gs,
+                             GB=max(1, cfg["PLACE_KEYS"] // gs), GT=p["gt"],
+                             CHUNKED=groups > p["gt"], CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
+                             num_warps=sw)
+        return out
     off_bound = rows * groups
     off_ncand = off_bound + rows
     off_cnt = off_ncand + rows
@@ -570,7 +708,6 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     off_list = off_ckey + rows * cap
     ws = torch.empty(off_list + (rows * groups if sp == 2 else 0), dtype=torch.int32,
                      device=dev)
-    nw = cfg["num_warps"]
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                  GS=gs, GB=gb, num_warps=nw)
     bp = cfg["BOUND_PASS"]

@@ -17,24 +17,34 @@ from registry.errors import ConfigError, WorkloadError  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-# Small geometries that exercise every path under the interpreter: several slices (count pass),
-# one slice, a candidate tile smaller than the candidates (buffer tier), a buffer smaller than
-# the candidates (row tier), both search modes.
+# Small geometries that exercise every path under the interpreter: the four-launch path
+# (FUSED=0: several slices with the count pass, one slice, the active list, the bound pass) and
+# the fused path; a candidate tile smaller than the candidates (buffer tier), a buffer smaller
+# than the candidates (row tier), group maxima beyond the bound tile (chunked), both searches.
 SMALL = {
     "slices": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
-               "CAND_CAP": 512},
+               "CAND_CAP": 512, "FUSED": 0},
     "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256, "SPARSE": 0,
-                  "CAND_CAP": 256, "SEARCH_BITS": 2},
+                  "CAND_CAP": 256, "SEARCH_BITS": 2, "FUSED": 0},
     "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
-                    "CAND_CAP": 1024},
+                    "CAND_CAP": 1024, "FUSED": 0},
     "active_list": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
-                    "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256},
+                    "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256, "FUSED": 0},
     "active_one_slice": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
-                         "CAND_CAP": 512, "SPARSE": 2},
+                         "CAND_CAP": 512, "SPARSE": 2, "FUSED": 0},
     "bound_pass": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
-                   "CAND_CAP": 512, "BOUND_PASS": 1, "SEARCH_BITS": 2},
+                   "CAND_CAP": 512, "BOUND_PASS": 1, "SEARCH_BITS": 2,
+                   "FUSED": 0},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
-                 "CAND_CAP": 64, "SEARCH_BITS": 2},
+                 "CAND_CAP": 64, "SEARCH_BITS": 2, "FUSED": 0},
+    # FUSED=1 (the default path): two launches, the bound loose by BOUND_SLACK groups.
+    "fused": {"GROUP": 4, "PLACE_KEYS": 64, "CAND_TILE": 256, "CAND_CAP": 1024,
+              "BOUND_SLACK": 4},
+    "fused_buffer": {"GROUP": 4, "PLACE_KEYS": 32, "CAND_TILE": 16, "CAND_CAP": 1024,
+                     "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+    "fused_row_tier": {"GROUP": 8, "PLACE_KEYS": 64, "CAND_TILE": 64, "CAND_CAP": 64},
+    "fused_chunked": {"GROUP": 2, "BOUND_TILE": 64, "PLACE_KEYS": 64, "CAND_TILE": 256,
+                      "CAND_CAP": 1024},
 }
 
 
@@ -149,7 +159,8 @@ def test_input_validation():
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
     ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
     ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
-    ({"BOUND_PASS": 2}, "BOUND_PASS"),
+    ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
+    ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -164,7 +175,11 @@ def test_default_config_and_scratch():
         assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
     cfg = TK.default_config(4096, 131072, 2048)
-    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
+    assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8
+    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 8 * 16384
+    old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
+    assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 2048
+    assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -178,8 +193,9 @@ def test_gpu_k2048(n, kind):
     k = 2048
     scores = make_scores(kind, rows, n, seed=n % 97, device="cuda")
     lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5], dtype=torch.int32, device="cuda")
-    for cfg in (TK.default_config(rows, n, k), {"SLICE_KEYS": 1024, "MAX_SLICES": 64},
-                {**TK.default_config(rows, n, k), "MAX_SLICES": 1, "SEARCH_BITS": 2}):
+    for cfg in ({}, {"SLICE_KEYS": 1024, "MAX_SLICES": 64}, {"SEARCH_WARPS": 16},
+                {"SEARCH_WARPS": 4, "GROUP": 16, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
@@ -242,6 +258,7 @@ def test_bench_parse_geometry():
 
     assert parse_geometry("1024x64x4:SEARCH_BITS=2") == {
         "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "SEARCH_BITS": 2}
+    assert parse_geometry("FUSED=0:GROUP=32") == {"FUSED": 0, "GROUP": 32}
     with pytest.raises(Exception, match="SLICE_KEYSxMAX_SLICESxWARPS"):
         parse_geometry("1024x64")
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Kernel tables for docs/BENCHMARKS.md on the lent H200, in two parts that fit one call each:
+#   bash benchmarks/device_kernels.sh indexer   # GPU tests, then indexer_topk variants/shapes
+#   bash benchmarks/device_kernels.sh sparse    # sparse_prefill seed tables, candidates, ablations
+# Before the call, here: `rm -f .whl/kreg-*.whl && .venv/bin/pip wheel --no-deps -w .whl .` and
+# name `.whl` in `carry` (see benchmarks/device_run.sh). Logs and JSON go to $OUT.
+set -u
+part=${1:?usage: device_kernels.sh indexer|sparse}
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 KREG_HOME=/tmp/kreg_home
+stage() { echo "=== $1 ($(date +%T))"; }
+stage "environment"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+if [ "$part" = indexer ]; then
+  stage "gpu tests (warnings as the project configures them)"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+  echo "pytest rc=$?"; tail -6 "$OUT/gpu_tests.log"
+  IB="python3 benchmarks/bench_indexer_topk.py --warmup 5 --iters 30"
+  V="torch-topk,torch-topk-unsorted,triton,auto,geometry=FUSED=0,geometry=SEARCH_WARPS=16"
+  V="$V,geometry=SEARCH_WARPS=4,geometry=GROUP=16,geometry=SEARCH_BITS=2"
+  for g in "" "--graphs"; do
+    stage "indexer 131072 keys $g"
+    timeout 240 $IB --rows 1,64,1024,4096 --keys 131072 --providers "$V" $g 2>/dev/null \
+      | tee -a "$OUT/indexer.log"; echo "rc=$?"
+  done
+  stage "indexer other shapes"
+  W="torch-topk,torch-topk-unsorted,triton,geometry=FUSED=0,geometry=SEARCH_WARPS=16"
+  timeout 150 $IB --rows 1,64 --keys 8192,524288 --providers "$W" 2>/dev/null \
+    | tee -a "$OUT/indexer.log"; echo "rc=$?"
+  timeout 100 $IB --rows 1024 --keys 131072 --ragged --providers "$W" 2>/dev/null \
+    | tee -a "$OUT/indexer.log"; echo "rc=$?"
+fi
+
+if [ "$part" = sparse ]; then
+  SB="python3 benchmarks/bench_sparse_prefill.py --iters 20 --warmup 3 --total-q 8192"
+  for kind in chunk prefill; do
+    stage "seed table $kind"
+    timeout 200 $SB --kind $kind --group-size 6,12 --kv-len 8192,32768,131072 \
+      --providers table,h200,gather-sdpa,reference 2>/dev/null >> "$OUT/sparse.log"
+    echo "rc=$?"
+  done
+  stage "candidates group 12 (KV 8K)"
+  C12="table,h200,geometry=16x16x2x3:split2:rev,geometry=16x16x2x2:split2:rev"
+  C12="$C12,geometry=16x32x2x2:split2:rev,geometry=16x32x2x3:split2:rev"
+  C12="$C12,geometry=16x16x1x3:split2:rev,geometry=16x32x4x2:split2:rev:r128"
+  timeout 120 $SB --kind prefill --group-size 12 --providers "$C12" 2>/dev/null \
+    >> "$OUT/sparse.log"; echo "rc=$?"
+  timeout 120 $SB --kind chunk --group-size 12 --providers "${C12//:rev/:pre:rev}" 2>/dev/null \
+    >> "$OUT/sparse.log"; echo "rc=$?"
+  stage "candidates prefill group 6 (KV 8K)"
+  C6="table,h200,geometry=8x16x2x2:split2:rev,geometry=8x16x1x2:split2:rev"
+  C6="$C6,geometry=8x32x2x2:split2:rev,geometry=8x16x4x3:split2:rev"
+  C6="$C6,geometry=8x32x4x2:split2:rev:r80,geometry=8x32x4x2:split2:rev:r112"
+  timeout 120 $SB --kind prefill --group-size 6 --providers "$C6" 2>/dev/null \
+    >> "$OUT/sparse.log"; echo "rc=$?"
+  stage "seed ablations (chunk kernel, KV 8K/32K/128K)"
+  timeout 150 $SB --kind chunk --group-size 6 --kv-len 8192,32768,131072 --providers \
+    table,geometry=8x16x1x2,geometry=16x16x4x3,geometry=8x16x4x3,h200 2>/dev/null \
+    >> "$OUT/sparse.log"; echo "rc=$?"
+  timeout 150 $SB --kind chunk --group-size 12 --kv-len 8192,32768,131072 --providers \
+    table,geometry=16x16x2x3,geometry=16x16x4x3,h200 2>/dev/null \
+    >> "$OUT/sparse.log"; echo "rc=$?"
+  grep -v "^---" "$OUT/sparse.log" | cut -c1-130
+fi
+stage "done"
