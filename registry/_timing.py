@@ -18,7 +18,7 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` captured once in a CUDA graph; the returned callable replays it."""
     import torch
 
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()   # allocations and compilation outside the capture
