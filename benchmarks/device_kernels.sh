@@ -20,18 +20,22 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 if [ "$part" = indexer ]; then
   stage "gpu tests (warnings as the project configures them)"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} \
+    > "$OUT/gpu_tests.log" 2>&1
   echo "pytest rc=$?"; tail -6 "$OUT/gpu_tests.log"
   IB="python3 benchmarks/bench_indexer_topk.py --warmup 5 --iters 30"
   V="torch-topk,torch-topk-unsorted,triton,auto,geometry=FUSED=0,geometry=SEARCH_WARPS=16"
-  V="$V,geometry=SEARCH_WARPS=4,geometry=GROUP=16,geometry=SEARCH_BITS=2"
+  V="$V,geometry=SEARCH_WARPS=8,geometry=PLACE_KEYS=4096:SEARCH_WARPS=8"
+  V="$V,geometry=PLACE_KEYS=4096,geometry=SEARCH_BITS=2:SEARCH_WARPS=8"
+  V=${IDX_PROVIDERS:-$V}
   for g in "" "--graphs"; do
     stage "indexer 131072 keys $g"
     timeout 240 $IB --rows 1,64,1024,4096 --keys 131072 --providers "$V" $g 2>/dev/null \
       | tee -a "$OUT/indexer.log"; echo "rc=$?"
   done
   stage "indexer other shapes"
-  W="torch-topk,torch-topk-unsorted,triton,geometry=FUSED=0,geometry=SEARCH_WARPS=16"
+  W="torch-topk,torch-topk-unsorted,triton,geometry=FUSED=0,geometry=SEARCH_WARPS=8"
+  W=${IDX_PROVIDERS_OTHER:-$W}
   timeout 150 $IB --rows 1,64 --keys 8192,524288 --providers "$W" 2>/dev/null \
     | tee -a "$OUT/indexer.log"; echo "rc=$?"
   timeout 100 $IB --rows 1024 --keys 131072 --ragged --providers "$W" 2>/dev/null \

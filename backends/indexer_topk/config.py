@@ -17,9 +17,10 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
-    "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048,
+    "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
 }
-_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS")
+_POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
+              "GROUP2")
 _WARPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -39,10 +40,12 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048,
                    sm_count: int = 132) -> dict[str, int]:
     """The default config for a workload shape (the fused two-launch path, ``FUSED=1``).
 
-    GROUP so that a row has about 8k groups (at most 16,384: the bound search holds them in one
-    register tile; a row's top-k then fits GROUP * k candidates, the buffer); enough gmax slices
-    to give the device ~2 programs an SM (at most 64, at least 2048 keys a slice); 8 warps for
-    the row program. The multi-launch path (``FUSED=0``) keeps the GROUP it was measured with
+    GROUP so that a row has about 8k groups and GROUP2 so that it has about 2k groups of
+    GROUP * GROUP2 keys (the bound is searched over those, in a register tile of BOUND_TILE
+    4096; the active groups are then the small groups reaching it: about 2,500 of 16,384 at
+    131,072 random keys); enough gmax slices to give the device ~2 programs an SM (at most 64,
+    at least 2048 keys a slice); 4 warps for the row program (registers: several programs an
+    SM). The multi-launch path (``FUSED=0``) keeps the GROUP it was measured with
     (about 2k groups a row) when a caller pins ``FUSED=0``: :func:`resolve_config`.
     """
     cfg = dict(DEFAULT_CONFIG)
@@ -57,11 +60,12 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048,
     # want steps up to 8192 keys at 8 warps (measured on the H200, docs/notes/indexer_topk.md).
     step = 2048 if slices == 1 else 8192
     cfg["num_warps"] = 4 if slices == 1 else 8
-    cfg["GROUP_BLOCK"] = max(1, min(step, _next_pow2(per_slice)) // cfg["GROUP"])
+    cfg["GROUP2"] = max(1, min(64, _next_pow2(_cdiv(n, 2 * k)) // cfg["GROUP"]))
+    cfg["GROUP_BLOCK"] = max(cfg["GROUP2"], min(step, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
-    cfg["BOUND_TILE"] = min(16384, max(1024, _next_pow2(groups)))
-    cfg["SEARCH_WARPS"] = 8
+    cfg["BOUND_TILE"] = 4096
+    cfg["SEARCH_WARPS"] = 4
     cfg["BOUND_SLACK"] = max(1, k // 8)
     cfg["PLACE_KEYS"] = max(2048, cfg["GROUP"])
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
@@ -147,6 +151,9 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if cfg["PLACE_KEYS"] < cfg["GROUP"] or cfg["PLACE_KEYS"] > 65536:
         raise ConfigError(f"indexer_topk config PLACE_KEYS={cfg['PLACE_KEYS']}: must be in "
                           f"[GROUP ({cfg['GROUP']}), 65536]; use 2048")
+    if cfg["GROUP2"] > 64 or (cfg["FUSED"] and cfg["GROUP2"] > cfg["GROUP_BLOCK"]):
+        raise ConfigError(f"indexer_topk config GROUP2={cfg['GROUP2']}: must be <= 64 and <= "
+                          f"GROUP_BLOCK ({cfg['GROUP_BLOCK']}); use 4")
     if cfg["BOUND_PASS"] not in (-1, 0, 1):
         raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
                           "(automatic), 0 (each slice program finds the bound) or 1 (a launch "
@@ -171,7 +178,8 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
     if cfg["FUSED"]:
-        return 4 * p["groups"] + 8 * cfg["CAND_CAP"]
+        groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
+        return 4 * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) + 8 * cfg["CAND_CAP"]
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 

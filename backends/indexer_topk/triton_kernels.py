@@ -113,7 +113,9 @@ def _row_len(lengths_ptr, row, n_keys):
 
 @triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
-                 GS: tl.constexpr, GB: tl.constexpr):
+                 off_gm2, n_groups2,
+                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr):
+    """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``)."""
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -122,6 +124,7 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
         end = tl.minimum(start + slice_len, length)
         src = scores_ptr + row.to(tl.int64) * stride_s
         dst = gm_ptr + row.to(tl.int64) * n_groups
+        dst2 = gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2
         g_off = tl.arange(0, GB)
         j = tl.arange(0, GS)
         for c0 in range(start, end, GB * GS):
@@ -132,6 +135,10 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
             g = tl.max(key, axis=1)
             gidx = c0 // GS + g_off
             tl.store(dst + gidx, g, mask=gidx * GS < end)
+            if GS2 > 1:
+                g2 = tl.max(tl.reshape(g, [GB // GS2, GS2]), axis=1)
+                g2idx = c0 // (GS * GS2) + tl.arange(0, GB // GS2)
+                tl.store(dst2 + g2idx, g2, mask=g2idx * (GS * GS2) < end)
 
 
 @triton.jit
@@ -531,42 +538,66 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
 
 
 @triton.jit
-def _bound_tile_loose(x, k, lo, hi, cnt_lo, slack):
-    """A lower bound of the k-th largest of the 1-D int32 tile ``x``: a four-way search for it
-    that stops as soon as at most ``k + slack`` values are >= ``lo`` (any ``lo`` with
-    #(x >= lo) >= k bounds the k-th largest from below; the search only tightens it).
-    ``cnt_lo`` = #(x >= lo) at the start; lo, hi: int64 scalars."""
+def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
+    """A lower bound of the k-th largest of the 1-D int32 tile ``x`` (INT32_MIN = no value):
+    halving toward it, stopping as soon as at most ``k + slack`` values are >= ``lo``. Any
+    ``lo`` with #(x >= lo) >= k bounds the k-th largest from below; the search only tightens
+    it. ``cnt_lo`` = #(x >= lo) at the start; lo, hi: int64 scalars (min and max of x)."""
     while (lo < hi) & (cnt_lo > k + slack):
-        step = (hi - lo + 4) // 4
-        p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
-        p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
-        p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
-        packed = (x >= p1).to(tl.int64) + ((x >= p2).to(tl.int64) << 21) \
-            + ((x >= p3).to(tl.int64) << 42)
-        tot = tl.sum(packed, axis=0)
-        c1 = tot & 0x1FFFFF
-        c2 = (tot >> 21) & 0x1FFFFF
-        c3 = tot >> 42
-        js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
-        cnt_lo = tl.where(js == 3, c3, tl.where(js == 2, c2, tl.where(js == 1, c1, cnt_lo)))
-        lo = lo + js * step
-        hi = tl.minimum(hi, lo + step - 1)
+        mid = lo + (hi - lo + 1) // 2
+        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0).to(tl.int64)
+        ge = c >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
+        cnt_lo = tl.where(ge, c, cnt_lo)
     return lo
 
 
 @triton.jit
+def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
+    """:func:`_loose_kth_tile` over ``n`` int32 values in memory, CH at a time (int32)."""
+    offs = tl.arange(0, CH)
+    hi32 = tl.full([], -2147483648, tl.int32)
+    lo32 = tl.full([], 2147483647, tl.int32)
+    for c0 in range(0, n, CH):
+        m = c0 + offs < n
+        v = tl.load(ptr + c0 + offs, mask=m, other=-2147483648)
+        hi32 = tl.maximum(hi32, tl.max(v, axis=0))
+        lo32 = tl.minimum(lo32, tl.min(tl.where(m, v, 2147483647), axis=0))
+    lo = lo32.to(tl.int64)
+    hi = hi32.to(tl.int64)
+    cnt_lo = n.to(tl.int64)
+    while (lo < hi) & (cnt_lo > k + slack):
+        mid = lo + (hi - lo + 1) // 2
+        t = mid.to(tl.int32)
+        c = tl.full([], 0, tl.int32)
+        for c0 in range(0, n, CH):
+            v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            c += tl.sum((v >= t).to(tl.int32), axis=0)
+        c64 = c.to(tl.int64)
+        ge = c64 >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
+        cnt_lo = tl.where(ge, c64, cnt_lo)
+    return lo.to(tl.int32)
+
+
+@triton.jit
 def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
-                slack, off_cpos, off_ckey,
-                GS: tl.constexpr, GB: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr,
-                CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr):
+                slack, off_gm2, n_groups2, off_cpos, off_ckey,
+                GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
+                CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
-    1. ``L`` = a lower bound of the k-th largest group maximum (loose by at most ``slack``
-       groups; exact in the CHUNKED mode), so every top-k key is >= L.
-    2. The active groups (maximum >= L), in order, compacted over the row's group maxima
-       (which are not needed afterwards), then only those groups read: their keys >= L
-       placed in position order in the candidate buffer (at most GS * #active candidates).
+    1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
+       keys (loose by at most ``slack`` values; from the ``GS``-key maxima in memory when the
+       row has fewer than k of the large groups, and none with fewer than k small groups).
+       k distinct keys are >= L, so every top-k key is >= L.
+    2. The active groups (``GS``-key maximum >= L), in order, compacted over the row's group
+       maxima (not needed afterwards), CT at a time; then only those groups read: their keys
+       >= L placed in position order in the candidate buffer.
     3. :func:`_select_cands` on the candidates (the row tier reads the whole row).
+    Register tiles: GT2 (bound), CT (compaction), GB * GS (placement), CAP (selection).
     """
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -576,31 +607,35 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     else:
         ng = (length + GS - 1) // GS
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
-        offs = tl.arange(0, GT)
-        n_act = tl.full([], 0, tl.int32)
-        if CHUNKED:
-            lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, True, SB)
-            for c0 in range(0, ng, GT):
-                m = c0 + offs < ng
-                v = tl.load(gsrc + c0 + offs, mask=m, other=-2147483648)
-                ai = (m & (v >= lb)).to(tl.int32)
-                adst = n_act + tl.cumsum(ai, axis=0) - ai
-                tl.debug_barrier()
-                tl.store(gsrc + adst, c0 + offs, mask=ai != 0)
-                n_act += tl.sum(ai, axis=0)
+        lb = tl.full([], -2147483648, tl.int32)
+        if GS2 > 1:
+            ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+            g2src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
         else:
-            m = offs < ng
-            v = tl.load(gsrc + offs, mask=m, other=-2147483648)
-            lb = tl.full([], -2147483648, tl.int32)
-            if ng >= k:
-                hi = tl.max(v, axis=0).to(tl.int64)
-                lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
-                lb = _bound_tile_loose(v, k, lo, hi, ng.to(tl.int64), slack).to(tl.int32)
+            ng2 = ng
+            g2src = gsrc
+        if ng2 >= k:
+            if n_groups2 > GT2:
+                lb = _loose_kth_mem(g2src, ng2, k, slack, GT2)
+            else:
+                o2 = tl.arange(0, GT2)
+                m2 = o2 < ng2
+                v2 = tl.load(g2src + o2, mask=m2, other=-2147483648)
+                hi = tl.max(v2, axis=0).to(tl.int64)
+                lo = tl.min(tl.where(m2, v2, 2147483647), axis=0).to(tl.int64)
+                lb = _loose_kth_tile(v2, k, lo, hi, ng2.to(tl.int64), slack).to(tl.int32)
+        elif ng >= k:
+            lb = _loose_kth_mem(gsrc, ng, k, slack, CT)
+        oc = tl.arange(0, CT)
+        n_act = tl.full([], 0, tl.int32)
+        for c0 in range(0, ng, CT):
+            m = c0 + oc < ng
+            v = tl.load(gsrc + c0 + oc, mask=m, other=-2147483648)
             ai = (m & (v >= lb)).to(tl.int32)
-            adst = tl.cumsum(ai, axis=0) - ai
-            n_act = tl.sum(ai, axis=0)
+            adst = n_act + tl.cumsum(ai, axis=0) - ai
+            n_act += tl.sum(ai, axis=0)
             tl.debug_barrier()
-            tl.store(gsrc + adst, offs, mask=ai != 0)
+            tl.store(gsrc + adst, c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read already
         tl.debug_barrier()
         src = scores_ptr + row.to(tl.int64) * stride_s
         row_c = row.to(tl.int64) * cap
@@ -687,16 +722,22 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     nw = cfg["num_warps"]
     if cfg["FUSED"]:
         # 2 launches: group maxima, then one program a row for the rest (see _row_kernel).
-        off_cpos = rows * groups
+        gs2 = cfg["GROUP2"]
+        groups2 = -(-n // (gs * gs2))
+        off_gm2 = rows * groups
+        off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
         off_ckey = off_cpos + rows * cap
         ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
         _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
-                                     GS=gs, GB=gb, num_warps=nw)
+                                     off_gm2, groups2, GS=gs, GB=gb, GS2=gs2, num_warps=nw)
+        bt = cfg["BOUND_TILE"]
         _row_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap,
-                             cfg["BOUND_SLACK"], off_cpos, off_ckey, GS=gs,
-                             GB=max(1, cfg["PLACE_KEYS"] // gs), GT=p["gt"],
-                             CHUNKED=groups > p["gt"], CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                             num_warps=sw)
+                             cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
+                             off_cpos, off_ckey, GS=gs, GS2=gs2,
+                             GB=max(1, cfg["PLACE_KEYS"] // gs),
+                             GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
+                             CT=min(bt, _next_pow2(groups)), CAP=cfg["CAND_TILE"], KB=p["kb"],
+                             SB=sb, num_warps=sw)
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows
@@ -708,8 +749,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     off_list = off_ckey + rows * cap
     ws = torch.empty(off_list + (rows * groups if sp == 2 else 0), dtype=torch.int32,
                      device=dev)
-    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
-                                 GS=gs, GB=gb, num_warps=nw)
+    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1,
+                                 GS=gs, GB=gb, GS2=1, num_warps=nw)
     bp = cfg["BOUND_PASS"]
     bound_in = bool(bp == 1 or (bp == -1 and slices > 1 and rows * slices > 1024))
     if bound_in:

@@ -37,14 +37,17 @@ SMALL = {
                    "FUSED": 0},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
                  "CAND_CAP": 64, "SEARCH_BITS": 2, "FUSED": 0},
-    # FUSED=1 (the default path): two launches, the bound loose by BOUND_SLACK groups.
-    "fused": {"GROUP": 4, "PLACE_KEYS": 64, "CAND_TILE": 256, "CAND_CAP": 1024,
-              "BOUND_SLACK": 4},
-    "fused_buffer": {"GROUP": 4, "PLACE_KEYS": 32, "CAND_TILE": 16, "CAND_CAP": 1024,
-                     "BOUND_SLACK": 0, "SEARCH_BITS": 2},
-    "fused_row_tier": {"GROUP": 8, "PLACE_KEYS": 64, "CAND_TILE": 64, "CAND_CAP": 64},
-    "fused_chunked": {"GROUP": 2, "BOUND_TILE": 64, "PLACE_KEYS": 64, "CAND_TILE": 256,
-                      "CAND_CAP": 1024},
+    # FUSED=1 (the default path): two launches; the bound over GROUP * GROUP2-key maxima,
+    # loose by BOUND_SLACK, from the GROUP-key maxima in memory on rows with fewer than k large
+    # groups (lengths below GROUP * GROUP2 * k), none on rows with fewer than k small groups.
+    "fused": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 256,
+              "CAND_CAP": 1024, "BOUND_SLACK": 4},
+    "fused_one_level": {"GROUP": 4, "GROUP2": 1, "PLACE_KEYS": 32, "CAND_TILE": 16,
+                        "CAND_CAP": 1024, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+    "fused_row_tier": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                       "CAND_CAP": 64},
+    "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
+                      "CAND_TILE": 256, "CAND_CAP": 1024},
 }
 
 
@@ -161,6 +164,7 @@ def test_input_validation():
     ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
     ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
+    ({"GROUP2": 128}, "GROUP2"), ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -175,8 +179,8 @@ def test_default_config_and_scratch():
         assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
     cfg = TK.default_config(4096, 131072, 2048)
-    assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8
-    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 8 * 16384
+    assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8 and cfg["GROUP2"] == 4
+    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 2048
     assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
@@ -194,7 +198,8 @@ def test_gpu_k2048(n, kind):
     scores = make_scores(kind, rows, n, seed=n % 97, device="cuda")
     lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5], dtype=torch.int32, device="cuda")
     for cfg in ({}, {"SLICE_KEYS": 1024, "MAX_SLICES": 64}, {"SEARCH_WARPS": 16},
-                {"SEARCH_WARPS": 4, "GROUP": 16, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+                {"SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
+                 "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
