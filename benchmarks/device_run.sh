@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# One lease on the lent H200: GPU tests, hit-path benchmark on its quiet host CPU, kreg tune and
-# the selection-regret run. Logs go to $OUT (or ./device-out). Usage: bash benchmarks/device_run.sh
+# Lease steps on the lent H200 for docs/BENCHMARKS.md. Usage:
+#   bash benchmarks/device_run.sh STEP [STEP...]
+# Steps: tests (pytest -m gpu), hit-paths (bench_select on the device host), tune-sparse and
+# regret-sparse (the whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer.
+# Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
 # installed copy: before the call, here, `rm -f .whl/kreg-*.whl && .venv/bin/pip wheel --no-deps
@@ -9,37 +12,47 @@ set -u
 ls .whl/kreg-*.whl >/dev/null 2>&1 || { echo "no .whl/kreg-*.whl: build it first (see above)"; exit 2; }
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 KREG_HOME=/tmp/kreg_home
-kreg() { python3 -m cli "$@"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
 stage() { echo "=== $1 ($(date +%T))"; }
-
+GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
+GRID="$GRID --grid total_q=32,64,128,256,512,1024,2048,4096,8192 --grid space=tiny"
+IGRID="--grid rows=1,64,1024,4096 --grid keys=131072"
 stage "environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-
-stage "gpu tests"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-
-stage "hit paths"
-timeout 60 python3 benchmarks/bench_select.py 2>&1 | tee "$OUT/bench_select.log"
-
-GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid total_q=128,512,1024,8192 --grid space=tiny"
-stage "tune sparse_prefill"
-timeout 150 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
-  --plot "$OUT/tune_sparse_prefill.png" > "$OUT/tune_sparse_prefill.log" 2>&1
-tail -40 "$OUT/tune_sparse_prefill.log"
-stage "regret sparse_prefill"
-timeout 120 python3 benchmarks/bench_regret.py sparse_prefill $GRID --warmup 3 --iters 15 2>&1 | tee "$OUT/regret_sparse_prefill.log"
-
-IGRID="--grid rows=1,64,1024 --grid keys=131072"
-stage "tune indexer_topk"
-timeout 60 python3 -m cli tune indexer_topk $IGRID --warmup 3 --iters 10 \
-  > "$OUT/tune_indexer_topk.log" 2>&1; tail -25 "$OUT/tune_indexer_topk.log"
-stage "regret indexer_topk"
-timeout 60 python3 benchmarks/bench_regret.py indexer_topk $IGRID --warmup 3 --iters 15 2>&1 | tee "$OUT/regret_indexer_topk.log"
+for step in "$@"; do
+  case "$step" in
+    tests)
+      stage "gpu tests"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+      echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
+    hit-paths)
+      stage "hit paths"
+      timeout 60 python3 benchmarks/bench_select.py 2>&1 | tee "$OUT/bench_select.log" ;;
+    tune-sparse)
+      stage "tune sparse_prefill"
+      timeout 330 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
+        --plot "$OUT/tune_sparse_prefill.png" > "$OUT/tune_sparse_prefill.log" 2>&1
+      echo "rc=$?"; tail -5 "$OUT/tune_sparse_prefill.log" ;;
+    regret-sparse)
+      stage "regret sparse_prefill"
+      timeout 240 python3 benchmarks/bench_regret.py sparse_prefill $GRID --top 3 --warmup 3 \
+        --iters 15 > "$OUT/regret_sparse_prefill.log" 2>&1
+      echo "rc=$?"; tail -8 "$OUT/regret_sparse_prefill.log" ;;
+    tune-indexer)
+      stage "tune indexer_topk"
+      timeout 150 python3 -m cli tune indexer_topk $IGRID --warmup 3 --iters 15 \
+        > "$OUT/tune_indexer_topk.log" 2>&1
+      echo "rc=$?"; tail -30 "$OUT/tune_indexer_topk.log" ;;
+    regret-indexer)
+      stage "regret indexer_topk"
+      timeout 100 python3 benchmarks/bench_regret.py indexer_topk $IGRID --warmup 3 --iters 20 \
+        > "$OUT/regret_indexer_topk.log" 2>&1
+      echo "rc=$?"; tail -8 "$OUT/regret_indexer_topk.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
 cp "$KREG_HOME/tuning.json" "$OUT/tuning.json" 2>/dev/null
 stage "done"

@@ -18,9 +18,10 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
+    "COMPACT_TILE": 4096,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
-              "GROUP2")
+              "GROUP2", "COMPACT_TILE")
 _WARPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -68,6 +69,7 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048,
     cfg["SEARCH_WARPS"] = 4
     cfg["BOUND_SLACK"] = max(1, k // 8)
     cfg["PLACE_KEYS"] = max(2048, cfg["GROUP"])
+    cfg["COMPACT_TILE"] = 2048
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
     return cfg
@@ -80,6 +82,8 @@ def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
     measured), at the same keys per step unless GROUP_BLOCK is pinned too."""
     base = default_config(num_rows, max_keys, k)
     cfg = {**base, **config}
+    if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
+        cfg["GROUP_BLOCK"] = max(cfg["GROUP_BLOCK"], cfg["GROUP2"])   # whole supergroups a step
     if not cfg["FUSED"] and "GROUP" not in config:
         n = max(max_keys, 1)
         g = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
@@ -132,9 +136,9 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if cfg["CAND_TILE"] > cfg["CAND_CAP"]:
         raise ConfigError(f"indexer_topk config CAND_TILE={cfg['CAND_TILE']}: must be <= "
                           f"CAND_CAP ({cfg['CAND_CAP']}); lower CAND_TILE or raise CAND_CAP")
-    if cfg["CAND_TILE"] > 65536 or cfg["BOUND_TILE"] > 65536:
-        raise ConfigError("indexer_topk config CAND_TILE and BOUND_TILE: must be <= 65536 "
-                          "(register tiles); lower them")
+    if max(cfg["CAND_TILE"], cfg["BOUND_TILE"], cfg["COMPACT_TILE"]) > 65536:
+        raise ConfigError("indexer_topk config CAND_TILE, BOUND_TILE and COMPACT_TILE: must be "
+                          "<= 65536 (register tiles); lower them")
     if cfg["SEARCH_BITS"] not in (1, 2):
         raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
                           "(halving) or 2 (four-way, one packed reduction a step); use 1")

@@ -421,12 +421,34 @@ def _short_row(out, length, k, KB: tl.constexpr):
 
 
 @triton.jit
+def _place_selected(kp, pp, out, n, t, need, CH: tl.constexpr):
+    """Write, in position order, the positions of the ``n`` buffered candidates with key > t
+    and of the first ``need`` with key == t (CH at a time)."""
+    offs = tl.arange(0, CH)
+    run_sel = tl.full([], 0, tl.int32)
+    run_eq = tl.full([], 0, tl.int32)
+    for c0 in range(0, n, CH):
+        cm = c0 + offs < n
+        keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
+        gt = keys > t
+        eq = (keys == t).to(tl.int32)
+        sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+        si = sel.to(tl.int32)
+        dst = run_sel + tl.cumsum(si, axis=0) - si
+        p = tl.load(pp + c0 + offs, mask=sel, other=0)
+        tl.store(out + dst, p, mask=sel)
+        run_sel += tl.sum(si, axis=0)
+        run_eq += tl.sum(eq, axis=0)
+
+
+@triton.jit
 def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
                   off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
-                  SB: tl.constexpr, USE_GM: tl.constexpr):
+                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr):
     """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) sit in
     the row's buffer in position order (``n > cap``: the buffer is not trusted, the row tier
-    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning)."""
+    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning). PCH: keys a step
+    of the placement (``>= CAP``: placed from the register tile)."""
     row_c = row.to(tl.int64) * cap
     if n <= CAP:
         # The candidates fit the register tile.
@@ -437,12 +459,17 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
         t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
         gt = keys > t
         need = k - tl.sum(gt.to(tl.int32), axis=0)
-        eq = (keys == t).to(tl.int32)
-        sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
-        si = sel.to(tl.int32)
-        dst = tl.cumsum(si, axis=0) - si
-        p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
-        tl.store(out + dst, p, mask=sel)
+        if PCH >= CAP:
+            eq = (keys == t).to(tl.int32)
+            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
+            si = sel.to(tl.int32)
+            dst = tl.cumsum(si, axis=0) - si
+            p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
+            tl.store(out + dst, p, mask=sel)
+        else:
+            # Place from memory, PCH at a time (fewer live registers than the whole tile).
+            _place_selected(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n, t,
+                            need, PCH)
     elif n <= cap:
         # The buffer holds them all: search and place over it, CAP at a time.
         kp = ws_ptr + off_ckey + row_c
@@ -455,20 +482,7 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
         t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), CAP, SB)
         t = t.to(tl.int32)
         need = k - _count_gt_mem(kp, n, t, CAP)
-        run_sel = tl.full([], 0, tl.int32)
-        run_eq = tl.full([], 0, tl.int32)
-        for c0 in range(0, n, CAP):
-            cm = c0 + offs < n
-            keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
-            gt = keys > t
-            eq = (keys == t).to(tl.int32)
-            sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-            si = sel.to(tl.int32)
-            dst = run_sel + tl.cumsum(si, axis=0) - si
-            p = tl.load(pp + c0 + offs, mask=sel, other=0)
-            tl.store(out + dst, p, mask=sel)
-            run_sel += tl.sum(si, axis=0)
-            run_eq += tl.sum(eq, axis=0)
+        _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
     else:
         # Too many candidates for the buffer (tie-heavy row): search and place over the row.
         src = scores_ptr + row.to(tl.int64) * stride_s
@@ -534,7 +548,7 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
         lb = tl.load(ws_ptr + off_bound + row)
         n = tl.load(ws_ptr + off_ncand + row)
         _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
-                      off_cpos, off_ckey, GS, GB, CAP, SB, True)
+                      off_cpos, off_ckey, GS, GB, CAP, SB, True, CAP)
 
 
 @triton.jit
@@ -586,7 +600,8 @@ def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
 def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
                 slack, off_gm2, n_groups2, off_cpos, off_ckey,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
-                CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr):
+                CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
+                PCH: tl.constexpr):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -628,9 +643,12 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             lb = _loose_kth_mem(gsrc, ng, k, slack, CT)
         oc = tl.arange(0, CT)
         n_act = tl.full([], 0, tl.int32)
+        v_next = tl.load(gsrc + oc, mask=oc < ng, other=-2147483648)
         for c0 in range(0, ng, CT):
             m = c0 + oc < ng
-            v = tl.load(gsrc + c0 + oc, mask=m, other=-2147483648)
+            v = v_next
+            # The next chunk's load is issued before this one's scan (one round trip a step).
+            v_next = tl.load(gsrc + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
             ai = (m & (v >= lb)).to(tl.int32)
             adst = n_act + tl.cumsum(ai, axis=0) - ai
             n_act += tl.sum(ai, axis=0)
@@ -645,9 +663,11 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
         j = tl.arange(0, GS)
         run = tl.full([], 0, tl.int32)
         if n_act <= cap:
+            gi_next = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
             for a0 in range(0, n_act, GB):
                 am = a0 + g_off < n_act
-                gi = tl.load(gsrc + a0 + g_off, mask=am, other=0)
+                gi = gi_next
+                gi_next = tl.load(gsrc + a0 + GB + g_off, mask=a0 + GB + g_off < n_act, other=0)
                 pos = gi[:, None] * GS + j[None, :]
                 pm = am[:, None] & (pos < length)
                 run = _place_tile(src, pos, pm, lb, run, cpos, ckey, cap, False, GB * GS)
@@ -655,7 +675,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             run = cap + 1   # >= n_act > cap candidates: the row tier
         tl.debug_barrier()
         _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s, n_groups, k,
-                      cap, off_cpos, off_ckey, GS, max(1, min(GB, 1024 // GS)), CAP, SB, False)
+                      cap, off_cpos, off_ckey, GS, max(1, min(GB, 1024 // GS)), CAP, SB, False,
+                      PCH)
 
 
 # ----------------------------------------------------------------------------------- wrapper
@@ -736,8 +757,9 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                              off_cpos, off_ckey, GS=gs, GS2=gs2,
                              GB=max(1, cfg["PLACE_KEYS"] // gs),
                              GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
-                             CT=min(bt, _next_pow2(groups)), CAP=cfg["CAND_TILE"], KB=p["kb"],
-                             SB=sb, num_warps=sw)
+                             CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
+                             CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
+                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), num_warps=sw)
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows

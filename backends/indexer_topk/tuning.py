@@ -1,8 +1,9 @@
 """The ``kreg tune indexer_topk`` tuner (the protocol is in registry/_tune.py).
 
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
-``dtype`` (float32). Candidates: the measured default for the shape and its neighbours (slice
-count halved and doubled, GROUP halved and doubled, 4 and 8 warps). Every candidate's output is
+``dtype`` (float32). Candidates: the default for the shape (the fused path) and its neighbours:
+gmax slices halved and doubled, 8 row-program warps, 1024-key compaction and placement steps,
+GROUP doubled (GROUP2 halved: the same bound groups), and the four-launch path (FUSED=0). Every candidate's output is
 compared entry by entry with the exact reference before it is timed; a difference is a failure.
 """
 
@@ -44,9 +45,15 @@ def bucket(case: Any) -> dict[str, Any]:
     return {"k": case.k, "num_rows": case.rows, "max_keys": case.keys, "dtype": case.dtype}
 
 
+_LABEL_KEYS = ("SLICE_KEYS", "GROUP", "GROUP2", "SEARCH_WARPS", "PLACE_KEYS", "COMPACT_TILE")
+
+
 def _fmt(cfg: dict[str, Any]) -> str:
-    return (f"s{cfg['SLICE_KEYS']}x{cfg['MAX_SLICES']} g{cfg['GROUP']}x{cfg['GROUP_BLOCK']} "
-            f"w{cfg['num_warps']}")
+    if not cfg.get("FUSED"):
+        return (f"4-launch s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP_BLOCK']} "
+                f"w{cfg['num_warps']}")
+    return (f"fused s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP2']} "
+            f"w{cfg['SEARCH_WARPS']} p{cfg['PLACE_KEYS']} c{cfg['COMPACT_TILE']}")
 
 
 def baseline(case: Any) -> str:
@@ -56,16 +63,19 @@ def baseline(case: Any) -> str:
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
-    from backends.indexer_topk.config import default_config, validate_config
+    from backends.indexer_topk.config import default_config, resolve_config, validate_config
     from registry.errors import ConfigError
 
     base = default_config(case.rows, case.keys, case.k, facts.sm_count)
     space = [base]
     for slices in (base["SLICE_KEYS"] // 2, base["SLICE_KEYS"] * 2):
         space.append({**base, "SLICE_KEYS": slices})
-    for group in (base["GROUP"] // 2, base["GROUP"] * 2):
-        space.append({**base, "GROUP": group})
-    space.append({**base, "num_warps": 8 if base["num_warps"] == 4 else 4})
+    space.append({**base, "SEARCH_WARPS": 8})
+    space.append({**base, "PLACE_KEYS": 1024, "COMPACT_TILE": 1024})
+    if base["GROUP2"] > 1:
+        space.append({**base, "GROUP": base["GROUP"] * 2, "GROUP2": base["GROUP2"] // 2,
+                      "PLACE_KEYS": max(base["PLACE_KEYS"], base["GROUP"] * 2)})
+    space.append(resolve_config({"FUSED": 0}, case.rows, case.keys, case.k))
     out: list[tuple[str, dict[str, Any] | None, str]] = []
     seen: set[str] = set()
     for cfg in space:

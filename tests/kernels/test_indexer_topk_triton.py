@@ -41,13 +41,13 @@ SMALL = {
     # loose by BOUND_SLACK, from the GROUP-key maxima in memory on rows with fewer than k large
     # groups (lengths below GROUP * GROUP2 * k), none on rows with fewer than k small groups.
     "fused": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 256,
-              "CAND_CAP": 1024, "BOUND_SLACK": 4},
+              "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
     "fused_one_level": {"GROUP": 4, "GROUP2": 1, "PLACE_KEYS": 32, "CAND_TILE": 16,
                         "CAND_CAP": 1024, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
     "fused_row_tier": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
-                      "CAND_TILE": 256, "CAND_CAP": 1024},
+                      "CAND_TILE": 256, "CAND_CAP": 1024, "COMPACT_TILE": 64},
 }
 
 
@@ -164,7 +164,7 @@ def test_input_validation():
     ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
     ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
-    ({"GROUP2": 128}, "GROUP2"), ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
+    ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"), ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -289,3 +289,21 @@ def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
     cfg["CAND_TILE"] = min(cfg["CAND_TILE"], cfg["CAND_CAP"])
     got, want = run_both(scores, lengths, k, cfg)
     assert topk_mismatches(got, want) == []
+
+
+def test_tuner_candidates_cover_both_paths():
+    from types import SimpleNamespace
+
+    from backends.indexer_topk import tuning
+    from backends.indexer_topk.bench import BenchCase
+
+    case = BenchCase(rows=1024, keys=131072)
+    cands = tuning.candidates(case, SimpleNamespace(sm_count=132))
+    labels = [lab for lab, _cfg, _why in cands]
+    assert len(labels) == len(set(labels)) >= 6
+    assert all(cfg is not None for _lab, cfg, _why in cands), cands
+    fused = [cfg["FUSED"] for _lab, cfg, _why in cands]
+    assert fused.count(0) == 1 and fused[0] == 1
+    assert tuning.baseline(case) == labels[0]
+    for _lab, cfg, _why in cands:
+        TK.validate_config(cfg, 2048, 131072)
