@@ -53,7 +53,6 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048,
     n = max(max_keys, 1)
     cfg["FUSED"] = 1
     cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
-    groups = _cdiv(n, cfg["GROUP"])
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
     per_slice = _cdiv(n, slices)

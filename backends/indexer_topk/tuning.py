@@ -3,8 +3,9 @@
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
 ``dtype`` (float32). Candidates: the default for the shape (the fused path) and its neighbours:
 gmax slices halved and doubled, 8 row-program warps, 1024-key compaction and placement steps,
-GROUP doubled (GROUP2 halved: the same bound groups), and the four-launch path (FUSED=0). Every candidate's output is
-compared entry by entry with the exact reference before it is timed; a difference is a failure.
+GROUP doubled (GROUP2 halved: the same bound groups), and the four-launch path (FUSED=0).
+Every candidate's output is compared entry by entry with the exact reference before it is
+timed; a difference is a failure.
 """
 
 from __future__ import annotations
