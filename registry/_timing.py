@@ -7,7 +7,9 @@ only meaningful between providers timed together.
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,10 +32,15 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int = 10,
-                          iters: int = 100, graphs: bool = False) -> dict[str, float]:
+                          iters: int = 100, graphs: bool = False, min_warm_s: float = 0.1,
+                          min_window_s: float = 0.1) -> dict[str, float]:
     """Median milliseconds of each callable, timed round-robin with CUDA events in one window.
 
     Each iteration runs every provider once, in a rotated order so no provider is always first.
+    On a GPU the warm-up runs at least ``warmup`` rounds and at least ``min_warm_s`` seconds
+    (clocks leave their idle state; short kernels measured right after a slow reference ran
+    up to 30% slow in one window and not in the next), and the timed window at least ``iters``
+    rounds and at least ``min_window_s`` seconds (at most 20 x ``iters`` rounds).
     ``graphs``: each callable is captured once in a CUDA graph and its replays are timed (the
     GPU time of the work, without host launch cost: how a captured decode step runs it).
     Falls back to ``time.perf_counter`` around a synchronize when CUDA is absent (CPU runs;
@@ -46,13 +53,27 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
         return {}
     if graphs and torch.cuda.is_available():
         fns = {n: graphed(fns[n]) for n in names}
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    samples: dict[str, list[float]] = {n: [] for n in names}
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    rounds = 0
+    while rounds < warmup or (cuda and time.perf_counter() - t0 < min_warm_s
+                              and rounds < warmup + 10000):
+        for name in names:
+            fns[name]()
+        rounds += 1
+        if cuda and rounds >= warmup:
+            torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    if cuda:
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()   # one more round, synchronized: the time a round takes
+        for name in names:
+            fns[name]()
+        torch.cuda.synchronize()
+        per_round = time.perf_counter() - t1
+        iters = min(max(iters, math.ceil(min_window_s / max(per_round, 1e-6))), 20 * iters)
         make = torch.cuda.Event
         events = [[(make(enable_timing=True), make(enable_timing=True))  # type: ignore[no-untyped-call]
                    for _ in names] for _ in range(iters)]
@@ -70,8 +91,6 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
                 start, end = events[it][slot]
                 samples[name].append(start.elapsed_time(end))
     else:
-        import time
-
         for it in range(iters):
             shift = it % len(names)
             for j in range(len(names)):

@@ -12,7 +12,11 @@ The op supplies a *tuner* module (``OpSpec.tuner``) with:
   interleaved timing with the bench machinery, every candidate checked against the reference.
 
 Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
-run resumes where it stopped. A candidate that fails to compile or run is scored as failed, not
+run resumes where it stopped (a resumed run skips buckets already in the store). Points of one
+run whose buckets coincide (grid axes the workload cannot see, such as sparse_prefill's KV
+length) merge into one entry: its config is the candidate with the smallest worst ratio to each
+point's fastest (minimax regret over those points), its ``timings_ms`` the mean over them of the
+candidates measured at every one. A candidate that fails to compile or run is scored as failed, not
 fatal; one past the op's error bound makes the run exit non-zero.
 """
 
@@ -86,6 +90,7 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                     e.software == software:
                 done.add(_bucket_key(e.bucket))
     results = []
+    merged: dict[str, list[dict[str, float]]] = {}
     for case in tuner.cases(grid):
         bucket = dict(tuner.bucket(case))
         res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
@@ -103,9 +108,12 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
             ok = {lab: t["ms"] for lab, t in res.timings.items() if t.get("ok") and t.get("ms")}
             if ok:
                 res.winner = min(ok, key=lambda lab: ok[lab])
+                points = merged.setdefault(_bucket_key(bucket), [])
+                points.append(ok)
+                config_label, timings = _merge(points)
                 store.put([TuningEntry(
                     op=op, family=tuner.FAMILY, device=device, software=software, bucket=bucket,
-                    config=valid[res.winner], timings_ms=ok, command=command,
+                    config=valid[config_label], timings_ms=timings, command=command,
                     measured_at=utc_now())])
             else:
                 res.status = "no candidate ran"
@@ -113,6 +121,22 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
         if on_point is not None:
             on_point(res)
     return results
+
+
+def _merge(points: list[dict[str, float]]) -> tuple[str, dict[str, float]]:
+    """(minimax-regret label, mean ms) over the points of one bucket, among the labels that ran
+    at every point (a single point: its fastest, its timings)."""
+    if len(points) == 1:
+        only = points[0]
+        return min(only, key=only.__getitem__), dict(only)
+    common = set(points[0]).intersection(*points[1:])
+    if not common:   # nothing ran everywhere: the latest point decides
+        last = points[-1]
+        return min(last, key=last.__getitem__), dict(last)
+    best = [min(p.values()) for p in points]
+    worst = {lab: max(p[lab] / b for p, b in zip(points, best, strict=True)) for lab in common}
+    mean = {lab: sum(p[lab] for p in points) / len(points) for lab in common}
+    return min(common, key=lambda lab: (worst[lab], mean[lab])), mean
 
 
 def _bucket_key(bucket: dict[str, Any]) -> str:

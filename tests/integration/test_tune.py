@@ -124,3 +124,28 @@ def test_tuning_list_show_export_import_clear(home: Path) -> None:
     table.write_text(table.read_text().replace("3.5.0", "3.4.0"))
     tampered = runner.invoke(cli.main, ["tuning", "import", str(table)])
     assert tampered.exit_code != 0 and "checksum" in tampered.output.lower()
+
+
+def test_points_of_one_bucket_merge_by_minimax_regret() -> None:
+    from registry._tune import _merge
+
+    # KV 8K: a fastest (1.00), b 3% slower; KV 128K: b fastest, a 20% slower. The bucket cannot
+    # tell them apart, so it keeps b (worst ratio 1.03, not a's 1.20); c ran at one point only.
+    kv8 = {"a": 1.00, "b": 1.03, "c": 1.2}
+    kv128 = {"a": 3.6, "b": 3.0}
+    label, timings = _merge([kv8, kv128])
+    assert label == "b"
+    assert timings == {"a": pytest.approx(2.3), "b": pytest.approx(2.015)}
+    assert _merge([kv8]) == ("a", kv8)
+    assert _merge([{"x": 1.0}, {"y": 2.0}]) == ("y", {"y": 2.0})
+
+
+def test_tune_merges_kv_points_into_one_entry(home: Path) -> None:
+    res = CliRunner().invoke(cli.main, ["tune", "sparse_prefill", *GRID[:-6],
+                                        "--grid", "kv_len=64,96", "--grid", "total_q=8",
+                                        "--grid", "dtype=float32", "--grid", "space=tiny",
+                                        "--warmup", "0", "--iters", "1"])
+    assert res.exit_code == 0, res.output
+    entries = TuningStore().load()
+    assert len(entries) == 1 and entries[0].bucket["total_q"] == 8
+    assert entries[0].timings_ms   # the mean over both KV points
