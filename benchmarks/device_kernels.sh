@@ -20,7 +20,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 if [ "$part" = indexer ]; then
   stage "gpu tests (warnings as the project configures them)"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} \
+  [ -n "${SKIP_TESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} \
     > "$OUT/gpu_tests.log" 2>&1
   echo "pytest rc=$?"; tail -6 "$OUT/gpu_tests.log"
   IB="python3 benchmarks/bench_indexer_topk.py --warmup 5 --iters 30"

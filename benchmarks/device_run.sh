@@ -34,7 +34,7 @@ for step in "$@"; do
     tune-sparse)
       stage "tune sparse_prefill"
       timeout 330 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
-        --plot "$OUT/tune_sparse_prefill.png" > "$OUT/tune_sparse_prefill.log" 2>&1
+        ${PLOT:+--plot "$OUT/tune_sparse_prefill.png"} > "$OUT/tune_sparse_prefill.log" 2>&1
       echo "rc=$?"; tail -5 "$OUT/tune_sparse_prefill.log" ;;
     regret-sparse)
       stage "regret sparse_prefill"

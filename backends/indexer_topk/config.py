@@ -37,21 +37,25 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def default_config(num_rows: int, max_keys: int, k: int = 2048,
-                   sm_count: int = 132) -> dict[str, int]:
-    """The default config for a workload shape (the fused two-launch path, ``FUSED=1``).
+def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132,
+                   fused: bool | None = None) -> dict[str, int]:
+    """The default config for a workload shape, from the H200 measurements
+    (docs/notes/indexer_topk.md): the four-launch path (``FUSED=0``) for a few rows, where many
+    slice programs per row beat one row program's latency (1 x 131072: 33 us against 49-56 us
+    of GPU time); the fused two-launch path (``FUSED=1``) from 16 rows (64 x 131072: 66 us
+    against 121 us), with 8 row-program warps up to 256 rows and 4 above (more programs an SM).
+    ``fused`` forces the path.
 
-    GROUP so that a row has about 8k groups and GROUP2 so that it has about 2k groups of
+    Fused: GROUP so that a row has about 8k groups and GROUP2 so that it has about 2k groups of
     GROUP * GROUP2 keys (the bound is searched over those, in a register tile of BOUND_TILE
     4096; the active groups are then the small groups reaching it: about 2,500 of 16,384 at
     131,072 random keys); enough gmax slices to give the device ~2 programs an SM (at most 64,
-    at least 2048 keys a slice); 4 warps for the row program (registers: several programs an
-    SM). The multi-launch path (``FUSED=0``) keeps the GROUP it was measured with
-    (about 2k groups a row) when a caller pins ``FUSED=0``: :func:`resolve_config`.
+    at least 2048 keys a slice). Four-launch: about 2k groups a row, as measured.
     """
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)
-    cfg["FUSED"] = 1
+    use_fused = num_rows >= 16 if fused is None else fused
+    cfg["FUSED"] = int(use_fused)
     cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
@@ -65,32 +69,40 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048,
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
     cfg["BOUND_TILE"] = 4096
-    cfg["SEARCH_WARPS"] = 4
+    cfg["SEARCH_WARPS"] = 8 if num_rows <= 256 else 4
     cfg["BOUND_SLACK"] = max(1, k // 8)
     cfg["PLACE_KEYS"] = max(2048, cfg["GROUP"])
     cfg["COMPACT_TILE"] = 2048
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
+    if not use_fused:
+        _four_launch(cfg, n, k, {})
     return cfg
+
+
+def _four_launch(cfg: dict[str, int], n: int, k: int, pinned: dict[str, Any]) -> None:
+    """The four-launch path's measured GROUP (about 2k groups a row), at the same keys per step
+    and its bound tile, except where ``pinned``."""
+    g = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
+    step_keys = cfg["GROUP"] * cfg["GROUP_BLOCK"]
+    cfg["GROUP"] = g
+    if "GROUP_BLOCK" not in pinned:
+        cfg["GROUP_BLOCK"] = max(1, step_keys // g)
+    if "BOUND_TILE" not in pinned:
+        cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, g))))
+    if "SEARCH_WARPS" not in pinned:
+        cfg["SEARCH_WARPS"] = 4
 
 
 def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
                    k: int = 2048) -> dict[str, int]:
-    """``config`` over :func:`default_config` for the shape. A config that pins ``FUSED=0``
-    without a GROUP gets the multi-launch path's group size (about 2k groups a row, as
-    measured), at the same keys per step unless GROUP_BLOCK is pinned too."""
-    base = default_config(num_rows, max_keys, k)
+    """``config`` over :func:`default_config` for the shape. A config that pins ``FUSED``
+    gets that path's defaults for the keys it leaves out."""
+    fused = bool(config["FUSED"]) if config.get("FUSED") in (0, 1) else None
+    base = default_config(num_rows, max_keys, k, fused=fused)
     cfg = {**base, **config}
     if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
         cfg["GROUP_BLOCK"] = max(cfg["GROUP_BLOCK"], cfg["GROUP2"])   # whole supergroups a step
-    if not cfg["FUSED"] and "GROUP" not in config:
-        n = max(max_keys, 1)
-        g = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
-        cfg["GROUP"] = g
-        if "GROUP_BLOCK" not in config:
-            cfg["GROUP_BLOCK"] = max(1, base["GROUP"] * base["GROUP_BLOCK"] // g)
-        if "BOUND_TILE" not in config:
-            cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, g))))
     return cfg
 
 

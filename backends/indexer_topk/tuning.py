@@ -1,9 +1,10 @@
 """The ``kreg tune indexer_topk`` tuner (the protocol is in registry/_tune.py).
 
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
-``dtype`` (float32). Candidates: the default for the shape (the fused path) and its neighbours:
-gmax slices halved and doubled, 8 row-program warps, 1024-key compaction and placement steps,
-GROUP doubled (GROUP2 halved: the same bound groups), and the four-launch path (FUSED=0).
+``dtype`` (float32). Candidates: the default for the shape, its gmax slices halved and doubled,
+the fused path's default and its neighbours (the other of 4 and 8 row-program warps, 1024-key
+compaction and placement steps, GROUP doubled with GROUP2 halved: the same bound groups), and
+the four-launch path's default (FUSED=0).
 Every candidate's output is compared entry by entry with the exact reference before it is
 timed; a difference is a failure.
 """
@@ -64,19 +65,21 @@ def baseline(case: Any) -> str:
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
-    from backends.indexer_topk.config import default_config, resolve_config, validate_config
+    from backends.indexer_topk.config import default_config, validate_config
     from registry.errors import ConfigError
 
     base = default_config(case.rows, case.keys, case.k, facts.sm_count)
+    fused = default_config(case.rows, case.keys, case.k, facts.sm_count, fused=True)
     space = [base]
     for slices in (base["SLICE_KEYS"] // 2, base["SLICE_KEYS"] * 2):
         space.append({**base, "SLICE_KEYS": slices})
-    space.append({**base, "SEARCH_WARPS": 8})
-    space.append({**base, "PLACE_KEYS": 1024, "COMPACT_TILE": 1024})
-    if base["GROUP2"] > 1:
-        space.append({**base, "GROUP": base["GROUP"] * 2, "GROUP2": base["GROUP2"] // 2,
-                      "PLACE_KEYS": max(base["PLACE_KEYS"], base["GROUP"] * 2)})
-    space.append(resolve_config({"FUSED": 0}, case.rows, case.keys, case.k))
+    space.append(fused)
+    space.append({**fused, "SEARCH_WARPS": 12 - fused["SEARCH_WARPS"]})   # the other of 4, 8
+    space.append({**fused, "PLACE_KEYS": 1024, "COMPACT_TILE": 1024})
+    if fused["GROUP2"] > 1:
+        space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
+                      "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})
+    space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))
     out: list[tuple[str, dict[str, Any] | None, str]] = []
     seen: set[str] = set()
     for cfg in space:

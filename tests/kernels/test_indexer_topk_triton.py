@@ -179,8 +179,11 @@ def test_default_config_and_scratch():
         p = TK.plan(cfg, n)
         assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
+    assert TK.default_config(1, 131072, 2048)["FUSED"] == 0
+    assert TK.default_config(64, 131072, 2048)["SEARCH_WARPS"] == 8
     cfg = TK.default_config(4096, 131072, 2048)
     assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8 and cfg["GROUP2"] == 4
+    assert cfg["SEARCH_WARPS"] == 4
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 2048
@@ -198,8 +201,9 @@ def test_gpu_k2048(n, kind):
     k = 2048
     scores = make_scores(kind, rows, n, seed=n % 97, device="cuda")
     lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5], dtype=torch.int32, device="cuda")
-    for cfg in ({}, {"SLICE_KEYS": 1024, "MAX_SLICES": 64}, {"SEARCH_WARPS": 16},
-                {"SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
+    for cfg in ({}, {"FUSED": 1}, {"FUSED": 1, "SLICE_KEYS": 1024, "MAX_SLICES": 64},
+                {"FUSED": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024},
+                {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
                  "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2}):
         got, want = run_both(scores, lengths, k, cfg)
@@ -305,6 +309,8 @@ def test_tuner_candidates_cover_both_paths():
     assert all(cfg is not None for _lab, cfg, _why in cands), cands
     fused = [cfg["FUSED"] for _lab, cfg, _why in cands]
     assert fused.count(0) == 1 and fused[0] == 1
+    one = tuning.candidates(BenchCase(rows=1, keys=131072), SimpleNamespace(sm_count=132))
+    assert one[0][1]["FUSED"] == 0 and sum(c["FUSED"] for _lab, c, _w in one) >= 3
     assert tuning.baseline(case) == labels[0]
     for _lab, cfg, _why in cands:
         TK.validate_config(cfg, 2048, 131072)
