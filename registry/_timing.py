@@ -52,7 +52,17 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
     if not names:
         return {}
     if graphs and torch.cuda.is_available():
-        fns = {n: graphed(fns[n]) for n in names}
+        timed: dict[str, Callable[[], Any]] = {}
+        for n in names:
+            try:
+                timed[n] = graphed(fns[n])
+            except Exception as exc:   # not capturable (it synchronizes): timed plainly
+                import warnings
+
+                warnings.warn(f"{n}: not capturable in a CUDA graph ({exc}); timed with plain "
+                              "launches", stacklevel=2)
+                timed[n] = fns[n]
+        fns = timed
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
