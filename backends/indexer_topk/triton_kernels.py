@@ -6,24 +6,42 @@ to ``+0.0``, so the two are equal and tie by position; every NaN -> ``INT32_MIN 
 ``-inf``; ``INT32_MIN`` marks "no key" and is never a real key). fp16/bf16 widen to float32
 exactly.
 
-Algorithm (exact on every input; no spin barrier, no co-residency assumption: each stage is a
-separate launch, later launches read only what earlier ones wrote). 3 launches with one slice a
-row, 4 with several, 1 when max_keys <= k:
+Two paths, both exact on every input, with no spin barrier and no co-residency assumption
+(each stage is a separate launch; later launches read only what earlier ones wrote). Both begin
+with ``_gmax_kernel`` grid ``(rows, slices)``, the one full read of the scores: each slice (a
+run of about ``SLICE_KEYS`` keys, at most ``MAX_SLICES`` slices a row) writes the maximum key of
+every group of ``GROUP`` consecutive keys (``gm``). The bound behind both: if ``k`` group maxima
+are ``>= L``, they are ``k`` distinct keys of the row, so the row's k-th largest key ``T`` is
+``>= L`` and every key of the top-k is ``>= L`` -- a proof, not an estimate; rows with fewer
+than ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). 1 launch in all when
+max_keys <= k. Rows with ``length <= k`` take the fast path (positions ``0..length-1`` then
+-1); the other stages return at once for them.
 
-1. ``_gmax_kernel`` grid ``(rows, slices)``: the one full read of the scores. Each slice (a run
-   of about ``SLICE_KEYS`` keys, at most ``MAX_SLICES`` slices a row) writes the maximum key of
-   every group of ``GROUP`` consecutive keys (``gm``).
+**Fused path** (``FUSED=1``; the default from 16 rows): 2 launches. ``_gmax_kernel`` also
+writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid
+``(rows,)``, one program a row:
+
+1. ``L`` = a lower bound of the k-th largest supergroup maximum: a halving search over them in
+   a register tile of ``BOUND_TILE`` that stops once at most ``k + BOUND_SLACK`` are ``>= L``
+   (rows with fewer than k supergroups search the ``GROUP``-key maxima in memory).
+2. The active groups (``GROUP``-key maximum ``>= L``) compacted, in order, over the row's group
+   maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys).
+3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
+   order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
+4. Selection as in stage 3 below (the row tier reads the whole row: the group maxima were
+   overwritten by the active list).
+
+**Four-launch path** (``FUSED=0``; the default below 16 rows, where many slice programs a row
+beat one program's latency): 3 launches with one slice a row, 4 with several.
+
 2. ``_place_kernel`` grid ``(rows, slices)``, run twice with several slices (``COUNT_ONLY``
    first, then the placement), once with one slice. Each program first finds the row's bound
    ``L`` = the exact k-th largest group maximum (a value search over the row's ``gm`` held in a
-   register tile of ``BOUND_TILE``, or streamed from memory when larger). The ``k`` group maxima
-   ``>= L`` are ``k`` distinct keys of the row, so the row's k-th largest key ``T`` is ``>= L``:
-   every key of the top-k is ``>= L``. This is a proof, not an estimate; rows with fewer than
-   ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). The candidates (valid
-   keys ``>= L``) of each slice are counted, then written in position order to the row's buffer
-   of ``CAND_CAP`` (position, key) pairs at the slice's exclusive prefix of the counts. With
-   ``SPARSE=1`` only groups whose maximum is ``>= L`` are read (about ``k`` groups a row on
-   random data); ``SPARSE=0`` reads the whole slice again (fewer dependent loads).
+   register tile of ``BOUND_TILE``, or streamed from memory when larger), or reads it from
+   ``_bound_kernel`` (``BOUND_PASS``). The candidates (valid keys ``>= L``) of each slice are
+   counted, then written in position order to the row's buffer at the slice's exclusive prefix
+   of the counts. With ``SPARSE=1`` only groups whose maximum is ``>= L`` are read;
+   ``SPARSE=0`` reads the whole slice again; ``SPARSE=2`` visits a compacted active-group list.
 3. ``_select_kernel`` grid ``(rows,)``: ``T`` = the largest key with at least ``k`` candidates
    ``>= T`` (value search in ``[L, max]``: halving, or four-way with ``SEARCH_BITS=2``),
    ``m = k - #(key > T)``. The output is the candidates with key ``> T``, plus the first ``m``
@@ -32,45 +50,46 @@ row, 4 with several, 1 when max_keys <= k:
    placed ``CAND_TILE`` at a time); or there are more than ``CAND_CAP`` (tie-heavy rows: all
    equal, a few repeated values) and the buffer is not trusted: the same search (four-way,
    three probes a pass) and placement run over the row itself, reading the groups whose
-   maximum reaches the probe. Exact in every
-   tier; the buffer is never silently truncated. Rows with ``length <= k`` take the fast path
-   (positions ``0..length-1`` then -1); stages 1-2 return at once for them.
+   maximum reaches the probe. Exact in every tier; the buffer is never silently truncated.
 
-Config keys (dict of ints; keys left out come from :func:`default_config` for the call's shape;
-the table's defaults are :data:`DEFAULT_CONFIG`):
+Config keys (dict of ints; keys left out come from :func:`resolve_config`: the
+:func:`default_config` of the call's shape, of the path the config pins; the bare defaults are
+:data:`DEFAULT_CONFIG`):
 
-==============  =========  ==================================================================
-key             default    meaning
-==============  =========  ==================================================================
-SLICE_KEYS      1024       keys per slice (rounded up to a multiple of GROUP * GROUP_BLOCK)
-MAX_SLICES      64         most slices per row (1..1024); fewer when max_keys is short
-num_warps       4          warps of the streaming kernels (stages 1 and 2)
-GROUP           16         keys per group maximum (power of two, 2..256); default_config picks
-                           max_keys / 2k (32 at 131072 keys, 128 at 524288)
-GROUP_BLOCK     64         groups per inner step of stages 1 and 2 (power of two)
-SEARCH_WARPS    4          warps of stage 3
-BOUND_TILE      4096       register tile of the bound search; rows with more groups stream
-CAND_TILE       4096       register tile of stage 3 (power of two)
-CAND_CAP        16384      candidate buffer per row (power of two, >= k, >= CAND_TILE)
-SEARCH_BITS     1          1: halving search; 2: four-way (one packed int64 reduction a step)
-SPARSE          1          stage 2 reads: 0 every key; 1 only groups whose maximum reaches
-                           the bound, scanning the group maxima step by step; 2 the same
-                           groups from a compacted active-group list (+4 bytes a group of
-                           scratch; needs the row's groups <= BOUND_TILE, else acts as 1;
-                           not measured on the H200 yet)
-BOUND_PASS      -1         1: the bound in a launch of its own (grid rows) that the slices read;
-                           0: every slice program searches it (no extra launch, redundant
-                           work per slice); -1: 1 when slices > 1 and rows * slices > 1024
-                           (pinned geometries such as 1024 x 64 on many rows)
-==============  =========  ==================================================================
+==============  ==========  =================================================================
+key             default     meaning
+==============  ==========  =================================================================
+FUSED           by rows     1: the fused path (2 launches); 0: the four-launch path
+SLICE_KEYS      by shape    gmax (and four-launch) keys per slice (rounded up to a multiple of
+                            GROUP * GROUP_BLOCK)
+MAX_SLICES      64          most slices per row (1..1024); fewer when max_keys is short
+num_warps       4 or 8      warps of the streaming kernels (gmax; four-launch stage 2)
+GROUP           8 / 32      keys per group maximum (power of two, 2..256): fused about 8k
+                            groups a row (8 at 131072 keys), four-launch about 2k (32)
+GROUP_BLOCK     by shape    groups per inner step of the streaming kernels (power of two)
+GROUP2          4           fused: groups per supergroup (the bound's groups; about 2k a row)
+SEARCH_WARPS    4 or 8      warps of the row program / stage 3 (fused: 8 up to 256 rows)
+BOUND_TILE      4096        register tile of the bound search; more groups stream from memory
+BOUND_SLACK     k / 8       fused: supergroups the loose bound may leave above k
+COMPACT_TILE    2048        fused: group maxima per compaction step
+PLACE_KEYS      2048        fused: keys per placement step (and per selection-placement step)
+CAND_TILE       4096        register tile of the selection (power of two)
+CAND_CAP        16384       candidate buffer per row (power of two, >= k, >= CAND_TILE)
+SEARCH_BITS     1           1: halving search; 2: four-way (one packed int64 reduction a step)
+SPARSE          1           four-launch stage 2 reads: 0 every key; 1 only groups reaching the
+                            bound; 2 the same from a compacted list (+4 bytes a group)
+BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 every slice
+                            program searches it; -1 1 when slices > 1 and rows * slices > 1024
+==============  ==========  =================================================================
 
-Scratch per row (:func:`scratch_bytes_per_row`): ``4 * ceil(max_keys / GROUP)`` (group maxima)
-``+ 8 * CAND_CAP`` (candidates) ``+ 4 * (slices + 2)``; at 131072 keys with default_config
-(GROUP 32, CAND_CAP 16384): 147,468 bytes a row (28% of an fp32 row). One int32 workspace
-tensor per call; no memset.
+Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
+memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
+ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
+131072 keys 212,992 bytes a row (41% of an fp32 row). Four-launch: ``4 * ceil(max_keys /
+GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
-:func:`scratch_bytes_per_row`, :func:`plan`, :data:`DEFAULT_CONFIG`.
+:func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`plan`, :data:`DEFAULT_CONFIG`.
 """
 
 from __future__ import annotations
@@ -80,7 +99,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-__all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan",
+__all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan", "resolve_config",
            "scratch_bytes_per_row", "validate_config"]
 
 from backends.indexer_topk.config import (
