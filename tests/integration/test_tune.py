@@ -149,3 +149,34 @@ def test_tune_merges_kv_points_into_one_entry(home: Path) -> None:
     entries = TuningStore().load()
     assert len(entries) == 1 and entries[0].bucket["total_q"] == 8
     assert entries[0].timings_ms   # the mean over both KV points
+
+
+def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_on() -> None:
+    """docs/tables/: the table `kreg tune` measured on the lent H200 (the "post the table" step),
+    loaded as a vendor plugin would, selects the H200 family at 8192 rows there, and nothing on
+    another Triton version, with the reason."""
+    from registry import load_table
+
+    path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
+    entries = load_table(path)
+    assert len(entries) == 40 and {e.op for e in entries} == {"sparse_prefill", "indexer_topk"}
+    sw = entries[0].software
+    facts = registry.profiles()["h200"].what_if(torch_version=sw.torch, triton_version=sw.triton,
+                                                 runtime_version=sw.runtime)
+    impls = {i.name: i for i in implementations_from(entries)}
+    reg = registry.Registry(load_entry_points=False)
+    import backends.sparse_prefill as op
+    import plugins.reference as ref
+
+    reg.register_plugin(op, "sparse_prefill")
+    reg.register_plugin(ref, "reference")
+    reg.register_plugin(types.SimpleNamespace(kreg_implementations=registry.hookimpl(
+        lambda: [impls["measured.sparse_prefill"]])), "measured")
+    wl = {"kind": "chunk", "topk": 2051, "head_dim": 256, "group_size": 6, "num_kv_heads": 1,
+          "total_q": 8192, "num_requests": 1, "max_q": 8192, "dtype": "bfloat16"}
+    d = reg.select("sparse_prefill", wl, facts)
+    assert d.implementation == "measured.sparse_prefill"
+    assert d.config["BLOCK_M"] == 8 and d.config["CHUNK_MODE"] == "pretranslate"
+    other = reg.select("sparse_prefill", wl, facts.what_if(triton_version="3.7.0"))
+    assert other.implementation == "reference.sparse_prefill"
+    assert f"measured with triton {sw.triton}, running 3.7.0" in other.explain()
