@@ -39,7 +39,7 @@ def main() -> int:
               if e.op == args.op and e.device == device and e.software == software}
     rows: list[dict[str, Any]] = []
     print(f"# {args.op} on {facts.describe()}", flush=True)
-    head = f"{'point':<44} {'auto picks':<34} {'auto ms':>9} {'best ms':>9} {'table ms':>9} " \
+    head = f"{'point':<44} {'auto picks':<40} {'auto ms':>9} {'best ms':>9} {'table ms':>9} " \
            f"{'regret':>7} {'vs table':>8}"
     print(head)
     worst = 0.0
@@ -54,8 +54,12 @@ def main() -> int:
         res = tuner.measure(case, cands, warmup=args.warmup, iters=args.iters, include_auto=True)
         ok = {lab: t["ms"] for lab, t in res.items() if t.get("ok") and t.get("ms")}
         dec = registry.get_registry().last_decisions
-        picked = next((d.implementation + " " + d.config_short() for k, d in dec.items()
-                       if k[0] == args.op), "?")
+        chosen = next((d for k, d in dec.items() if k[0] == args.op), None)
+        # Name what auto ran by the candidate label it equals (e.g. 8x32x4x2:pre:rev:split2:r96).
+        same = [lab for lab, cfg in cands.items()
+                if chosen is not None and dict(chosen.config or {}) == dict(cfg)]
+        picked = "?" if chosen is None else chosen.implementation.split(".")[0] + " " + (
+            same[0] if same else chosen.config_short())
         best = min(v for k, v in ok.items() if k != "auto")
         regret = ok["auto"] / best - 1
         vs_table = ok["auto"] / ok[base] if base in ok else float("nan")
@@ -65,7 +69,7 @@ def main() -> int:
         rows.append({"point": tuner.label(case), "auto": picked, "auto_ms": ok["auto"],
                      "best_ms": best, "table_ms": ok.get(base), "regret": regret,
                      "vs_table": vs_table, "all_ms": ok})
-        print(f"{tuner.label(case):<44} {picked[:34]:<34} {ok['auto']:>9.4f} {best:>9.4f} "
+        print(f"{tuner.label(case):<44} {picked[:40]:<40} {ok['auto']:>9.4f} {best:>9.4f} "
               f"{ok.get(base, float('nan')):>9.4f} {regret:>6.1%} {vs_table:>7.3f}x"
               f"{'  FAIL' if flag else ''}", flush=True)
         registry.invalidate()

@@ -35,7 +35,8 @@ Providers (``--providers``, comma separated):
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 
-Timed providers alternate in one window (``registry._timing.interleaved_median_ms``). Every
+Timed providers alternate in one window (``registry._timing.interleaved_median_ms``; with
+``--graphs`` as CUDA-graph replays, a provider that cannot be captured timed plainly). Every
 provider is checked against the fp32 reference on every run (output memory poisoned with NaN
 first); the command exits non-zero when one is past ``error_bound(dtype)``.
 """
@@ -270,7 +271,8 @@ def _poison(like: Any) -> None:
 
 
 def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: int = 30,
-             baseline: str | None = None, device: Any = None) -> list[dict[str, Any]]:
+             baseline: str | None = None, device: Any = None,
+             graphs: bool = False) -> list[dict[str, Any]]:
     """Check every provider against the fp32 reference, then time them; one record each."""
     import torch
 
@@ -301,7 +303,8 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
         recs[p] = rec
     timed = {p: f for p, f in fns.items() if p not in _UNTIMED}
     if timed:
-        for p, ms in interleaved_median_ms(timed, warmup=warmup, iters=iters).items():
+        for p, ms in interleaved_median_ms(timed, warmup=warmup, iters=iters,
+                                           graphs=graphs).items():
             recs[p]["ms"] = ms
     for p in (p for p in fns if p in _UNTIMED):
         recs[p]["ms"] = isolated_median_ms(fns[p], warmup=1, iters=3)
@@ -388,10 +391,13 @@ def _plot(records: list[dict[str, Any]], path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print JSON records instead of a table")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="write a ms-vs-total_q plot (needs matplotlib)")
+@click.option("--graphs", is_flag=True,
+              help="time CUDA-graph replays of the timed providers (GPU time without host "
+                   "launch cost; small total_q is host-bound with plain launches)")
 def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_q: str,
                   req_lens: str | None, dtype: str, topk: int, head_dim: int, page_size: int,
                   warmup: int, iters: int, providers: str, baseline: str, as_json: bool,
-                  plot: str | None) -> None:
+                  plot: str | None, graphs: bool) -> None:
     """Time sparse_prefill providers side by side and check each against the fp32 reference."""
     provs = [p.strip() for p in providers.split(",") if p.strip()]
     if baseline and baseline not in provs:
@@ -406,7 +412,8 @@ def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_
     with click.progressbar(cases, label="sparse_prefill", file=sys.stderr,
                            item_show_func=lambda c: c.label() if c else None) as bar:
         for case in bar:
-            records.extend(run_case(case, provs, warmup=warmup, iters=iters, baseline=baseline))
+            records.extend(run_case(case, provs, warmup=warmup, iters=iters, baseline=baseline,
+                                    graphs=graphs))
     if as_json:
         click.echo(json.dumps(records, indent=1))
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,37 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     other = reg.select("sparse_prefill", wl, facts.what_if(triton_version="3.7.0"))
     assert other.implementation == "reference.sparse_prefill"
     assert f"measured with triton {sw.triton}, running 3.7.0" in other.explain()
+
+
+def test_regret_bench_names_what_auto_ran(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    res = CliRunner().invoke(cli.main, ["tune", "sparse_prefill", *GRID, "--warmup", "0",
+                                        "--iters", "1"])
+    assert res.exit_code == 0, res.output
+    registry.reset_registry()   # the measured plugin reads the store when the registry loads
+    spec = importlib.util.spec_from_file_location(
+        "bench_regret", Path(__file__).parents[2] / "benchmarks" / "bench_regret.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr("sys.argv", ["bench_regret.py", "sparse_prefill", *GRID,
+                                     "--warmup", "0", "--iters", "2"])
+    rc = mod.main()
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("prefill g=2")]
+    assert len(rows) == 2 and "worst regret" in out and rc in (0, 1)   # CPU timings are noise
+    labels = {lab for lab, _cfg, _why in load_tuner_candidates()}
+    assert all(row.split()[5] == "measured" and row.split()[6] in labels for row in rows), rows
+
+
+def load_tuner_candidates() -> list[tuple[str, Any, str]]:
+    from registry._tune import load_tuner
+
+    tuner = load_tuner("sparse_prefill")
+    grid = {g.split("=", 1)[0]: g.split("=", 1)[1].split(",") for g in GRID[1::2]}
+    out: list[tuple[str, Any, str]] = []
+    for case in tuner.cases(grid):
+        out.extend(tuner.candidates(case, registry.probe()))
+    return out
