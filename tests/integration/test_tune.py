@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner

@@ -1,0 +1,40 @@
+"""registry._timing on the CPU: round-robin order, medians, and the GPU-only knobs ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry import _timing
+
+torch = pytest.importorskip("torch")
+
+
+def test_round_robin_medians_and_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    order: list[str] = []
+    clock = iter(range(10_000))
+    # Each call advances a fake perf_counter by its provider's cost (a: 1 ms, b: 3 ms).
+    now = [0.0]
+
+    def fake_counter() -> float:
+        next(clock)
+        return now[0]
+
+    def make(name: str, cost: float):  # type: ignore[no-untyped-def]
+        def fn() -> None:
+            order.append(name)
+            now[0] += cost / 1e3
+        return fn
+
+    monkeypatch.setattr(_timing.time, "perf_counter", fake_counter)
+    got = _timing.interleaved_median_ms({"a": make("a", 1.0), "b": make("b", 3.0)}, warmup=1,
+                                        iters=4, graphs=True, min_warm_s=5.0, min_window_s=5.0)
+    assert got == {"a": pytest.approx(1.0), "b": pytest.approx(3.0)}
+    # 1 warm-up round, then 4 timed rounds (the GPU-only time minimums do not stretch a CPU run;
+    # graphs are ignored), alternating which provider goes first.
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_empty_and_isolated() -> None:
+    assert _timing.interleaved_median_ms({}) == {}
+    assert _timing.isolated_median_ms(lambda: None, warmup=0, iters=3) >= 0.0
