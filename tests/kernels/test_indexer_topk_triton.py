@@ -242,12 +242,15 @@ def test_bench_command_checks_and_times(monkeypatch):
     from backends.indexer_topk import bench
 
     args = ["--rows", "2", "--keys", "600", "--k", "16", "--iters", "1", "--warmup", "0",
-            "--providers", "torch-topk,reference,triton,geometry=256x8x4:SPARSE=0", "--json"]
+            "--providers", "torch-topk,reference,triton,geometry=256x8x4:SPARSE=0,"
+            "geometry=FUSED=1", "--graphs", "--json"]
     res = CliRunner().invoke(bench.bench_command, args)
     assert res.exit_code == 0, res.output
     data = json.loads(res.output[res.output.index("["):])
     prov = data[0]["providers"]
     assert prov["triton"]["exact"] and prov["geometry=256x8x4:SPARSE=0"]["exact"]
+    assert prov["geometry=FUSED=1"]["exact"]
+    assert data[0]["graphs"] is False   # no GPU: plain calls, and the record says so
     assert prov["torch-topk"]["check"] == "same set" and "us" in prov["triton"]
 
     # A wrong provider must fail the run (exit 1).
