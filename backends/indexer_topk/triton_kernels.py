@@ -616,11 +616,81 @@ def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
 
 
 @triton.jit
+def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
+                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr, CT: tl.constexpr):
+    """Phase 1 of :func:`_row_kernel`: the row's bound L."""
+    lb = tl.full([], -2147483648, tl.int32)
+    if GS2 > 1:
+        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+        g2src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+    else:
+        ng2 = ng
+        g2src = gsrc
+    if ng2 >= k:
+        if n_groups2 > GT2:
+            lb = _loose_kth_mem(g2src, ng2, k, slack, GT2)
+        else:
+            o2 = tl.arange(0, GT2)
+            m2 = o2 < ng2
+            v2 = tl.load(g2src + o2, mask=m2, other=-2147483648)
+            hi = tl.max(v2, axis=0).to(tl.int64)
+            lo = tl.min(tl.where(m2, v2, 2147483647), axis=0).to(tl.int64)
+            lb = _loose_kth_tile(v2, k, lo, hi, ng2.to(tl.int64), slack).to(tl.int32)
+    elif ng >= k:
+        lb = _loose_kth_mem(gsrc, ng, k, slack, CT)
+    return lb
+
+
+@triton.jit
+def _compact_active(gsrc, ng, lb, CT: tl.constexpr):
+    """Phase 2: the groups whose maximum reaches ``lb``, in order, written over the group
+    maxima (CT at a time); returns their number."""
+    oc = tl.arange(0, CT)
+    n_act = tl.full([], 0, tl.int32)
+    v_next = tl.load(gsrc + oc, mask=oc < ng, other=-2147483648)
+    for c0 in range(0, ng, CT):
+        m = c0 + oc < ng
+        v = v_next
+        # The next chunk's load is issued before this one's scan (one round trip a step).
+        v_next = tl.load(gsrc + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
+        ai = (m & (v >= lb)).to(tl.int32)
+        adst = n_act + tl.cumsum(ai, axis=0) - ai
+        n_act += tl.sum(ai, axis=0)
+        tl.debug_barrier()
+        tl.store(gsrc + adst, c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read already
+    tl.debug_barrier()
+    return n_act
+
+
+@triton.jit
+def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
+                  GB: tl.constexpr):
+    """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
+    the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap)."""
+    g_off = tl.arange(0, GB)
+    j = tl.arange(0, GS)
+    run = tl.full([], 0, tl.int32)
+    if n_act <= cap:
+        gi_next = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
+        for a0 in range(0, n_act, GB):
+            am = a0 + g_off < n_act
+            gi = gi_next
+            gi_next = tl.load(gsrc + a0 + GB + g_off, mask=a0 + GB + g_off < n_act, other=0)
+            pos = gi[:, None] * GS + j[None, :]
+            pm = am[:, None] & (pos < length)
+            run = _place_tile(src, pos, pm, lb, run, cpos, ckey, cap, False, GB * GS)
+    else:
+        run = cap + 1   # >= n_act > cap candidates: the row tier
+    tl.debug_barrier()
+    return run
+
+
+@triton.jit
 def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
                 slack, off_gm2, n_groups2, off_cpos, off_ckey,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr):
+                PCH: tl.constexpr, STOP: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -632,6 +702,9 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
        >= L placed in position order in the candidate buffer.
     3. :func:`_select_cands` on the candidates (the row tier reads the whole row).
     Register tiles: GT2 (bound), CT (compaction), GB * GS (placement), CAP (selection).
+    ``STOP`` (profiling only, never from a config): 1, 2 or 3 ends the program after phase 1
+    (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
+    output entry, so that the time of each phase is the difference of two runs.
     """
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -641,61 +714,26 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     else:
         ng = (length + GS - 1) // GS
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
-        lb = tl.full([], -2147483648, tl.int32)
-        if GS2 > 1:
-            ng2 = (length + GS * GS2 - 1) // (GS * GS2)
-            g2src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+        lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
+                          GT2, CT)
+        if STOP == 1:
+            tl.store(out, lb)
         else:
-            ng2 = ng
-            g2src = gsrc
-        if ng2 >= k:
-            if n_groups2 > GT2:
-                lb = _loose_kth_mem(g2src, ng2, k, slack, GT2)
+            n_act = _compact_active(gsrc, ng, lb, CT)
+            if STOP == 2:
+                tl.store(out, n_act)
             else:
-                o2 = tl.arange(0, GT2)
-                m2 = o2 < ng2
-                v2 = tl.load(g2src + o2, mask=m2, other=-2147483648)
-                hi = tl.max(v2, axis=0).to(tl.int64)
-                lo = tl.min(tl.where(m2, v2, 2147483647), axis=0).to(tl.int64)
-                lb = _loose_kth_tile(v2, k, lo, hi, ng2.to(tl.int64), slack).to(tl.int32)
-        elif ng >= k:
-            lb = _loose_kth_mem(gsrc, ng, k, slack, CT)
-        oc = tl.arange(0, CT)
-        n_act = tl.full([], 0, tl.int32)
-        v_next = tl.load(gsrc + oc, mask=oc < ng, other=-2147483648)
-        for c0 in range(0, ng, CT):
-            m = c0 + oc < ng
-            v = v_next
-            # The next chunk's load is issued before this one's scan (one round trip a step).
-            v_next = tl.load(gsrc + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
-            ai = (m & (v >= lb)).to(tl.int32)
-            adst = n_act + tl.cumsum(ai, axis=0) - ai
-            n_act += tl.sum(ai, axis=0)
-            tl.debug_barrier()
-            tl.store(gsrc + adst, c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read already
-        tl.debug_barrier()
-        src = scores_ptr + row.to(tl.int64) * stride_s
-        row_c = row.to(tl.int64) * cap
-        cpos = ws_ptr + off_cpos + row_c
-        ckey = ws_ptr + off_ckey + row_c
-        g_off = tl.arange(0, GB)
-        j = tl.arange(0, GS)
-        run = tl.full([], 0, tl.int32)
-        if n_act <= cap:
-            gi_next = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
-            for a0 in range(0, n_act, GB):
-                am = a0 + g_off < n_act
-                gi = gi_next
-                gi_next = tl.load(gsrc + a0 + GB + g_off, mask=a0 + GB + g_off < n_act, other=0)
-                pos = gi[:, None] * GS + j[None, :]
-                pm = am[:, None] & (pos < length)
-                run = _place_tile(src, pos, pm, lb, run, cpos, ckey, cap, False, GB * GS)
-        else:
-            run = cap + 1   # >= n_act > cap candidates: the row tier
-        tl.debug_barrier()
-        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s, n_groups, k,
-                      cap, off_cpos, off_ckey, GS, max(1, min(GB, 1024 // GS)), CAP, SB, False,
-                      PCH)
+                src = scores_ptr + row.to(tl.int64) * stride_s
+                row_c = row.to(tl.int64) * cap
+                cpos = ws_ptr + off_cpos + row_c
+                ckey = ws_ptr + off_ckey + row_c
+                run = _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS, GB)
+                if STOP == 3:
+                    tl.store(out, run)
+                else:
+                    _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s,
+                                  n_groups, k, cap, off_cpos, off_ckey, GS,
+                                  max(1, min(GB, 1024 // GS)), CAP, SB, False, PCH)
 
 
 # ----------------------------------------------------------------------------------- wrapper
@@ -731,7 +769,7 @@ def _resolve(config: dict[str, Any], k: int, n: int,
 
 
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
-                        config: dict[str, Any]) -> Any:
+                        config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
 
     Keys missing from ``config`` come from :func:`default_config` for this shape (so a policy
@@ -740,6 +778,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
     Launches: 3 with one slice a row, 4 with several (the count pass), 1 when max_keys <= k.
+    ``_stop`` (profiling only; the output is then not the top-k): see ``_row_kernel``'s STOP.
     """
     import torch
 
@@ -778,7 +817,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                              GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), num_warps=sw)
+                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=_stop,
+                             num_warps=sw)
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows

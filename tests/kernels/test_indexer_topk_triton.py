@@ -317,3 +317,20 @@ def test_tuner_candidates_cover_both_paths():
     assert tuning.baseline(case) == labels[0]
     for _lab, cfg, _why in cands:
         TK.validate_config(cfg, 2048, 131072)
+
+
+def test_fused_phase_stops_for_profiling():
+    """``_stop`` (benchmarks/profile_indexer.py --phases) ends the row program after a phase and
+    writes its scalar: the active groups and the candidates both number at least k (the bound's
+    guarantee) and the candidates at most GROUP per active group."""
+    k, n = 40, 700
+    scores = make_scores("random", 3, n, seed=11)
+    lengths = torch.tensor([n, 500, 30], dtype=torch.int32, device=DEV)
+    cfg = {"FUSED": 1}
+    group = TK.resolve_config(cfg, 3, n, k)["GROUP"]
+    n_act = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=2)[:2, 0]
+    n_cand = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=3)[:2, 0]
+    assert bool((n_act >= k).all()) and bool((n_cand >= k).all())
+    assert bool((n_cand <= group * n_act).all())
+    got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
+    assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
