@@ -18,7 +18,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 4096,
+    "COMPACT_TILE": 2048,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -76,22 +76,14 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
     if not use_fused:
-        _four_launch(cfg, n, k, {})
-    return cfg
-
-
-def _four_launch(cfg: dict[str, int], n: int, k: int, pinned: dict[str, Any]) -> None:
-    """The four-launch path's measured GROUP (about 2k groups a row), at the same keys per step
-    and its bound tile, except where ``pinned``."""
-    g = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
-    step_keys = cfg["GROUP"] * cfg["GROUP_BLOCK"]
-    cfg["GROUP"] = g
-    if "GROUP_BLOCK" not in pinned:
-        cfg["GROUP_BLOCK"] = max(1, step_keys // g)
-    if "BOUND_TILE" not in pinned:
-        cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, g))))
-    if "SEARCH_WARPS" not in pinned:
+        # The four-launch path's measured GROUP (about 2k groups a row) at the same keys per
+        # step, its bound tile and 4 select warps.
+        step_keys = cfg["GROUP"] * cfg["GROUP_BLOCK"]
+        cfg["GROUP"] = max(16, min(256, _next_pow2(_cdiv(n, 2 * k))))
+        cfg["GROUP_BLOCK"] = max(1, step_keys // cfg["GROUP"])
+        cfg["BOUND_TILE"] = min(8192, max(1024, _next_pow2(_cdiv(n, cfg["GROUP"]))))
         cfg["SEARCH_WARPS"] = 4
+    return cfg
 
 
 def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,

@@ -47,9 +47,6 @@ def bucket(case: Any) -> dict[str, Any]:
     return {"k": case.k, "num_rows": case.rows, "max_keys": case.keys, "dtype": case.dtype}
 
 
-_LABEL_KEYS = ("SLICE_KEYS", "GROUP", "GROUP2", "SEARCH_WARPS", "PLACE_KEYS", "COMPACT_TILE")
-
-
 def _fmt(cfg: dict[str, Any]) -> str:
     if not cfg.get("FUSED"):
         return (f"4-launch s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP_BLOCK']} "
