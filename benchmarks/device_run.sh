@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Lease steps on the lent H200 for docs/BENCHMARKS.md. Usage:
 #   bash benchmarks/device_run.sh STEP [STEP...]
-# Steps: tests (pytest -m gpu), hit-paths (bench_select on the device host), tune-sparse and
-# regret-sparse (the whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer.
+# Steps: tests (pytest -m gpu, then the torch.compile tests, which are CPU tests that -m gpu
+# deselects), hit-paths (bench_select on the device host), tune-sparse and regret-sparse (the
+# whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer, profile-indexer (the
+# per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
@@ -27,7 +29,10 @@ for step in "$@"; do
     tests)
       stage "gpu tests"
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
-      echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
+      echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/unit/test_torch_ops.py \
+        >> "$OUT/gpu_tests.log" 2>&1
+      echo "torch.compile tests rc=$?"; tail -2 "$OUT/gpu_tests.log" ;;
     hit-paths)
       stage "hit paths"
       timeout 60 python3 benchmarks/bench_select.py 2>&1 | tee "$OUT/bench_select.log" ;;
@@ -51,6 +56,16 @@ for step in "$@"; do
       timeout 100 python3 benchmarks/bench_regret.py indexer_topk $IGRID --warmup 3 --iters 20 \
         > "$OUT/regret_indexer_topk.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/regret_indexer_topk.log" ;;
+    profile-indexer)
+      stage "profile indexer_topk"
+      timeout 120 python3 benchmarks/profile_indexer.py --rows 1,64,1024,4096 --phases \
+        2>&1 | grep -v -i warn | tee "$OUT/profile_indexer.log" ;;
+    ncu-indexer)
+      stage "ncu indexer_topk row kernel (1024 rows)"
+      timeout 240 ncu --clock-control none -k regex:_row_kernel --set full -c 1 \
+        python3 benchmarks/profile_indexer.py --rows 1024 --iters 1 > "$OUT/ncu_row_kernel.log" 2>&1
+      echo "rc=$?"; grep -E "Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Stall" \
+        "$OUT/ncu_row_kernel.log" | head -20 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
