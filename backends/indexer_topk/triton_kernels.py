@@ -772,12 +772,13 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
 
-    Keys missing from ``config`` come from :func:`default_config` for this shape (so a policy
-    may pin only SLICE_KEYS / MAX_SLICES / num_warps).
+    Keys missing from ``config`` come from :func:`resolve_config` for this shape (so a policy
+    may pin only SLICE_KEYS / MAX_SLICES / num_warps, or only FUSED).
 
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
-    Launches: 3 with one slice a row, 4 with several (the count pass), 1 when max_keys <= k.
+    Launches: 2 on the fused path; on the four-launch path 3 with one slice a row, 4 with
+    several (the count pass); 1 when max_keys <= k.
     ``_stop`` (profiling only; the output is then not the top-k): see ``_row_kernel``'s STOP.
     """
     import torch
