@@ -8,7 +8,25 @@ versions, and only to workloads of its shape (every workload field except the po
 Between measured points the rule is the floor: a workload takes the config of the largest
 measured point at or below it (in every point field), the way the seed's cutoff took the lowest
 measured row count where its family wins and held it upwards. Outside the measured range (below
-the lowest point or above the highest) the entry does not apply.
+the lowest point or above the highest, in any point field) the entry does not apply.
+
+Point fields: ``sparse_prefill`` (kv_len, total_q), ``indexer_topk`` (num_rows, max_keys). The
+best config of a sparse_prefill point depends on the KV length (on the H200 the table geometry
+wins at KV 8K where the measured family wins at 32K and 128K), so entries are kept per kv_len and
+the floor applies to kv_len as to total_q: a workload at KV 48K takes the configs measured at 32K.
+
+A workload whose ``kv_len`` is None (a ``registry.select`` dict without it) is **not served** by
+entries that name a kv_len: the plugin does not guess a KV length, the ``measured_range`` check
+fails with the reason, and the call falls to the next implementation (a vendor family inside
+its envelope, or the table), exactly as without a tuning store. Every measured config beat the
+table only at the KV length it was measured at, so guessing one could pick a config slower than
+the table; passing ``kv_len`` (``dispatch`` always derives it) gets the measured config.
+
+Entries written before sparse_prefill workloads had ``kv_len`` (older kreg versions, exported
+tables such as ``docs/tables/nvidia-h200-torch2.11-triton3.6.json``) have no kv_len in their
+bucket. They load as before and serve any kv_len, None included, by the floor on total_q alone,
+as they did when written, until entries of the same shape that name a kv_len exist on this
+device and software: those supersede them (re-run ``kreg tune``), and ``explain`` says so.
 """
 
 from __future__ import annotations
@@ -28,11 +46,18 @@ PRIORITY = 200
 # Per op: the workload fields that form the measured axis (points), the fields that are not part
 # of a bucket's shape (covered by their own envelope check), and the kernel the configs drive.
 POINT_FIELDS: dict[str, tuple[str, ...]] = {
-    "sparse_prefill": ("total_q",),
+    "sparse_prefill": ("kv_len", "total_q"),
     "indexer_topk": ("num_rows", "max_keys"),
 }
+# Point fields that entries written before the field existed lack (older kreg versions, exported
+# tables): such entries serve any value of the field, None included, as they did when written,
+# unless entries of the same shape that name the field exist (those supersede them).
+LATER_POINT_FIELDS: dict[str, tuple[str, ...]] = {
+    "sparse_prefill": ("kv_len",),
+    "indexer_topk": (),
+}
 UNMATCHED_FIELDS: dict[str, tuple[str, ...]] = {
-    "sparse_prefill": ("total_q", "num_requests", "max_q"),
+    "sparse_prefill": ("kv_len", "total_q", "num_requests", "max_q"),
     "indexer_topk": ("num_rows", "max_keys"),
 }
 KERNELS: dict[str, str] = {
@@ -54,6 +79,7 @@ class MeasuredTable:
         self.op = op
         self.entries = [e for e in entries if e.op == op]
         self.points = POINT_FIELDS[op]
+        self.later = LATER_POINT_FIELDS.get(op, ())
         self.unmatched = UNMATCHED_FIELDS[op]
 
     def _shape(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -83,8 +109,26 @@ class MeasuredTable:
                 good.append(e)
         return good, why
 
-    def point(self, data: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(int(data[f]) for f in self.points)
+    def point(self, data: dict[str, Any], fields: Sequence[str] | None = None) -> tuple[
+            int, ...]:
+        return tuple(int(data[f]) for f in (self.points if fields is None else fields))
+
+    def _axes(self, good: Sequence[TuningEntry]) -> tuple[tuple[str, ...], list[TuningEntry],
+                                                          str]:
+        """The point fields the floor rule uses and the entries it uses them on: the entries
+        that name every point field; when none of this shape do, the older entries that lack a
+        later field (they serve any value of it). Also a note for ``explain``."""
+        full = [e for e in good if all(f in e.bucket for f in self.points)]
+        older = [e for e in good if not all(f in e.bucket for f in self.points)]
+        if full or not self.later:
+            note = f"; {len(older)} older entries without " \
+                f"{'/'.join(self.later)} superseded" if older and self.later else ""
+            return self.points, full, note
+        fields = tuple(f for f in self.points if f not in self.later)
+        usable = [e for e in older if all(f in e.bucket for f in fields)]
+        missing = "/".join(self.later)
+        return fields, usable, (f"; entries measured before {missing} was recorded: "
+                                f"they serve any {missing}")
 
     def serving(self, facts: DeviceFacts, workload: Workload) -> tuple[
             TuningEntry | None, str]:
@@ -92,18 +136,35 @@ class MeasuredTable:
         good, _ = self.candidates(facts, workload)
         if not good:
             return None, "no entry"
-        want = self.point(workload.model_dump())
-        pts = [self.point(dict(e.bucket)) for e in good]
-        hi = tuple(max(p[i] for p in pts) for i in range(len(want)))
-        lo = tuple(min(p[i] for p in pts) for i in range(len(want)))
-        names = ", ".join(self.points)
-        rng = f"measured {names} from {_fmt(lo)} to {_fmt(hi)}"
-        below = [(p, e) for p, e in zip(pts, good, strict=True)
+        fields, usable, note = self._axes(good)
+        if not usable:
+            return None, "no entry with " + ", ".join(self.points) + note
+        data = workload.model_dump()
+        pts = [self.point(dict(e.bucket), fields) for e in usable]
+        hi = tuple(max(p[i] for p in pts) for i in range(len(fields)))
+        lo = tuple(min(p[i] for p in pts) for i in range(len(fields)))
+        if len(fields) == 1:
+            rng = f"measured {fields[0]} from {lo[0]} to {hi[0]}"
+        else:
+            rng = "measured " + ", ".join(f"{f} from {lo[i]} to {hi[i]}"
+                                          for i, f in enumerate(fields))
+        unknown = [f for f in fields if data.get(f) is None]
+        if unknown:
+            names = ", ".join(unknown)
+            return None, (f"{rng}{note}; {names} not given (None): these entries are "
+                          f"measured per {names} and none is guessed; pass {names}")
+        want = self.point(data, fields)
+        outside = [f"{f} {want[i]} " + (f"below the lowest measured {lo[i]}" if want[i] < lo[i]
+                                         else f"above the highest measured {hi[i]}")
+                   for i, f in enumerate(fields) if not lo[i] <= want[i] <= hi[i]]
+        if outside:
+            return None, f"{rng}; " + ", ".join(outside) + note
+        below = [(p, e) for p, e in zip(pts, usable, strict=True)
                  if all(p[i] <= want[i] for i in range(len(want)))]
-        if not below or any(want[i] > hi[i] for i in range(len(want))):
-            return None, rng
+        if not below:
+            return None, f"{rng}; no measured point at or below it in every field{note}"
         point, entry = max(below, key=lambda pe: pe[0])
-        return entry, f"{rng}; served by the point {_fmt(point)}"
+        return entry, f"{rng}; served by the point {_fmt(point, fields)}{note}"
 
     # -- requirements ---------------------------------------------------------------------------
 
@@ -119,19 +180,23 @@ class MeasuredTable:
 
     def range_check(self, facts: DeviceFacts, workload: Workload) -> tuple[bool, str, str]:
         entry, words = self.serving(facts, workload)
-        names = ", ".join(self.points)
-        got = _fmt(self.point(workload.model_dump()))
+        data = workload.model_dump()
+        got = ", ".join(f"{f} = {data.get(f)}" for f in self.points)
         if words == "no entry":  # tuning_entry already says so; one failed line is enough
-            return True, f"n/a ({names} = {got}; no entry)", "inside the measured range"
-        return entry is not None, f"{names} = {got} ({words})", "inside the measured range"
+            return True, f"n/a ({got}; no entry)", "inside the measured range"
+        return entry is not None, f"{got} ({words})", "inside the measured range"
 
     def config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:
         entry, _ = self.serving(facts, workload)
         return None if entry is None else dict(entry.config)
 
 
-def _fmt(p: tuple[int, ...]) -> str:
-    return str(p[0]) if len(p) == 1 else "(" + ", ".join(map(str, p)) + ")"
+def _fmt(p: tuple[int, ...], fields: Sequence[str] = ()) -> str:
+    if len(p) == 1:
+        return str(p[0])
+    if fields:
+        return "(" + ", ".join(f"{f}={v}" for f, v in zip(fields, p, strict=True)) + ")"
+    return "(" + ", ".join(map(str, p)) + ")"
 
 
 def implementations_from(entries: Sequence[TuningEntry]) -> list[Implementation]:

@@ -16,6 +16,14 @@ Query rows attend only to per-row selected KV slots (online softmax, GQA). Two k
 
 Negative or out-of-range indices and entries past ``lengths`` are skipped; a row with nothing
 valid yields zeros. The output has q's shape and dtype.
+
+The workload's ``kv_len`` (the number of KV slots the rows index) comes from shapes only, never
+from device memory: for ``prefill`` it is ``k.shape[0]`` (num_slots); for ``chunk`` it is
+``page_table.shape[1] * page_size``, the longest context a request's page table can address
+(the true per-request context lengths live in ``prefix_lens`` on the device, which kreg never
+reads). A framework that sizes its page table for the model's longest context therefore gets that
+length, whatever the batch's contexts. A call with no KV slots (an empty ``k`` or page table)
+derives ``kv_len=None``; ``registry.select`` dicts may leave it out (None: unknown).
 """
 
 from __future__ import annotations
@@ -44,6 +52,11 @@ class SparsePrefillWorkload(Workload):
     num_requests: int = Field(ge=1, description="requests in the batch")
     max_q: int = Field(ge=0, description="the longest request's query rows")
     dtype: Literal["float16", "bfloat16", "float32", "float64"] = Field(description="q.dtype")
+    kv_len: int | None = Field(
+        default=None, ge=1,
+        description="KV slots the rows index: k.shape[0] for prefill, page_table.shape[1] * "
+                    "page_size (the longest context a page table addresses) for chunk; None when "
+                    "not given (unknown)")
 
     @model_validator(mode="after")
     def _consistent(self) -> SparsePrefillWorkload:
@@ -67,13 +80,15 @@ _CALL_KEYWORDS = frozenset({"lengths", "sm_scale", "cu_seqlens_q", "prefix_lens"
 
 def call_key(q: Any, k: Any, v: Any, indices: Any, kind: str = "prefill",
              **kw: Any) -> tuple[Any, ...]:
-    """``(op, device index, kind, q.shape, num_kv_heads, topk, q.dtype, num_requests, max_q)``
-    from shapes and host arguments; never reads device memory. :func:`decode_key` derives the
-    workload (group size, dtype name) and validates it, once per key, on the miss path.
+    """``(op, device index, kind, q.shape, k.shape, topk, q.dtype, num_requests, max_q
+    [, page_table.shape, page_size])`` from shapes and host arguments (the page-table pair for
+    kind ``chunk`` only); never reads device memory. :func:`decode_key` derives the workload
+    (group size, kv_len, dtype name) and validates it, once per key, on the miss path.
 
     This is the dispatch hot path: every tensor attribute read costs ~0.1 us, so each is read
-    once and nothing is derived here; the keywords arrive as one dict (eight keyword defaults
-    cost ~0.2 us more per call); unknown keywords are refused all the same.
+    once (``k.shape`` whole rather than ``k.shape[0]`` and ``k.shape[1]``) and nothing is derived
+    here; the keywords arrive as one dict (eight keyword defaults cost ~0.2 us more per call);
+    unknown keywords are refused all the same.
     """
     if kw and not kw.keys() <= _CALL_KEYWORDS:
         raise WorkloadError(f"sparse_prefill got unknown keyword(s) "
@@ -81,16 +96,18 @@ def call_key(q: Any, k: Any, v: Any, indices: Any, kind: str = "prefill",
                             f"{', '.join(sorted(_CALL_KEYWORDS))}")
     try:
         if kind == "prefill":
-            return (OP, q.get_device(), kind, q.shape, k.shape[1], indices.shape[1], q.dtype,
+            return (OP, q.get_device(), kind, q.shape, k.shape, indices.shape[1], q.dtype,
                     1, None)
         if kind == "chunk":
             cu_seqlens_q, max_q = kw.get("cu_seqlens_q"), kw.get("max_q")
-            if cu_seqlens_q is None or max_q is None:
+            page_table = kw.get("page_table")
+            if cu_seqlens_q is None or max_q is None or page_table is None:
                 raise WorkloadError("sparse_prefill kind='chunk' needs cu_seqlens_q="
-                                    "[num_requests+1] int32 and max_q=<longest request's rows> "
+                                    "[num_requests+1] int32, page_table=[num_requests, "
+                                    "max_pages] int32 and max_q=<longest request's rows> "
                                     "(a host int: kreg never reads cu_seqlens_q from the device)")
-            return (OP, q.get_device(), kind, q.shape, k.shape[1], indices.shape[1], q.dtype,
-                    cu_seqlens_q.shape[0] - 1, max_q)
+            return (OP, q.get_device(), kind, q.shape, k.shape, indices.shape[1], q.dtype,
+                    cu_seqlens_q.shape[0] - 1, max_q, page_table.shape, kw.get("page_size", 1))
     except (AttributeError, IndexError):
         _bad_shapes(q, k, indices)
     raise WorkloadError(f"sparse_prefill kind={kind!r} is not one of 'prefill', 'chunk'")
@@ -98,18 +115,34 @@ def call_key(q: Any, k: Any, v: Any, indices: Any, kind: str = "prefill",
 
 def decode_key(rest: tuple[Any, ...]) -> tuple[Any, ...]:
     """The workload's field values from a :func:`call_key` tail (the miss path)."""
-    kind, q_shape, hk, topk, dtype, num_requests, max_q = rest
+    kind, q_shape, k_shape, topk, dtype, num_requests, max_q, *paging = rest
     try:
         total_q, hq, d = q_shape
     except ValueError:
         raise WorkloadError(f"sparse_prefill expects q [total_q, num_q_heads, head_dim]; got q "
                             f"{list(q_shape)}") from None
+    if len(k_shape) < 2:
+        raise WorkloadError(f"sparse_prefill expects k/v [num_slots, num_kv_heads, head_dim]; "
+                            f"got k {list(k_shape)}")
+    num_slots, hk = k_shape[0], k_shape[1]
     if hk < 1 or hq % hk:
         raise WorkloadError(f"group_size: num_q_heads={hq} is not a multiple of "
                             f"num_kv_heads={hk}; every KV head must serve the same number of "
                             "query heads")
+    if paging:
+        pt_shape, page_size = paging
+        if len(pt_shape) != 2:
+            raise WorkloadError(f"sparse_prefill kind='chunk' expects page_table [num_requests, "
+                                f"max_pages]; got page_table {list(pt_shape)}")
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise WorkloadError(f"sparse_prefill page_size={page_size!r}: must be a python int "
+                                ">= 1 (tokens per page; 1 for an unpaged cache)")
+        kv_len = pt_shape[1] * page_size
+    else:
+        kv_len = num_slots
     return (kind, topk, d, hq // hk, hk, total_q, num_requests,
-            total_q if max_q is None else max_q, str(dtype).removeprefix("torch."))
+            total_q if max_q is None else max_q, str(dtype).removeprefix("torch."),
+            kv_len or None)  # no KV slots at all (an empty batch): kv_len unknown
 
 
 def _bad_shapes(q: Any, k: Any, indices: Any) -> None:

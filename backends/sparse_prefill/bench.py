@@ -127,11 +127,16 @@ def make_inputs(case: BenchCase, device: Any = None) -> dict[str, Any]:
 
 
 def workload_of(case: BenchCase) -> dict[str, Any]:
+    """The workload ``registry.dispatch`` derives from :func:`make_inputs` of ``case``, without
+    building the inputs: ``kv_len`` is ``num_slots`` (``case.kv_len``) for prefill and the page
+    table's reach (``ceil(kv_len / page_size) * page_size``) for chunk."""
     reqs = tuple(case.req_lens) if (case.kind == "chunk" and case.req_lens) else (case.total_q,)
+    kv_len = case.kv_len if case.kind != "chunk" else \
+        -(-case.kv_len // case.page_size) * case.page_size
     return {"kind": case.kind, "topk": case.topk, "head_dim": case.head_dim,
             "group_size": case.group_size, "num_kv_heads": case.kv_heads,
             "total_q": case.total_q, "num_requests": len(reqs) if case.kind == "chunk" else 1,
-            "max_q": max(reqs), "dtype": case.dtype}
+            "max_q": max(reqs), "dtype": case.dtype, "kv_len": kv_len or None}
 
 
 _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),

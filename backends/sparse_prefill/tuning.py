@@ -7,6 +7,11 @@ Grid axes (``--grid AXIS=V1,V2``): ``kind`` (prefill, chunk), ``group_size`` (6,
 stages x variant). Inputs are
 the bench's (``bench.make_inputs``): one request per point for chunk, so entries describe uniform
 batches (the measured plugin keeps skewed batches off them with the grid bound).
+
+A point's bucket (:func:`bucket`) is the workload ``registry.dispatch`` derives from those
+inputs, ``kv_len`` included (``num_slots`` for prefill, which is ``max(kv_len, total_q)``; the
+page table's reach for chunk), so each KV length of the grid gets its own entry and the measured
+plugin serves a config per KV length.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def label(case: Any) -> str:
 
 
 def bucket(case: Any) -> dict[str, Any]:
+    """The workload dispatch derives from ``make_inputs(case)`` (kv_len included)."""
     from backends.sparse_prefill.bench import workload_of
 
     return workload_of(case)

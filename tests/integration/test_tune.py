@@ -21,7 +21,7 @@ GRID = ["--grid", "kind=prefill", "--grid", "group_size=2", "--grid", "head_dim=
         "--grid", "topk=24", "--grid", "kv_len=64", "--grid", "total_q=8,16",
         "--grid", "dtype=float32", "--grid", "space=tiny"]
 WL = {"kind": "prefill", "topk": 24, "head_dim": 16, "group_size": 2, "num_kv_heads": 1,
-      "total_q": 8, "num_requests": 1, "max_q": 8, "dtype": "float32"}
+      "total_q": 8, "num_requests": 1, "max_q": 8, "dtype": "float32", "kv_len": 64}
 
 
 @pytest.fixture
@@ -65,10 +65,14 @@ def test_tune_measures_writes_resumes_and_measured_serves(home: Path) -> None:
     assert inside.config == served.config
     between = registry.select("sparse_prefill", {**WL, "total_q": 12, "max_q": 12})
     assert between.implementation == "measured.sparse_prefill"
-    assert "served by the point 8" in between.explain(verbose=True)
+    assert "served by the point (kv_len=64, total_q=8)" in between.explain(verbose=True)
     outside = registry.select("sparse_prefill", {**WL, "total_q": 17, "max_q": 17})
     assert outside.implementation != "measured.sparse_prefill"
-    assert "measured total_q from 8 to 16" in outside.explain()
+    assert "kv_len from 64 to 64, total_q from 8 to 16; total_q 17 above the highest " \
+        "measured 16" in outside.explain()
+    no_kv = registry.select("sparse_prefill", {k: v for k, v in WL.items() if k != "kv_len"})
+    assert no_kv.implementation == "generic.sparse_prefill_table"
+    assert "kv_len not given (None)" in no_kv.explain()
     other_shape = registry.select("sparse_prefill", {**WL, "topk": 25})
     assert "tuning_entry: none for this device and workload shape" in other_shape.explain()
 
@@ -141,15 +145,43 @@ def test_points_of_one_bucket_merge_by_minimax_regret() -> None:
     assert _merge([{"x": 1.0}, {"y": 2.0}]) == ("y", {"y": 2.0})
 
 
-def test_tune_merges_kv_points_into_one_entry(home: Path) -> None:
+def test_tune_keeps_kv_points_apart_and_measured_serves_each(home: Path) -> None:
+    """Each KV length of the grid gets its own entry (the bucket has kv_len), and dispatch of
+    a call at one KV length runs the config measured there (the floor between them)."""
+    import torch
+
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+
     res = CliRunner().invoke(cli.main, ["tune", "sparse_prefill", *GRID[:-6],
                                         "--grid", "kv_len=64,96", "--grid", "total_q=8",
                                         "--grid", "dtype=float32", "--grid", "space=tiny",
                                         "--warmup", "0", "--iters", "1"])
     assert res.exit_code == 0, res.output
     entries = TuningStore().load()
-    assert len(entries) == 1 and entries[0].bucket["total_q"] == 8
-    assert entries[0].timings_ms   # the mean over both KV points
+    assert sorted((e.bucket["kv_len"], e.bucket["total_q"]) for e in entries) == [(64, 8), (96, 8)]
+    registry.reset_registry()
+    # Different configs per KV length, so the test sees which entry serves (timings are noise).
+    by_kv = {e.bucket["kv_len"]: e for e in entries}
+    store = TuningStore()
+    store.clear()
+    configs = {64: {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2},
+               96: {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}}
+    store.put([by_kv[kv].model_copy(update={"config": cfg}) for kv, cfg in configs.items()])
+    registry.reset_registry()
+    for kv, served in ((64, 64), (80, 64), (96, 96), (120, None)):
+        case = BenchCase(kind="prefill", group_size=2, kv_len=kv, total_q=8, topk=24,
+                         head_dim=16, dtype="float32")
+        inp = make_inputs(case, device="cpu")
+        with registry.record() as launches:
+            out = registry.dispatch("sparse_prefill", inp["q"], inp["k"], inp["v"],
+                                    inp["indices"], **inp["kwargs"])
+        assert torch.isfinite(out).all()
+        (launch,) = launches
+        if served is None:   # above the highest measured kv_len: not served
+            assert launch.implementation == "generic.sparse_prefill_table", kv
+        else:
+            assert launch.implementation == "measured.sparse_prefill", kv
+            assert dict(launch.config or {}) == configs[served], kv
 
 
 def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_on() -> None:
@@ -178,6 +210,12 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     d = reg.select("sparse_prefill", wl, facts)
     assert d.implementation == "measured.sparse_prefill"
     assert d.config["BLOCK_M"] == 8 and d.config["CHUNK_MODE"] == "pretranslate"
+    # Its buckets predate kv_len: they serve any KV length (what dispatch derives) the same way.
+    assert all("kv_len" not in e.bucket for e in entries if e.op == "sparse_prefill")
+    for kv in (8192, 131072):
+        at_kv = reg.select("sparse_prefill", {**wl, "kv_len": kv}, facts)
+        assert (at_kv.implementation, at_kv.config) == (d.implementation, d.config)
+        assert "entries measured before kv_len was recorded" in at_kv.explain(verbose=True)
     other = reg.select("sparse_prefill", wl, facts.what_if(triton_version="3.7.0"))
     assert other.implementation == "reference.sparse_prefill"
     assert f"measured with triton {sw.triton}, running 3.7.0" in other.explain()
