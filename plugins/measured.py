@@ -191,12 +191,10 @@ class MeasuredTable:
         return None if entry is None else dict(entry.config)
 
 
-def _fmt(p: tuple[int, ...], fields: Sequence[str] = ()) -> str:
+def _fmt(p: tuple[int, ...], fields: Sequence[str]) -> str:
     if len(p) == 1:
         return str(p[0])
-    if fields:
-        return "(" + ", ".join(f"{f}={v}" for f, v in zip(fields, p, strict=True)) + ")"
-    return "(" + ", ".join(map(str, p)) + ")"
+    return "(" + ", ".join(f"{f}={v}" for f, v in zip(fields, p, strict=True)) + ")"
 
 
 def implementations_from(entries: Sequence[TuningEntry]) -> list[Implementation]:

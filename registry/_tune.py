@@ -13,11 +13,12 @@ The op supplies a *tuner* module (``OpSpec.tuner``) with:
 
 Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
 run resumes where it stopped (a resumed run skips buckets already in the store). Points of one
-run whose buckets coincide (grid axes the workload cannot see; sparse_prefill's KV length was
-one until its workload gained ``kv_len``) merge into one entry: its config is the candidate with the smallest worst ratio to each
-point's fastest (minimax regret over those points), its ``timings_ms`` the mean over them of the
-candidates measured at every one. A candidate that fails to compile or run is scored as failed, not
-fatal; one past the op's error bound makes the run exit non-zero.
+run whose buckets coincide (grid axes the workload cannot see, such as sparse_prefill's
+``space``; its KV length was one until the workload gained ``kv_len``) merge into one entry: its
+config is the candidate with the smallest worst ratio to each point's fastest (minimax regret
+over those points), its ``timings_ms`` the mean over them of the candidates measured at every
+one. A candidate that fails to compile or run is scored as failed, not fatal; one past the op's
+error bound makes the run exit non-zero.
 """
 
 from __future__ import annotations

@@ -235,13 +235,22 @@ def test_regret_bench_names_what_auto_ran(home: Path, monkeypatch: pytest.Monkey
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr("sys.argv", ["bench_regret.py", "sparse_prefill", *GRID,
-                                     "--warmup", "0", "--iters", "2"])
+                                     "--warmup", "0", "--iters", "2",
+                                     "--json", str(home / "regret.json")])
     rc = mod.main()
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("prefill g=2")]
     assert len(rows) == 2 and "worst regret" in out and rc in (0, 1)   # CPU timings are noise
+    assert "auto ms (dispatch)" in out
     labels = {lab for lab, _cfg, _why in load_tuner_candidates()}
     assert all(row.split()[5] == "measured" and row.split()[6] in labels for row in rows), rows
+    # auto ran a timed candidate's config: regret is that candidate's time over the best;
+    # auto's own dispatch time is kept beside it.
+    for row in json.loads((home / "regret.json").read_text()):
+        assert row["matched"] in labels
+        assert row["selection_ms"] == row["all_ms"][row["matched"]]
+        assert row["auto_ms"] == row["all_ms"]["auto"]
+        assert row["regret"] == pytest.approx(row["selection_ms"] / row["best_ms"] - 1)
 
 
 def load_tuner_candidates() -> list[tuple[str, Any, str]]:
