@@ -113,7 +113,7 @@ def test_agree_reports_and_resolves_a_planted_divergence(tmp_path: Path,
     assert div["op"] == "sparse_prefill"
     assert div["workload"] == {"kind": "prefill", "topk": 4, "head_dim": 16, "group_size": 2,
                                "num_kv_heads": 1, "total_q": 4, "num_requests": 1, "max_q": 4,
-                               "dtype": "float32"}
+                               "dtype": "float32", "kv_len": 8}   # k's 8 slots
     choices = div["choices"]
     assert choices["2"] == [REFERENCE, None]
     assert choices["0"][0] == choices["1"][0] == GENERIC
