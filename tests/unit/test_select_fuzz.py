@@ -40,7 +40,7 @@ sparse_wl = st.fixed_dictionaries(
      "num_kv_heads": st.sampled_from([1, 2]), "total_q": st.integers(0, 20000),
      "num_requests": st.integers(0, 64), "max_q": st.integers(0, 20000),
      "dtype": st.sampled_from(["bfloat16", "float16", "float32", "int8"])},
-    optional={"bogus": anything})
+    optional={"bogus": anything, "kv_len": st.one_of(st.none(), st.integers(-2, 1 << 20))})
 topk_wl = st.fixed_dictionaries(
     {"k": st.sampled_from([0, 1, 2048]), "num_rows": st.integers(-1, 5000),
      "max_keys": st.integers(0, 600_000), "dtype": st.sampled_from(["float32", "bfloat16", "x"])})
