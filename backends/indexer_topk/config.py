@@ -18,7 +18,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -40,11 +40,13 @@ def _cdiv(a: int, b: int) -> int:
 def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132,
                    fused: bool | None = None) -> dict[str, int]:
     """The default config for a workload shape, from the H200 measurements
-    (docs/notes/indexer_topk.md): the four-launch path (``FUSED=0``) for a few rows, where many
-    slice programs per row beat one row program's latency (1 x 131072: 33 us against 49-56 us
-    of GPU time); the fused two-launch path (``FUSED=1``) from 16 rows (64 x 131072: 66 us
-    against 121 us), with 8 row-program warps up to 256 rows and 4 above (more programs an SM).
-    ``fused`` forces the path.
+    (docs/notes/indexer_topk.md, docs/BENCHMARKS.md): the four-launch path (``FUSED=0``) below
+    32 rows, where many slice programs a row beat one row program's latency, with the bound in
+    a launch of its own (16 x 131072: 42 us against 51 us fused); the fused two-launch path
+    (``FUSED=1``) from 32 rows (54 us against 63 us). Fused row programs: 8 warps up to 256
+    rows; above, 4 warps with 1024-value compaction and placement steps, so that at most 128
+    registers a thread (``MAX_REGS``, both) fit four programs an SM (1024 x 131072: 392 us
+    against 468 us without the cap and the smaller steps). ``fused`` forces the path.
 
     Fused: GROUP so that a row has about 8k groups and GROUP2 so that it has about 2k groups of
     GROUP * GROUP2 keys (the bound is searched over those, in a register tile of BOUND_TILE
@@ -54,25 +56,27 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     """
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)
-    use_fused = num_rows >= 16 if fused is None else fused
+    use_fused = num_rows >= 32 if fused is None else fused
     cfg["FUSED"] = int(use_fused)
     cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
     per_slice = _cdiv(n, slices)
-    # gmax: one slice a row (many rows) wants 2048-key steps at 4 warps; several slices a row
+    # gmax: one slice a row (many rows) wants 4096-key steps at 4 warps; several slices a row
     # want steps up to 8192 keys at 8 warps (measured on the H200, docs/notes/indexer_topk.md).
-    step = 2048 if slices == 1 else 8192
+    step = 4096 if slices == 1 else 8192
     cfg["num_warps"] = 4 if slices == 1 else 8
     cfg["GROUP2"] = max(1, min(64, _next_pow2(_cdiv(n, 2 * k)) // cfg["GROUP"]))
     cfg["GROUP_BLOCK"] = max(cfg["GROUP2"], min(step, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
     cfg["SLICE_KEYS"] = max(block, _cdiv(per_slice, block) * block)
     cfg["BOUND_TILE"] = 4096
-    cfg["SEARCH_WARPS"] = 8 if num_rows <= 256 else 4
+    few = num_rows <= 256
+    cfg["SEARCH_WARPS"] = 8 if few else 4
+    cfg["MAX_REGS"] = 128
     cfg["BOUND_SLACK"] = max(1, k // 8)
-    cfg["PLACE_KEYS"] = max(2048, cfg["GROUP"])
-    cfg["COMPACT_TILE"] = 2048
+    cfg["PLACE_KEYS"] = max(2048 if few else 1024, cfg["GROUP"])
+    cfg["COMPACT_TILE"] = 2048 if few else 1024
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
     if not use_fused:
@@ -161,6 +165,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if cfg["GROUP2"] > 64 or (cfg["FUSED"] and cfg["GROUP2"] > cfg["GROUP_BLOCK"]):
         raise ConfigError(f"indexer_topk config GROUP2={cfg['GROUP2']}: must be <= 64 and <= "
                           f"GROUP_BLOCK ({cfg['GROUP_BLOCK']}); use 4")
+    if cfg["MAX_REGS"] != 0 and not 32 <= cfg["MAX_REGS"] <= 255:
+        raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
+                          "compiler's choice) or a register cap per thread in [32, 255] for the "
+                          "row program; use 0 or 128")
     if cfg["BOUND_PASS"] not in (-1, 0, 1):
         raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
                           "(automatic), 0 (each slice program finds the bound) or 1 (a launch "

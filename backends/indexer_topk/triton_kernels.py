@@ -17,13 +17,15 @@ than ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). 1 laun
 max_keys <= k. Rows with ``length <= k`` take the fast path (positions ``0..length-1`` then
 -1); the other stages return at once for them.
 
-**Fused path** (``FUSED=1``; the default from 16 rows): 2 launches. ``_gmax_kernel`` also
+**Fused path** (``FUSED=1``; the default from 32 rows): 2 launches. ``_gmax_kernel`` also
 writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid
 ``(rows,)``, one program a row:
 
 1. ``L`` = a lower bound of the k-th largest supergroup maximum: a halving search over them in
    a register tile of ``BOUND_TILE`` that stops once at most ``k + BOUND_SLACK`` are ``>= L``
-   (rows with fewer than k supergroups search the ``GROUP``-key maxima in memory).
+   (a row with fewer than k supergroups but k of half their size -- the middle rows of a
+   causal batch -- gets those from ``_gmax_kernel`` instead; a row with fewer still searches
+   its ``GROUP``-key maxima, and one with fewer than k groups has no bound).
 2. The active groups (``GROUP``-key maximum ``>= L``) compacted, in order, over the row's group
    maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys).
 3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
@@ -31,14 +33,16 @@ writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`
 4. Selection as in stage 3 below (the row tier reads the whole row: the group maxima were
    overwritten by the active list).
 
-**Four-launch path** (``FUSED=0``; the default below 16 rows, where many slice programs a row
-beat one program's latency): 3 launches with one slice a row, 4 with several.
+**Four-launch path** (``FUSED=0``; the default below 32 rows, where many slice programs a row
+beat one program's latency): 3 launches with one slice a row, 5 with several (by default the
+bound in a launch of its own, then the count pass).
 
 2. ``_place_kernel`` grid ``(rows, slices)``, run twice with several slices (``COUNT_ONLY``
    first, then the placement), once with one slice. Each program first finds the row's bound
    ``L`` = the exact k-th largest group maximum (a value search over the row's ``gm`` held in a
-   register tile of ``BOUND_TILE``, or streamed from memory when larger), or reads it from
-   ``_bound_kernel`` (``BOUND_PASS``). The candidates (valid keys ``>= L``) of each slice are
+   register tile of ``BOUND_TILE``, or streamed from memory when larger), or reads the one
+   ``_bound_kernel`` wrote (``BOUND_PASS``: a lower bound loose by at most ``BOUND_SLACK``
+   groups, as the fused path's). The candidates (valid keys ``>= L``) of each slice are
    counted, then written in position order to the row's buffer at the slice's exclusive prefix
    of the counts. With ``SPARSE=1`` only groups whose maximum is ``>= L`` are read;
    ``SPARSE=0`` reads the whole slice again; ``SPARSE=2`` visits a compacted active-group list.
@@ -68,18 +72,22 @@ GROUP           8 / 32      keys per group maximum (power of two, 2..256): fused
                             groups a row (8 at 131072 keys), four-launch about 2k (32)
 GROUP_BLOCK     by shape    groups per inner step of the streaming kernels (power of two)
 GROUP2          4           fused: groups per supergroup (the bound's groups; about 2k a row)
-SEARCH_WARPS    4 or 8      warps of the row program / stage 3 (fused: 8 up to 256 rows)
+SEARCH_WARPS    4 or 8      warps of the row program / bound pass / stage 3 (fused: 8 up to
+                            256 rows)
 BOUND_TILE      4096        register tile of the bound search; more groups stream from memory
-BOUND_SLACK     k / 8       fused: supergroups the loose bound may leave above k
-COMPACT_TILE    2048        fused: group maxima per compaction step
-PLACE_KEYS      2048        fused: keys per placement step (and per selection-placement step)
+BOUND_SLACK     k / 8       groups the loose bounds (fused; four-launch bound pass) may leave
+                            above k
+COMPACT_TILE    2048 / 1024 fused: group maxima per compaction step (1024 above 256 rows)
+PLACE_KEYS      2048 / 1024 fused: keys per placement step (and per selection-placement step)
 CAND_TILE       4096        register tile of the selection (power of two)
 CAND_CAP        16384       candidate buffer per row (power of two, >= k, >= CAND_TILE)
 SEARCH_BITS     1           1: halving search; 2: four-way (one packed int64 reduction a step)
 SPARSE          1           four-launch stage 2 reads: 0 every key; 1 only groups reaching the
                             bound; 2 the same from a compacted list (+4 bytes a group)
 BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 every slice
-                            program searches it; -1 1 when slices > 1 and rows * slices > 1024
+                            program searches the exact one; -1: 1 when slices > 1
+MAX_REGS        128         fused: registers per thread the row program may use (``maxnreg``;
+                            0 = the compiler's choice): four 4-warp programs an SM
 ==============  ==========  =================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
@@ -115,6 +123,11 @@ from backends.indexer_topk.config import (
 
 # ----------------------------------------------------------------------------------- kernels
 
+# Values a step of the searches that stream from memory (rare paths: rows longer than the
+# register tiles). Small on purpose: a 4096-value chunk inside the search loop made the fused
+# row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
+MEM_CH = tl.constexpr(1024)
+
 @triton.jit
 def _to_key(x):
     """float32 tile -> int32 order keys (NaN -> INT32_MIN + 1, -0.0 -> +0.0)."""
@@ -141,23 +154,39 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     if length > k:
         start = sl * slice_len
         end = tl.minimum(start + slice_len, length)
-        src = scores_ptr + row.to(tl.int64) * stride_s
-        dst = gm_ptr + row.to(tl.int64) * n_groups
-        dst2 = gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2
-        g_off = tl.arange(0, GB)
-        j = tl.arange(0, GS)
-        for c0 in range(start, end, GB * GS):
-            pos = c0 + g_off[:, None] * GS + j[None, :]
-            m = pos < end
-            x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
-            key = tl.where(m, _to_key(x), -2147483648)
-            g = tl.max(key, axis=1)
-            gidx = c0 // GS + g_off
-            tl.store(dst + gidx, g, mask=gidx * GS < end)
-            if GS2 > 1:
-                g2 = tl.max(tl.reshape(g, [GB // GS2, GS2]), axis=1)
-                g2idx = c0 // (GS * GS2) + tl.arange(0, GB // GS2)
-                tl.store(dst2 + g2idx, g2, mask=g2idx * (GS * GS2) < end)
+        _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm_ptr + row.to(tl.int64) * n_groups,
+                   gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end,
+                   _half_level(length, k, n_groups2, GS, GS2), GS, GB, GS2)
+
+
+@triton.jit
+def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.constexpr,
+               GS2: tl.constexpr):
+    """The group maxima of keys [start, end) of one row (start a multiple of GS * GB), and with
+    GS2 > 1 the supergroup maxima (of half the size when ``half``)."""
+    g_off = tl.arange(0, GB)
+    j = tl.arange(0, GS)
+    for c0 in range(start, end, GB * GS):
+        pos = c0 + g_off[:, None] * GS + j[None, :]
+        m = pos < end
+        x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
+        key = tl.where(m, _to_key(x), -2147483648)
+        g = tl.max(key, axis=1)
+        gidx = c0 // GS + g_off
+        tl.store(dst + gidx, g, mask=gidx * GS < end)
+        if GS2 > 1:
+            if half:
+                _store_level(dst2, g, c0, end, GS, GB, GS2 // 2)
+            else:
+                _store_level(dst2, g, c0, end, GS, GB, GS2)
+
+
+@triton.jit
+def _store_level(dst, g, c0, end, GS: tl.constexpr, GB: tl.constexpr, L: tl.constexpr):
+    """The maxima of each L consecutive group maxima ``g`` of the step at key ``c0``."""
+    gl = tl.max(tl.reshape(g, [GB // L, L]), axis=1)
+    idx = c0 // (GS * L) + tl.arange(0, GB // L)
+    tl.store(dst + idx, gl, mask=idx * (GS * L) < end)
 
 
 @triton.jit
@@ -254,13 +283,19 @@ def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.conste
 
 
 @triton.jit
-def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound,
-                  GS: tl.constexpr, GT: tl.constexpr, CHUNKED: tl.constexpr, SB: tl.constexpr):
-    """BOUND_PASS=1: the row's bound once, for the slices of the next launches to read."""
+def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
+                  GS: tl.constexpr, GT: tl.constexpr):
+    """BOUND_PASS=1: the row's bound once, for the slices of the next launches to read: a
+    lower bound of the k-th largest group maximum, loose by at most ``slack`` groups (fewer
+    search steps than the exact value; every top-k key is still >= it)."""
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
-        lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
+        ng = (length + GS - 1) // GS
+        src = ws_ptr + row.to(tl.int64) * n_groups
+        lb = tl.full([], -2147483648, tl.int32)
+        if ng >= k:
+            lb = _loose_kth(src, ng, k, slack, GT)
         tl.store(ws_ptr + off_bound + row, lb)
 
 
@@ -490,17 +525,18 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
             _place_selected(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n, t,
                             need, PCH)
     elif n <= cap:
-        # The buffer holds them all: search and place over it, CAP at a time.
+        # The buffer holds them all: search and place over it, MEM_CH at a time
+        # (four-way: a register tile of CAP here would cost every row registers for a rare tier).
         kp = ws_ptr + off_ckey + row_c
         pp = ws_ptr + off_cpos + row_c
-        offs = tl.arange(0, CAP)
+        offs = tl.arange(0, MEM_CH)
         hi32 = tl.full([], -2147483648, tl.int32)
-        for c0 in range(0, n, CAP):
+        for c0 in range(0, n, MEM_CH):
             v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
             hi32 = tl.maximum(hi32, tl.max(v, axis=0))
-        t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), CAP, SB)
+        t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2)
         t = t.to(tl.int32)
-        need = k - _count_gt_mem(kp, n, t, CAP)
+        need = k - _count_gt_mem(kp, n, t, MEM_CH)
         _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
     else:
         # Too many candidates for the buffer (tie-heavy row): search and place over the row.
@@ -616,28 +652,58 @@ def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
 
 
 @triton.jit
+def _half_level(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
+    """Whether a row's supergroup maxima are of ``GS * GS2 / 2`` keys instead of ``GS * GS2``:
+    a row too short for k full supergroups (a causal batch's middle rows) that has k of the
+    half ones and room for them. The gmax kernel writes that level and the row program reads
+    it, both deciding by this function. Never for GS2 < 4 (half of 2 is the groups themselves,
+    which the row program reads directly)."""
+    if GS2 >= 4:
+        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+        ngh = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+        half = (ng2 < k) & (ngh >= k) & (ngh <= n_groups2)
+    else:
+        half = length < 0
+    return half
+
+
+@triton.jit
+def _loose_kth(ptr, n, k, slack, GT: tl.constexpr):
+    """A lower bound of the k-th largest of ``n`` int32 values in memory, loose by at most
+    ``slack``: searched in a register tile of GT when they fit, else streamed MEM_CH at a time."""
+    if n <= GT:
+        o = tl.arange(0, GT)
+        m = o < n
+        v = tl.load(ptr + o, mask=m, other=-2147483648)
+        hi = tl.max(v, axis=0).to(tl.int64)
+        lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+        lb = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack).to(tl.int32)
+    else:
+        lb = _loose_kth_mem(ptr, n, k, slack, MEM_CH)
+    return lb
+
+
+@triton.jit
 def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
-                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr, CT: tl.constexpr):
-    """Phase 1 of :func:`_row_kernel`: the row's bound L."""
+                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr):
+    """Phase 1 of :func:`_row_kernel`: the row's bound L, over the supergroup maxima when the
+    row has k of them (of the half size when :func:`_half_level`), else over the group maxima
+    when it has k of those, else none (every valid key is a candidate)."""
     lb = tl.full([], -2147483648, tl.int32)
     if GS2 > 1:
         ng2 = (length + GS * GS2 - 1) // (GS * GS2)
-        g2src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+        if _half_level(length, k, n_groups2, GS, GS2):
+            ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+        src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+        n = ng2
+        if ng2 < k:
+            src = gsrc
+            n = ng
     else:
-        ng2 = ng
-        g2src = gsrc
-    if ng2 >= k:
-        if n_groups2 > GT2:
-            lb = _loose_kth_mem(g2src, ng2, k, slack, GT2)
-        else:
-            o2 = tl.arange(0, GT2)
-            m2 = o2 < ng2
-            v2 = tl.load(g2src + o2, mask=m2, other=-2147483648)
-            hi = tl.max(v2, axis=0).to(tl.int64)
-            lo = tl.min(tl.where(m2, v2, 2147483647), axis=0).to(tl.int64)
-            lb = _loose_kth_tile(v2, k, lo, hi, ng2.to(tl.int64), slack).to(tl.int32)
-    elif ng >= k:
-        lb = _loose_kth_mem(gsrc, ng, k, slack, CT)
+        src = gsrc
+        n = ng
+    if n >= k:
+        lb = _loose_kth(src, n, k, slack, GT2)
     return lb
 
 
@@ -666,19 +732,37 @@ def _compact_active(gsrc, ng, lb, CT: tl.constexpr):
 def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
                   GB: tl.constexpr):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
-    the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap)."""
+    the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap).
+
+    Software-pipelined: a step's scores are requested one step ahead and its list entries two
+    steps ahead (requesting the scores two steps ahead measured no faster on the H200)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     run = tl.full([], 0, tl.int32)
     if n_act <= cap:
-        gi_next = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
+        gi = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
+        pos = gi[:, None] * GS + j[None, :]
+        x_next = tl.load(src + pos, mask=(g_off < n_act)[:, None] & (pos < length), other=0.0)
+        gi_next = tl.load(gsrc + GB + g_off, mask=GB + g_off < n_act, other=0)
         for a0 in range(0, n_act, GB):
-            am = a0 + g_off < n_act
-            gi = gi_next
-            gi_next = tl.load(gsrc + a0 + GB + g_off, mask=a0 + GB + g_off < n_act, other=0)
+            x = x_next
             pos = gi[:, None] * GS + j[None, :]
-            pm = am[:, None] & (pos < length)
-            run = _place_tile(src, pos, pm, lb, run, cpos, ckey, cap, False, GB * GS)
+            pm = (a0 + g_off < n_act)[:, None] & (pos < length)
+            # Request the next step's scores and the list entries of the one after it.
+            pos_n = gi_next[:, None] * GS + j[None, :]
+            x_next = tl.load(src + pos_n, mask=(a0 + GB + g_off < n_act)[:, None]
+                             & (pos_n < length), other=0.0)
+            gi = gi_next
+            gi_next = tl.load(gsrc + a0 + 2 * GB + g_off, mask=a0 + 2 * GB + g_off < n_act,
+                              other=0)
+            key = _to_key(x.to(tl.float32))
+            ci = (pm & (key >= lb)).to(tl.int32)
+            flat_c = tl.reshape(ci, [GB * GS])
+            dst = run + tl.cumsum(flat_c, axis=0) - flat_c
+            wm = (flat_c != 0) & (dst < cap)
+            tl.store(cpos + dst, tl.reshape(pos, [GB * GS]), mask=wm)
+            tl.store(ckey + dst, tl.reshape(key, [GB * GS]), mask=wm)
+            run += tl.sum(flat_c, axis=0)
     else:
         run = cap + 1   # >= n_act > cap candidates: the row tier
     tl.debug_barrier()
@@ -715,7 +799,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
         ng = (length + GS - 1) // GS
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
         lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
-                          GT2, CT)
+                          GT2)
         if STOP == 1:
             tl.store(out, lb)
         else:
@@ -768,6 +852,24 @@ def _resolve(config: dict[str, Any], k: int, n: int,
     return cfg, p
 
 
+# Tests set this to an int32 that every output and workspace entry starts as (no memset
+# otherwise): a stage reading what no earlier stage wrote, or an output entry left unwritten,
+# then shows in the result instead of depending on what the allocator returned.
+_POISON: int | None = None
+
+
+def _alloc(torch: Any, n: int, dev: Any) -> Any:
+    t = torch.empty(n, dtype=torch.int32, device=dev)
+    if _POISON is not None:
+        t.fill_(_POISON)
+    return t
+
+
+def _regs(cfg: dict[str, int]) -> dict[str, int]:
+    """The row program's register cap as a launch option (none: the compiler's choice)."""
+    return {"maxnreg": cfg["MAX_REGS"]} if cfg["MAX_REGS"] else {}
+
+
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
@@ -777,8 +879,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
 
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
-    Launches: 2 on the fused path; on the four-launch path 3 with one slice a row, 4 with
-    several (the count pass); 1 when max_keys <= k.
+    Launches: 2 on the fused path; on the four-launch path 3 with one slice a row, 4 or 5 with
+    several (the count pass, and the bound pass unless ``BOUND_PASS=0``); 1 when max_keys <= k.
     ``_stop`` (profiling only; the output is then not the top-k): see ``_row_kernel``'s STOP.
     """
     import torch
@@ -787,7 +889,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     rows, n = scores.shape
     cfg, p = _resolve(config, k, n, rows)
     dev = scores.device
-    out = torch.empty((rows, k), dtype=torch.int32, device=dev)
+    out = _alloc(torch, rows * k, dev).view(rows, k)
     if rows == 0:
         return out
     gs, gb, cap, sb = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"], cfg["SEARCH_BITS"]
@@ -807,7 +909,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         off_gm2 = rows * groups
         off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
         off_ckey = off_cpos + rows * cap
-        ws = torch.empty(off_ckey + rows * cap, dtype=torch.int32, device=dev)
+        ws = _alloc(torch, off_ckey + rows * cap, dev)
         _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
                                      off_gm2, groups2, GS=gs, GB=gb, GS2=gs2, num_warps=nw)
         bt = cfg["BOUND_TILE"]
@@ -819,7 +921,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
                              PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=_stop,
-                             num_warps=sw)
+                             num_warps=sw, **_regs(cfg))
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows
@@ -829,15 +931,14 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     chunked = groups > p["gt"]
     sp = cfg["SPARSE"] if not (chunked and cfg["SPARSE"] == 2) else 1
     off_list = off_ckey + rows * cap
-    ws = torch.empty(off_list + (rows * groups if sp == 2 else 0), dtype=torch.int32,
-                     device=dev)
+    ws = _alloc(torch, off_list + (rows * groups if sp == 2 else 0), dev)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1,
                                  GS=gs, GB=gb, GS2=1, num_warps=nw)
     bp = cfg["BOUND_PASS"]
-    bound_in = bool(bp == 1 or (bp == -1 and slices > 1 and rows * slices > 1024))
+    bound_in = bool(bp == 1 or (bp == -1 and slices > 1))
     if bound_in:
-        _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, GS=gs, GT=p["gt"],
-                               CHUNKED=chunked, SB=sb, num_warps=cfg["SEARCH_WARPS"])
+        _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, cfg["BOUND_SLACK"],
+                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"])
     if slices > 1:
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,

@@ -17,6 +17,14 @@ from registry.errors import ConfigError, WorkloadError  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
+
+@pytest.fixture(autouse=True)
+def _poisoned(monkeypatch):
+    """Every output and workspace entry starts as INT32_MAX (a key above +inf's and an
+    impossible position): a stage reading scratch no earlier stage wrote, or an unwritten
+    output entry, changes the result."""
+    monkeypatch.setattr(TK, "_POISON", 2147483647)
+
 # Small geometries that exercise every path under the interpreter: the four-launch path
 # (FUSED=0: several slices with the count pass, one slice, the active list, the bound pass) and
 # the fused path; a candidate tile smaller than the candidates (buffer tier), a buffer smaller
@@ -47,7 +55,7 @@ SMALL = {
     "fused_row_tier": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
-                      "CAND_TILE": 256, "CAND_CAP": 1024, "COMPACT_TILE": 64},
+                      "CAND_TILE": 256, "CAND_CAP": 1024, "COMPACT_TILE": 64, "MAX_REGS": 128},
 }
 
 
@@ -103,6 +111,33 @@ def test_short_rows_and_ragged():
     assert topk_mismatches(got, want) == []
     assert got[0].tolist() == [-1] * k and got[1].tolist() == [0] + [-1] * (k - 1)
     assert got[7].tolist() == [-1] * k        # negative length -> 0 keys
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "special"])
+def test_fused_bound_levels_causal(kind):
+    """A causal batch crosses every bound level of the fused row program: k full supergroups,
+    k half supergroups (written by the gmax kernel for those rows only), k groups read
+    directly, fewer than k groups (every key a candidate), and short rows."""
+    k, n, gs, gs2 = 16, 1200, 2, 4
+    cfg = {"GROUP": gs, "GROUP2": gs2, "GROUP_BLOCK": 8, "PLACE_KEYS": 32, "CAND_TILE": 64,
+           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1}
+    lengths = torch.tensor([0, 10, 17, 40, 60, 100, 150, 300, n], dtype=torch.int32, device=DEV)
+    n_groups2 = -(-n // (gs * gs2))
+
+    def level(length):
+        ng2, ngh, ng = -(-length // (gs * gs2)), -(-length // (gs * gs2 // 2)), -(-length // gs)
+        if length <= k:
+            return "short"
+        if ng2 >= k:
+            return "supergroups"
+        if ngh >= k and ngh <= n_groups2:
+            return "half"
+        return "groups" if ng >= k else "none"
+
+    assert {level(int(x)) for x in lengths} == {"short", "supergroups", "half", "groups", "none"}
+    scores = make_scores(kind, len(lengths), n, seed=len(kind))
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
 
 
 def test_every_row_short_fast_path():
@@ -165,6 +200,7 @@ def test_input_validation():
     ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
+    ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
     ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
 ])
 def test_validate_config(bad, key):
@@ -179,14 +215,19 @@ def test_default_config_and_scratch():
         p = TK.plan(cfg, n)
         assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
-    assert TK.default_config(1, 131072, 2048)["FUSED"] == 0
-    assert TK.default_config(64, 131072, 2048)["SEARCH_WARPS"] == 8
+    # The H200-measured switches (docs/notes/indexer_topk.md): four-launch below 32 rows,
+    # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers.
+    assert [TK.default_config(r, 131072, 2048)["FUSED"] for r in (1, 16, 31, 32)] == [0, 0, 0, 1]
+    few = TK.default_config(256, 131072, 2048)
+    assert (few["SEARCH_WARPS"], few["COMPACT_TILE"], few["PLACE_KEYS"]) == (8, 2048, 2048)
     cfg = TK.default_config(4096, 131072, 2048)
     assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8 and cfg["GROUP2"] == 4
-    assert cfg["SEARCH_WARPS"] == 4
+    assert (cfg["SEARCH_WARPS"], cfg["COMPACT_TILE"], cfg["PLACE_KEYS"]) == (4, 1024, 1024)
+    assert cfg["MAX_REGS"] == few["MAX_REGS"] == 128
+    assert cfg["GROUP"] * cfg["GROUP_BLOCK"] == 4096      # gmax: 4096 keys a step, one slice
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
-    assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 2048
+    assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
     assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
 
 
@@ -203,6 +244,8 @@ def test_gpu_k2048(n, kind):
     lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5], dtype=torch.int32, device="cuda")
     for cfg in ({}, {"FUSED": 1}, {"FUSED": 1, "SLICE_KEYS": 1024, "MAX_SLICES": 64},
                 {"FUSED": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024},
+                {"FUSED": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024,
+                 "MAX_REGS": 96},
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
                  "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2}):
