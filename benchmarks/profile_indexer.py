@@ -1,7 +1,7 @@
 """GPU time per kernel of one indexer_topk call (torch.profiler), to split a total.
 
     python benchmarks/profile_indexer.py [--rows 1,64,1024,4096] [--keys 131072]
-        [--config KEY=VAL:KEY=VAL]
+        [--config KEY=VAL:KEY=VAL] [--ragged] [--phases]
 
 Prints, per shape, each Triton kernel's mean device time per call over ``--iters`` calls (after
 a warm-up), and their sum. ``--phases`` (fused path) also times the row kernel stopped after its
@@ -29,18 +29,21 @@ def main() -> None:
     ap.add_argument("--rows", default="1,64,1024,4096")
     ap.add_argument("--keys", type=int, default=131072)
     ap.add_argument("--config", default="")
+    ap.add_argument("--ragged", action="store_true",
+                    help="causal batch: row r has (r + 1) * keys / rows valid keys")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--phases", action="store_true",
                     help="time the fused row kernel phase by phase (differences of stopped runs)")
     args = ap.parse_args()
     cfg = parse_geometry(args.config) if args.config else {}
     for rows in (int(r) for r in args.rows.split(",")):
-        scores, lengths = make_inputs(BenchCase(rows=rows, keys=args.keys))
+        scores, lengths = make_inputs(BenchCase(rows=rows, keys=args.keys, ragged=args.ragged))
         per = _kernel_us(scores, lengths, cfg, args.iters)
         total = sum(per.values())
         parts = "  ".join(f"{name[:24]} {us:8.1f} us" for name, us in
                           sorted(per.items(), key=lambda kv: -kv[1]))
-        print(f"{rows}x{args.keys} {args.config or 'default'}: {total:8.1f} us  ({parts})",
+        shape = f"{rows}x{args.keys}{' causal' if args.ragged else ''}"
+        print(f"{shape} {args.config or 'default'}: {total:8.1f} us  ({parts})",
               flush=True)
         if args.phases:
             fused = {**cfg, "FUSED": 1}

@@ -496,6 +496,45 @@ def _place_selected(kp, pp, out, n, t, need, CH: tl.constexpr):
 
 
 @triton.jit
+def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
+    """Candidates ``CAP < n <= 4 * CAP`` in the buffer: a tighter bound from the maxima of R
+    consecutive candidates (R = 2 or 4, so that they fit a register tile of CAP), the exact
+    k-th largest of those (k distinct keys reach it, so every top-k key does), and the buffer
+    compacted in place, in order, to the candidates reaching it. Returns (n, bound): at most
+    R * k candidates unless ties cross the bound, usually few enough for the tile. Skipped
+    (unchanged) when the maxima are fewer than k."""
+    o = tl.arange(0, CAP)
+    mx = tl.full([CAP], -2147483648, tl.int32)
+    if n <= 2 * CAP:
+        nm = (n + 1) // 2
+        for r in tl.static_range(2):
+            mx = tl.maximum(mx, tl.load(kp + o * 2 + r, mask=o * 2 + r < n, other=-2147483648))
+    else:
+        nm = (n + 3) // 4
+        for r in tl.static_range(4):
+            mx = tl.maximum(mx, tl.load(kp + o * 4 + r, mask=o * 4 + r < n, other=-2147483648))
+    if nm >= k:
+        hi = tl.max(mx, axis=0).to(tl.int64)
+        lo = tl.min(tl.where(o < nm, mx, 2147483647), axis=0).to(tl.int64)
+        lb = tl.maximum(lb, _kth_search_tile(mx, k, lo, hi, 1).to(tl.int32))
+        offs = tl.arange(0, MEM_CH)
+        kept = tl.full([], 0, tl.int32)
+        for c0 in range(0, n, MEM_CH):
+            m = c0 + offs < n
+            v = tl.load(kp + c0 + offs, mask=m, other=-2147483648)
+            p = tl.load(pp + c0 + offs, mask=m, other=0)
+            ki = (m & (v >= lb)).to(tl.int32)
+            dst = kept + tl.cumsum(ki, axis=0) - ki
+            kept += tl.sum(ki, axis=0)
+            tl.debug_barrier()   # every thread has read this chunk before any overwrite
+            tl.store(kp + dst, v, mask=ki != 0)   # dst <= c0 + offs: read already
+            tl.store(pp + dst, p, mask=ki != 0)
+        tl.debug_barrier()
+        n = kept
+    return n, lb
+
+
+@triton.jit
 def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
                   off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
                   SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr):
@@ -504,6 +543,10 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
     runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning). PCH: keys a step
     of the placement (``>= CAP``: placed from the register tile)."""
     row_c = row.to(tl.int64) * cap
+    if (n > CAP) & (n <= cap) & (n <= 4 * CAP):
+        # In the buffer, a few times too many for the tile (a row with fewer than k groups).
+        n, lb = _refine_cands(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, n, k, lb,
+                              CAP)
     if n <= CAP:
         # The candidates fit the register tile.
         offs = tl.arange(0, CAP)

@@ -52,7 +52,8 @@ def _fmt(cfg: dict[str, Any]) -> str:
         return (f"4-launch s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP_BLOCK']} "
                 f"w{cfg['num_warps']}")
     return (f"fused s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP2']} "
-            f"w{cfg['SEARCH_WARPS']} p{cfg['PLACE_KEYS']} c{cfg['COMPACT_TILE']}")
+            f"w{cfg['SEARCH_WARPS']} p{cfg['PLACE_KEYS']} c{cfg['COMPACT_TILE']} "
+            f"r{cfg.get('MAX_REGS', 0)}")
 
 
 def baseline(case: Any) -> str:
@@ -72,7 +73,10 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
         space.append({**base, "SLICE_KEYS": slices})
     space.append(fused)
     space.append({**fused, "SEARCH_WARPS": 12 - fused["SEARCH_WARPS"]})   # the other of 4, 8
-    space.append({**fused, "PLACE_KEYS": 1024, "COMPACT_TILE": 1024})
+    step = 1024 if fused["PLACE_KEYS"] > 1024 else 2048     # the other of the two step sizes
+    space.append({**fused, "PLACE_KEYS": max(step, fused["GROUP"]), "COMPACT_TILE": step})
+    for regs in (96, 0):                                      # a tighter cap, and none
+        space.append({**fused, "MAX_REGS": regs})
     if fused["GROUP2"] > 1:
         space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
                       "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})

@@ -140,6 +140,23 @@ def test_fused_bound_levels_causal(kind):
     assert topk_mismatches(got, want) == []
 
 
+@pytest.mark.parametrize("fused", [0, 1])
+@pytest.mark.parametrize("kind", ["random", "ties", "special", "zeros"])
+def test_refined_candidates(fused, kind):
+    """Rows with 2x and 4x more candidates than the select tile (no group bound: fewer than k
+    groups): the maxima of 2 or 4 candidates give a tighter bound and the buffer is compacted
+    to it; ties crossing that bound leave more than the tile (the buffer search runs)."""
+    k, tile = 16, 32
+    cfg = {"FUSED": fused, "GROUP": 16, "GROUP2": 1, "GROUP_BLOCK": 4, "SLICE_KEYS": 64,
+           "PLACE_KEYS": 64, "CAND_TILE": tile, "CAND_CAP": 256, "COMPACT_TILE": 32}
+    # 16-key groups: fewer than k = 16 groups below 241 keys, so every valid key is a
+    # candidate: 40 and 64 (2x), 100 and 128 (4x), 129+ (beyond 4x: the buffer search).
+    lengths = torch.tensor([40, 64, 100, 128, 200, 17], dtype=torch.int32, device=DEV)
+    scores = make_scores(kind, len(lengths), 240, seed=5 + fused)
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
+
+
 def test_every_row_short_fast_path():
     scores = make_scores("random", 3, 10, seed=1)
     lengths = torch.tensor([10, 4, 0], dtype=torch.int32, device=DEV)
