@@ -186,13 +186,17 @@ def test_tune_keeps_kv_points_apart_and_measured_serves_each(home: Path) -> None
 
 def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_on() -> None:
     """docs/tables/: the table `kreg tune` measured on the lent H200 (the "post the table" step),
-    loaded as a vendor plugin would, selects the H200 family at 8192 rows there, and nothing on
-    another Triton version, with the reason."""
+    loaded as a vendor plugin would: per KV length it selects the H200 family at 8192 rows, and
+    at 512 prefill rows (group 6) the table's config at KV 8K but the family at 32K (the point
+    one config could not serve); nothing for a workload without kv_len or on another Triton
+    version, each with the reason."""
     from registry import load_table
 
     path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
     entries = load_table(path)
-    assert len(entries) == 40 and {e.op for e in entries} == {"sparse_prefill", "indexer_topk"}
+    sparse = [e for e in entries if e.op == "sparse_prefill"]
+    assert len(sparse) == 108 and len(entries) == 112     # the whole grid, one entry a point
+    assert {e.bucket["kv_len"] for e in sparse} == {8192, 32768, 131072}
     sw = entries[0].software
     facts = registry.profiles()["h200"].what_if(torch_version=sw.torch, triton_version=sw.triton,
                                                  runtime_version=sw.runtime)
@@ -207,16 +211,19 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
         lambda: [impls["measured.sparse_prefill"]])), "measured")
     wl = {"kind": "chunk", "topk": 2051, "head_dim": 256, "group_size": 6, "num_kv_heads": 1,
           "total_q": 8192, "num_requests": 1, "max_q": 8192, "dtype": "bfloat16"}
-    d = reg.select("sparse_prefill", wl, facts)
-    assert d.implementation == "measured.sparse_prefill"
-    assert d.config["BLOCK_M"] == 8 and d.config["CHUNK_MODE"] == "pretranslate"
-    # Its buckets predate kv_len: they serve any KV length (what dispatch derives) the same way.
-    assert all("kv_len" not in e.bucket for e in entries if e.op == "sparse_prefill")
     for kv in (8192, 131072):
-        at_kv = reg.select("sparse_prefill", {**wl, "kv_len": kv}, facts)
-        assert (at_kv.implementation, at_kv.config) == (d.implementation, d.config)
-        assert "entries measured before kv_len was recorded" in at_kv.explain(verbose=True)
-    other = reg.select("sparse_prefill", wl, facts.what_if(triton_version="3.7.0"))
+        d = reg.select("sparse_prefill", {**wl, "kv_len": kv}, facts)
+        assert d.implementation == "measured.sparse_prefill"
+        assert d.config["BLOCK_M"] == 8 and d.config["CHUNK_MODE"] == "pretranslate"
+    pre = {**wl, "kind": "prefill", "total_q": 512, "max_q": 512}
+    at_8k = reg.select("sparse_prefill", {**pre, "kv_len": 8192}, facts).config
+    at_32k = reg.select("sparse_prefill", {**pre, "kv_len": 32768}, facts).config
+    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (16, 32) and at_32k["BLOCK_M"] == 8
+    none = reg.select("sparse_prefill", wl, facts)      # no kv_len: not served by the table
+    assert none.implementation == "reference.sparse_prefill"
+    assert "kv_len" in none.explain(verbose=True)
+    other = reg.select("sparse_prefill", {**wl, "kv_len": 8192},
+                       facts.what_if(triton_version="3.7.0"))
     assert other.implementation == "reference.sparse_prefill"
     assert f"measured with triton {sw.triton}, running 3.7.0" in other.explain()
 
