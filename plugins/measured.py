@@ -22,9 +22,8 @@ its envelope, or the table), exactly as without a tuning store. Every measured c
 table only at the KV length it was measured at, so guessing one could pick a config slower than
 the table; passing ``kv_len`` (``dispatch`` always derives it) gets the measured config.
 
-Entries written before sparse_prefill workloads had ``kv_len`` (older kreg versions, exported
-tables such as ``docs/tables/nvidia-h200-torch2.11-triton3.6.json``) have no kv_len in their
-bucket. They load as before and serve any kv_len, None included, by the floor on total_q alone,
+Entries written before sparse_prefill workloads had ``kv_len`` (older kreg versions and the
+tables they exported) have no kv_len in their bucket. They load as before and serve any kv_len, None included, by the floor on total_q alone,
 as they did when written, until entries of the same shape that name a kv_len exist on this
 device and software: those supersede them (re-run ``kreg tune``), and ``explain`` says so.
 """
