@@ -23,9 +23,10 @@ table only at the KV length it was measured at, so guessing one could pick a con
 the table; passing ``kv_len`` (``dispatch`` always derives it) gets the measured config.
 
 Entries written before sparse_prefill workloads had ``kv_len`` (older kreg versions and the
-tables they exported) have no kv_len in their bucket. They load as before and serve any kv_len, None included, by the floor on total_q alone,
-as they did when written, until entries of the same shape that name a kv_len exist on this
-device and software: those supersede them (re-run ``kreg tune``), and ``explain`` says so.
+tables they exported) have no kv_len in their bucket. They load as before and serve any
+kv_len, None included, by the floor on total_q alone, as they did when written, until entries
+of the same shape that name a kv_len exist on this device and software: those supersede them
+(re-run ``kreg tune``), and ``explain`` says so.
 """
 
 from __future__ import annotations

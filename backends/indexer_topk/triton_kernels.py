@@ -87,7 +87,8 @@ SPARSE          1           four-launch stage 2 reads: 0 every key; 1 only group
 BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 every slice
                             program searches the exact one; -1: 1 when slices > 1
 MAX_REGS        128         fused: registers per thread the row program may use (``maxnreg``;
-                            0 = the compiler's choice): four 4-warp programs an SM
+                            0 = the compiler's choice): four 4-warp programs an SM (NVIDIA;
+                            ignored on ROCm, whose Triton backend has no such option)
 ==============  ==========  =================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
@@ -914,8 +915,13 @@ def _alloc(torch: Any, n: int, dev: Any) -> Any:
 
 
 def _regs(cfg: dict[str, int]) -> dict[str, int]:
-    """The row program's register cap as a launch option (none: the compiler's choice)."""
-    return {"maxnreg": cfg["MAX_REGS"]} if cfg["MAX_REGS"] else {}
+    """The row program's register cap as a launch option (none: the compiler's choice). NVIDIA
+    only: Triton's ROCm backend has no ``maxnreg`` and rejects the keyword."""
+    import torch
+
+    if not cfg["MAX_REGS"] or torch.version.hip is not None:
+        return {}
+    return {"maxnreg": cfg["MAX_REGS"]}
 
 
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,

@@ -225,6 +225,15 @@ def test_validate_config(bad, key):
         TK.validate_config(bad, 16, 1000)
 
 
+def test_register_cap_is_a_launch_option_on_nvidia_only(monkeypatch):
+    """MAX_REGS becomes Triton's ``maxnreg`` launch option, which the ROCm backend rejects
+    (KeyError: unrecognised keyword): on a ROCm build of torch it is left out."""
+    assert TK._regs({"MAX_REGS": 128}) == ({"maxnreg": 128} if torch.version.hip is None else {})
+    assert TK._regs({"MAX_REGS": 0}) == {}
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    assert TK._regs({"MAX_REGS": 128}) == {}
+
+
 def test_default_config_and_scratch():
     for rows, n in [(1, 131072), (64, 131072), (4096, 131072), (1, 524288), (8, 8192)]:
         cfg = TK.default_config(rows, n, 2048)
