@@ -129,6 +129,7 @@ from backends.indexer_topk.config import (
 # row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
 MEM_CH = tl.constexpr(1024)
 
+
 @triton.jit
 def _to_key(x):
     """float32 tile -> int32 order keys (NaN -> INT32_MIN + 1, -0.0 -> +0.0)."""
@@ -304,21 +305,27 @@ def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
 def _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY: tl.constexpr,
                 NT: tl.constexpr):
     """Count (COUNT_ONLY) or place in position order the keys >= lb of one [groups, GS] tile."""
-    x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
-    key = _to_key(x)
-    ci = (m & (key >= lb)).to(tl.int32)
+    x = tl.load(src + pos, mask=m, other=0.0)
     if COUNT_ONLY:
+        ci = (m & (_to_key(x.to(tl.float32)) >= lb)).to(tl.int32)
         run += tl.sum(tl.sum(ci, axis=1), axis=0)
     else:
-        flat_c = tl.reshape(ci, [NT])
-        flat_p = tl.reshape(pos, [NT])
-        flat_k = tl.reshape(key, [NT])
-        dst = run + tl.cumsum(flat_c, axis=0) - flat_c
-        wm = (flat_c != 0) & (dst < cap)
-        tl.store(cpos + dst, flat_p, mask=wm)
-        tl.store(ckey + dst, flat_k, mask=wm)
-        run += tl.sum(flat_c, axis=0)
+        run = _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT)
     return run
+
+
+@triton.jit
+def _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT: tl.constexpr):
+    """Place in position order, from ``run`` on, the keys >= lb of a loaded [groups, GS] tile
+    of scores ``x`` at positions ``pos`` (valid where ``m``); returns the new count."""
+    key = _to_key(x.to(tl.float32))
+    ci = (m & (key >= lb)).to(tl.int32)
+    flat_c = tl.reshape(ci, [NT])
+    dst = run + tl.cumsum(flat_c, axis=0) - flat_c
+    wm = (flat_c != 0) & (dst < cap)
+    tl.store(cpos + dst, tl.reshape(pos, [NT]), mask=wm)
+    tl.store(ckey + dst, tl.reshape(key, [NT]), mask=wm)
+    return run + tl.sum(flat_c, axis=0)
 
 
 @triton.jit
@@ -804,14 +811,7 @@ def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexp
             gi = gi_next
             gi_next = tl.load(gsrc + a0 + 2 * GB + g_off, mask=a0 + 2 * GB + g_off < n_act,
                               other=0)
-            key = _to_key(x.to(tl.float32))
-            ci = (pm & (key >= lb)).to(tl.int32)
-            flat_c = tl.reshape(ci, [GB * GS])
-            dst = run + tl.cumsum(flat_c, axis=0) - flat_c
-            wm = (flat_c != 0) & (dst < cap)
-            tl.store(cpos + dst, tl.reshape(pos, [GB * GS]), mask=wm)
-            tl.store(ckey + dst, tl.reshape(key, [GB * GS]), mask=wm)
-            run += tl.sum(flat_c, axis=0)
+            run = _place_loaded(x, pos, pm, lb, run, cpos, ckey, cap, GB * GS)
     else:
         run = cap + 1   # >= n_act > cap candidates: the row tier
     tl.debug_barrier()
