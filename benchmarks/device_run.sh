@@ -4,7 +4,8 @@
 # Steps: tests (pytest -m gpu, then the torch.compile tests, which are CPU tests that -m gpu
 # deselects), hit-paths (bench_select on the device host), tune-sparse and regret-sparse (the
 # whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer, profile-indexer (the
-# per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel).
+# per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel),
+# slices-indexer (gmax slices a row against the default, graph replays).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
@@ -66,6 +67,15 @@ for step in "$@"; do
         python3 benchmarks/profile_indexer.py --rows 1024 --iters 1 > "$OUT/ncu_row_kernel.log" 2>&1
       echo "rc=$?"; grep -E "Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Stall" \
         "$OUT/ncu_row_kernel.log" | head -20 ;;
+    slices-indexer)
+      # The gmax slices a row when rows < SMs (kreg tune: 8 a row at 64 rows beat the default
+      # 5 by 7%) and at 4096 rows (2 beat 1 by 3%): the data for default_config's rule.
+      stage "indexer_topk gmax slices a row"
+      S="torch-topk,triton"
+      for sk in 8192 16384 32768 65536; do S="$S,geometry=SLICE_KEYS=$sk"; done
+      timeout 200 python3 benchmarks/bench_indexer_topk.py --rows 32,64,128,256,4096 \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/slices_indexer.log" | grep -v "^-" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
