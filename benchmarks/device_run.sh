@@ -5,7 +5,10 @@
 # deselects), hit-paths (bench_select on the device host), tune-sparse and regret-sparse (the
 # whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer, profile-indexer (the
 # per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel),
-# slices-indexer (gmax slices a row against the default, graph replays).
+# slices-indexer (gmax slices a row against the default, graph replays), tests-indexer (the
+# indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
+# samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
+# path variants side by side), ncu-sparse (counters of the sparse_prefill table and family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
@@ -76,6 +79,62 @@ for step in "$@"; do
       timeout 200 python3 benchmarks/bench_indexer_topk.py --rows 32,64,128,256,4096 \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
         | tee "$OUT/slices_indexer.log" | grep -v "^-" ;;
+    tests-indexer)
+      stage "gpu tests: indexer_topk kernels and graphs"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_indexer_topk_triton.py tests/gpu/test_graphs.py \
+        > "$OUT/gpu_tests_indexer.log" 2>&1
+      echo "pytest rc=$?"; tail -3 "$OUT/gpu_tests_indexer.log" ;;
+    pdl-indexer)
+      # Programmatic dependent launches (PDL=1) against plain ones, and the gmax slices with
+      # them, graph replays (the launch gaps PDL hides are what a graph still has).
+      stage "indexer_topk PDL and slices"
+      S="torch-topk,triton,geometry=PDL=1,geometry=SLICE_KEYS=16384:PDL=1"
+      S="$S,geometry=SLICE_KEYS=65536:PDL=1"
+      timeout 200 python3 benchmarks/bench_indexer_topk.py --rows 1,8,32,64,256,1024,4096 \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/pdl_indexer.log" | grep -v "^-" ;;
+    ncu-source)
+      # Per-instruction stall samples of the fused row kernel (SASS), 64 and 4096 rows.
+      for r in 64 4096; do
+        stage "ncu source counters, row kernel, $r rows"
+        timeout 150 ncu --clock-control none -k regex:_row_kernel -c 1 -f \
+          --section SourceCounters --section WarpStateStats --section Occupancy \
+          --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          -o "/tmp/row$r" python3 benchmarks/profile_indexer.py --rows $r --iters 1 \
+          > /dev/null 2>&1
+        echo "ncu rc=$?"
+        ncu -i "/tmp/row$r.ncu-rep" --page details >> "$OUT/ncu_row_details.log" 2>&1
+        ncu -i "/tmp/row$r.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
+          | gzip > "$OUT/row${r}_sass.csv.gz"
+        grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" \
+          "$OUT/ncu_row_details.log" | tail -4
+      done ;;
+    ab-indexer)
+      # Variants of the fused path side by side (graph replays); AB_PROVIDERS overrides.
+      stage "indexer_topk variants"
+      S="torch-topk,triton,geometry=GATHER_VEC=0,geometry=SEARCH_BITS=2,geometry=PDL=1"
+      S="$S,geometry=SLICE_KEYS=16384,geometry=SLICE_KEYS=16384:PDL=1:SEARCH_BITS=2"
+      timeout 240 python3 benchmarks/bench_indexer_topk.py --rows ${AB_ROWS:-64,1024,4096} \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "${AB_PROVIDERS:-$S}" \
+        2>/dev/null | tee "$OUT/ab_indexer.log" | grep -v "^-" ;;
+    ncu-sparse)
+      # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
+      # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
+      stage "ncu sparse_prefill (prefill g6, 8192 rows, KV 8K)"
+      timeout 200 ncu --clock-control none -k regex:_sparse_prefill_fwd -c 2 -f \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section SourceCounters --section MemoryWorkloadAnalysis_Tables \
+        -o /tmp/sparse python3 benchmarks/bench_sparse_prefill.py --kind prefill \
+        --group-size 6 --kv-len 8192 --total-q 8192 --providers table,h200 --iters 1 \
+        --warmup 0 > "$OUT/ncu_sparse_run.log" 2>&1
+      echo "ncu rc=$?"
+      ncu -i /tmp/sparse.ncu-rep --page details > "$OUT/ncu_sparse_details.log" 2>&1
+      ncu -i /tmp/sparse.ncu-rep --page source --csv --print-source sass 2>/dev/null \
+        | gzip > "$OUT/sparse_sass.csv.gz"
+      grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|L1/TEX Hit|Shared" \
+        "$OUT/ncu_sparse_details.log" | head -24 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -18,7 +18,8 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048, "MAX_REGS": 0,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0,
+    "GATHER_VEC": 1,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -169,6 +170,14 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
+    if cfg["GATHER_VEC"] not in (0, 1):
+        raise ConfigError(f"indexer_topk config GATHER_VEC={cfg['GATHER_VEC']}: must be 1 "
+                          "(whole groups, 16-byte loads, when max_keys is a multiple of GROUP) "
+                          "or 0 (every key masked, one group a thread); use 1")
+    if cfg["PDL"] not in (0, 1):
+        raise ConfigError(f"indexer_topk config PDL={cfg['PDL']}: must be 0 (plain launches) or "
+                          "1 (programmatic dependent launches where the device has them: "
+                          "Hopper and later, NVIDIA); use 0 or 1")
     if cfg["BOUND_PASS"] not in (-1, 0, 1):
         raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
                           "(automatic), 0 (each slice program finds the bound) or 1 (a launch "

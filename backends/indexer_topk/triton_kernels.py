@@ -89,6 +89,9 @@ BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 e
 MAX_REGS        128         fused: registers per thread the row program may use (``maxnreg``;
                             0 = the compiler's choice): four 4-warp programs an SM (NVIDIA;
                             ignored on ROCm, whose Triton backend has no such option)
+PDL             0           1: programmatic dependent launches (each kernel waits for the one
+                            before it, the next one is scheduled during its tail); Hopper and
+                            later on NVIDIA only, ignored elsewhere
 ==============  ==========  =================================================================
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
@@ -146,10 +149,29 @@ def _row_len(lengths_ptr, row, n_keys):
 
 
 @triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """``PDL``: the kernel was launched as a programmatic dependent launch (Hopper and later),
+    so it may start before the previous kernel in the stream ends: wait until that kernel has
+    completed and its writes are visible, before this program reads or writes anything."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _pdl_done(PDL: tl.constexpr):
+    """``PDL``: this program's work is issued; once every program has said so (or exited), the
+    next kernel's programs may be scheduled (they wait in :func:`_pdl_wait`), so that its launch
+    overlaps this kernel's tail instead of following it."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
                  off_gm2, n_groups2,
-                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr):
+                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr, PDL: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``)."""
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -159,6 +181,7 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
         _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm_ptr + row.to(tl.int64) * n_groups,
                    gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end,
                    _half_level(length, k, n_groups2, GS, GS2), GS, GB, GS2)
+    _pdl_done(PDL)
 
 
 @triton.jit
@@ -286,10 +309,11 @@ def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.conste
 
 @triton.jit
 def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
-                  GS: tl.constexpr, GT: tl.constexpr):
+                  GS: tl.constexpr, GT: tl.constexpr, PDL: tl.constexpr = 0):
     """BOUND_PASS=1: the row's bound once, for the slices of the next launches to read: a
     lower bound of the k-th largest group maximum, loose by at most ``slack`` groups (fewer
     search steps than the exact value; every top-k key is still >= it)."""
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -299,6 +323,7 @@ def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
         if ng >= k:
             lb = _loose_kth(src, ng, k, slack, GT)
         tl.store(ws_ptr + off_bound + row, lb)
+    _pdl_done(PDL)
 
 
 @triton.jit
@@ -320,12 +345,15 @@ def _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT: tl.constexpr):
     of scores ``x`` at positions ``pos`` (valid where ``m``); returns the new count."""
     key = _to_key(x.to(tl.float32))
     ci = (m & (key >= lb)).to(tl.int32)
-    flat_c = tl.reshape(ci, [NT])
-    dst = run + tl.cumsum(flat_c, axis=0) - flat_c
-    wm = (flat_c != 0) & (dst < cap)
-    tl.store(cpos + dst, tl.reshape(pos, [NT]), mask=wm)
-    tl.store(ckey + dst, tl.reshape(key, [NT]), mask=wm)
-    return run + tl.sum(flat_c, axis=0)
+    # Position order is the tile's row-major order: a key's slot is the count of the groups
+    # before its group plus its offset inside the group, both computed in the tile's own layout
+    # (a scan of the flattened tile costs layout conversions through shared memory).
+    before = tl.sum(tl.cumsum(ci, axis=0) - ci, axis=1)
+    dst = run + before[:, None] + tl.cumsum(ci, axis=1) - ci
+    wm = (ci != 0) & (dst < cap)
+    tl.store(cpos + dst, pos, mask=wm)
+    tl.store(ckey + dst, key, mask=wm)
+    return run + tl.sum(tl.sum(ci, axis=1), axis=0)
 
 
 @triton.jit
@@ -334,7 +362,8 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
                   CHUNKED: tl.constexpr, SB: tl.constexpr,
                   COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr,
-                  BOUND_IN: tl.constexpr):
+                  BOUND_IN: tl.constexpr, PDL: tl.constexpr = 0):
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -410,6 +439,7 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
             tl.store(cnt_row + sl, run)
         elif SINGLE:
             tl.store(ws_ptr + off_ncand + row, run)
+    _pdl_done(PDL)
 
 
 @triton.jit
@@ -644,7 +674,8 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
 def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
                    cap, off_bound, off_ncand, off_cpos, off_ckey,
                    GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
-                   SB: tl.constexpr):
+                   SB: tl.constexpr, PDL: tl.constexpr = 0):
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
@@ -655,6 +686,7 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
         n = tl.load(ws_ptr + off_ncand + row)
         _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
                       off_cpos, off_ckey, GS, GB, CAP, SB, True, CAP)
+    _pdl_done(PDL)
 
 
 @triton.jit
@@ -785,29 +817,45 @@ def _compact_active(gsrc, ng, lb, CT: tl.constexpr):
 
 
 @triton.jit
+def _group_load(src, gi, valid, length, GS: tl.constexpr, GB: tl.constexpr,
+                VEC: tl.constexpr):
+    """The scores of the listed groups ``gi`` (where ``valid``) as a [GB, GS] tile, and their
+    positions. VEC (max_keys a multiple of GS: a group never extends past the row's storage):
+    whole groups are read (keys past ``length`` included, masked by the caller), so the
+    compiler can issue 16-byte loads, a warp reading 16 whole groups per instruction. Else
+    each key is masked by ``length`` and the load is laid out one group a thread (no
+    vectorization is possible there; that layout needs no conversions in the placement)."""
+    j = tl.arange(0, GS)
+    if VEC:
+        pos = gi[:, None] * GS + j[None, :]
+        x = tl.load(src + pos, mask=tl.broadcast_to(valid[:, None], [GB, GS]), other=0.0)
+    else:
+        pos = tl.max_contiguous(gi[:, None] * GS + j[None, :], [1, 1])
+        x = tl.load(src + pos, mask=valid[:, None] & (pos < length), other=0.0)
+    return x, pos
+
+
+@triton.jit
 def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
-                  GB: tl.constexpr):
+                  GB: tl.constexpr, VEC: tl.constexpr):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
     the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap).
 
     Software-pipelined: a step's scores are requested one step ahead and its list entries two
     steps ahead (requesting the scores two steps ahead measured no faster on the H200)."""
     g_off = tl.arange(0, GB)
-    j = tl.arange(0, GS)
     run = tl.full([], 0, tl.int32)
     if n_act <= cap:
         gi = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
-        pos = gi[:, None] * GS + j[None, :]
-        x_next = tl.load(src + pos, mask=(g_off < n_act)[:, None] & (pos < length), other=0.0)
+        x_next, pos_n = _group_load(src, gi, g_off < n_act, length, GS, GB, VEC)
         gi_next = tl.load(gsrc + GB + g_off, mask=GB + g_off < n_act, other=0)
         for a0 in range(0, n_act, GB):
             x = x_next
-            pos = gi[:, None] * GS + j[None, :]
+            pos = pos_n
             pm = (a0 + g_off < n_act)[:, None] & (pos < length)
             # Request the next step's scores and the list entries of the one after it.
-            pos_n = gi_next[:, None] * GS + j[None, :]
-            x_next = tl.load(src + pos_n, mask=(a0 + GB + g_off < n_act)[:, None]
-                             & (pos_n < length), other=0.0)
+            x_next, pos_n = _group_load(src, gi_next, a0 + GB + g_off < n_act, length, GS, GB,
+                                        VEC)
             gi = gi_next
             gi_next = tl.load(gsrc + a0 + 2 * GB + g_off, mask=a0 + 2 * GB + g_off < n_act,
                               other=0)
@@ -823,7 +871,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 slack, off_gm2, n_groups2, off_cpos, off_ckey,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr, STOP: tl.constexpr = 0):
+                PCH: tl.constexpr, VEC: tl.constexpr = 0, STOP: tl.constexpr = 0,
+                PDL: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -839,6 +888,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
     output entry, so that the time of each phase is the difference of two runs.
     """
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
@@ -860,13 +910,14 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 row_c = row.to(tl.int64) * cap
                 cpos = ws_ptr + off_cpos + row_c
                 ckey = ws_ptr + off_ckey + row_c
-                run = _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS, GB)
+                run = _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS, GB, VEC)
                 if STOP == 3:
                     tl.store(out, run)
                 else:
                     _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s,
                                   n_groups, k, cap, off_cpos, off_ckey, GS,
                                   max(1, min(GB, 1024 // GS)), CAP, SB, False, PCH)
+    _pdl_done(PDL)
 
 
 # ----------------------------------------------------------------------------------- wrapper
@@ -924,6 +975,21 @@ def _regs(cfg: dict[str, int]) -> dict[str, int]:
     return {"maxnreg": cfg["MAX_REGS"]}
 
 
+def _pdl(cfg: dict[str, int], dev: Any) -> dict[str, Any]:
+    """``PDL=1``: the kernels' launch options and constexpr for programmatic dependent launches
+    (each kernel waits for the previous one first, see ``_pdl_enter``); none where the device
+    has no such launches (before Hopper, ROCm, the interpreter): the flag only changes speed."""
+    import os
+
+    import torch
+
+    if not cfg["PDL"] or dev.type != "cuda" or torch.version.hip is not None \
+            or os.environ.get("TRITON_INTERPRET") == "1" \
+            or torch.cuda.get_device_capability(dev)[0] < 9:
+        return {}
+    return {"PDL": 1, "launch_pdl": True}
+
+
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
@@ -950,10 +1016,11 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
     stride = scores.stride(0)
     sw = cfg["SEARCH_WARPS"]
+    pdl = _pdl(cfg, dev)
     if n <= k:
         # Every row has <= k valid keys: only the fast path runs.
         _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0,
-                                GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw)
+                                GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw, **pdl)
         return out
     nw = cfg["num_warps"]
     if cfg["FUSED"]:
@@ -965,7 +1032,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         off_ckey = off_cpos + rows * cap
         ws = _alloc(torch, off_ckey + rows * cap, dev)
         _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
-                                     off_gm2, groups2, GS=gs, GB=gb, GS2=gs2, num_warps=nw)
+                                     off_gm2, groups2, GS=gs, GB=gb, GS2=gs2, num_warps=nw,
+                                     **pdl)
         bt = cfg["BOUND_TILE"]
         _row_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap,
                              cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
@@ -974,8 +1042,9 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                              GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=_stop,
-                             num_warps=sw, **_regs(cfg))
+                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]),
+                             VEC=int(n % gs == 0 and cfg["GATHER_VEC"] == 1), STOP=_stop,
+                             num_warps=sw, **_regs(cfg), **pdl)
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows
@@ -987,27 +1056,27 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     off_list = off_ckey + rows * cap
     ws = _alloc(torch, off_list + (rows * groups if sp == 2 else 0), dev)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1,
-                                 GS=gs, GB=gb, GS2=1, num_warps=nw)
+                                 GS=gs, GB=gb, GS2=1, num_warps=nw, **pdl)
     bp = cfg["BOUND_PASS"]
     bound_in = bool(bp == 1 or (bp == -1 and slices > 1))
     if bound_in:
         _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, cfg["BOUND_SLACK"],
-                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"])
+                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"], **pdl)
     if slices > 1:
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                       off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
                                       CHUNKED=chunked, SB=sb, COUNT_ONLY=True, SINGLE=False,
-                                      SPARSE=sp, BOUND_IN=bound_in, num_warps=nw)
+                                      SPARSE=sp, BOUND_IN=bound_in, num_warps=nw, **pdl)
     _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                   k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                   off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
                                   CHUNKED=chunked,
                                   SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
-                                  SPARSE=sp, BOUND_IN=bound_in, num_warps=nw)
+                                  SPARSE=sp, BOUND_IN=bound_in, num_warps=nw, **pdl)
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
                             off_ncand, off_cpos, off_ckey, GS=gs, GB=max(1, min(gb, 1024 // gs)),
                             CAP=cfg["CAND_TILE"],
                             KB=p["kb"],
-                            SB=sb, num_warps=sw)
+                            SB=sb, num_warps=sw, **pdl)
     return out

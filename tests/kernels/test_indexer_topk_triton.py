@@ -56,6 +56,11 @@ SMALL = {
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
                       "CAND_TILE": 256, "CAND_CAP": 1024, "COMPACT_TILE": 64, "MAX_REGS": 128},
+    # The gather with every key masked by the row's length (GATHER_VEC=0; the whole-group
+    # loads of the default are what the others use, max_keys being a multiple of GROUP).
+    "fused_masked": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
+                     "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
+                     "GATHER_VEC": 0},
 }
 
 
@@ -90,6 +95,19 @@ def run_both(scores, lengths, k, cfg):
     got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
     want = indexer_topk_reference(scores, lengths, k)
     return got, want
+
+
+@pytest.mark.parametrize("n", [1203, 1201])
+def test_fused_rows_not_a_multiple_of_the_group(n):
+    """max_keys not a multiple of GROUP: the last group of a full row would extend past the
+    row's storage, so the gather masks every key (whole-group loads only when it is)."""
+    rows, k = 4, 16
+    cfg = {**SMALL["fused"], "GATHER_VEC": 1}
+    for kind in ("random", "ties", "recent"):
+        scores = make_scores(kind, rows, n, seed=n)
+        lengths = torch.tensor([n, n - 2, k + 1, 2 * k + 3], dtype=torch.int32, device=DEV)
+        got, want = run_both(scores, lengths, k, cfg)
+        assert topk_mismatches(got, want) == [], kind
 
 
 @pytest.mark.parametrize("geom", sorted(SMALL))
@@ -218,11 +236,30 @@ def test_input_validation():
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
-    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
+    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
         TK.validate_config(bad, 16, 1000)
+
+
+def test_pdl_is_a_launch_option_on_hopper_cuda_only(monkeypatch):
+    """PDL=1 adds Triton's ``launch_pdl`` option and the kernels' PDL constexpr only on an
+    NVIDIA device of compute capability 9 or later, outside the interpreter; elsewhere the flag
+    is dropped (it only changes speed), so the same config runs everywhere."""
+    assert TK._pdl({"PDL": 0}, torch.device("cuda", 0)) == {}
+    assert TK._pdl({"PDL": 1}, torch.device("cpu")) == {}
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for cap, want in (((8, 9), {}), ((9, 0), {"PDL": 1, "launch_pdl": True}),
+                      ((12, 0), {"PDL": 1, "launch_pdl": True})):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev, c=cap: c)
+        assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == want, cap
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
 
 
 def test_register_cap_is_a_launch_option_on_nvidia_only(monkeypatch):
@@ -274,9 +311,47 @@ def test_gpu_k2048(n, kind):
                  "MAX_REGS": 96},
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
                  "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
-                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2}):
+                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
+                {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "GATHER_VEC": 0}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [0, 1])
+def test_gpu_pdl_orders_against_the_neighbouring_kernels(fused):
+    """PDL=1 launches may start while the previous kernel runs: each program waits for it
+    before touching memory. The scores are written by a torch kernel right before the call and
+    the output is read by one right after, with no synchronization between them, in a loop
+    (the next iteration's write must not overtake the previous call), and once more captured
+    in a CUDA graph replayed over new scores."""
+    rows, n, k = 64, 131072, 2048
+    cfg = {"FUSED": fused, "PDL": 1}
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lengths = torch.full((rows,), n, dtype=torch.int32, device="cuda")
+    lengths[::5] = n // 3
+    scores = torch.empty(rows, n, device="cuda")
+    outs, srcs = [], []
+    for _ in range(4):
+        src = torch.randn(rows, n, device="cuda", generator=g)
+        scores.copy_(src)
+        outs.append(TK.indexer_topk_triton(scores, lengths, k, config=cfg).clone())
+        srcs.append(src)
+    for out, src in zip(outs, srcs, strict=True):
+        assert topk_mismatches(out, indexer_topk_reference(src, lengths, k)) == []
+    src = torch.randn(rows, n, device="cuda", generator=g)
+    TK.indexer_topk_triton(scores, lengths, k, config=cfg)    # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scores.copy_(src)
+        out = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
+        kept = out.clone()
+    for _ in range(2):
+        src.copy_(torch.randn(rows, n, device="cuda", generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert topk_mismatches(kept, indexer_topk_reference(src, lengths, k)) == []
 
 
 @pytest.mark.gpu
