@@ -18,8 +18,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0,
-    "GATHER_VEC": 1,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0, "ROW_SPLIT": 1,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -62,11 +61,20 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
     want = max(1, _cdiv(2 * sm_count, max(num_rows, 1)))
     slices = min(64, want, max(1, n // 2048))
-    per_slice = _cdiv(n, slices)
     # gmax: one slice a row (many rows) wants 4096-key steps at 4 warps; several slices a row
     # want steps up to 8192 keys at 8 warps (measured on the H200, docs/notes/indexer_topk.md).
     step = 4096 if slices == 1 else 8192
     cfg["num_warps"] = 4 if slices == 1 else 8
+    if use_fused:
+        # Fused gmax slices of at most 16384 keys, however many rows (H200, 131072 keys: 8
+        # slices a row beat 5 at 64 rows and 1 at 1024 and 4096 rows by 3-4%).
+        slices = min(64, max(slices, n // 16384))
+        # Row programs: enough a row that they fill the device when rows are few.
+        split = 1
+        while split < 8 and num_rows * split * 2 <= sm_count:
+            split *= 2
+        cfg["ROW_SPLIT"] = split
+    per_slice = _cdiv(n, slices)
     cfg["GROUP2"] = max(1, min(64, _next_pow2(_cdiv(n, 2 * k)) // cfg["GROUP"]))
     cfg["GROUP_BLOCK"] = max(cfg["GROUP2"], min(step, _next_pow2(per_slice)) // cfg["GROUP"])
     block = cfg["GROUP"] * cfg["GROUP_BLOCK"]
@@ -170,10 +178,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
-    if cfg["GATHER_VEC"] not in (0, 1):
-        raise ConfigError(f"indexer_topk config GATHER_VEC={cfg['GATHER_VEC']}: must be 1 "
-                          "(whole groups, 16-byte loads, when max_keys is a multiple of GROUP) "
-                          "or 0 (every key masked, one group a thread); use 1")
+    if cfg["ROW_SPLIT"] not in (1, 2, 4, 8):
+        raise ConfigError(f"indexer_topk config ROW_SPLIT={cfg['ROW_SPLIT']}: must be 1, 2, 4 "
+                          "or 8 (fused: programs a row); use 1, or 2 when rows are fewer than "
+                          "half the device's SMs")
     if cfg["PDL"] not in (0, 1):
         raise ConfigError(f"indexer_topk config PDL={cfg['PDL']}: must be 0 (plain launches) or "
                           "1 (programmatic dependent launches where the device has them: "
@@ -203,7 +211,9 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     p = plan(cfg, max_keys)
     if cfg["FUSED"]:
         groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
-        return 4 * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) + 8 * cfg["CAND_CAP"]
+        split = cfg["ROW_SPLIT"]
+        return 4 * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
+            + 8 * cfg["CAND_CAP"] + (4 * (split + 1 + p["groups"]) if split > 1 else 0)
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 

@@ -89,6 +89,9 @@ BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 e
 MAX_REGS        128         fused: registers per thread the row program may use (``maxnreg``;
                             0 = the compiler's choice): four 4-warp programs an SM (NVIDIA;
                             ignored on ROCm, whose Triton backend has no such option)
+ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts and gathers a
+                            part of the row, the last to finish selects (2 at 33-66 rows, 4 at
+                            32: the row programs then fill the device; 1 from 67 rows)
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -168,12 +171,17 @@ def _pdl_done(PDL: tl.constexpr):
 
 @triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
-                 off_gm2, n_groups2,
-                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr, PDL: tl.constexpr = 0):
-    """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``)."""
+                 off_gm2, n_groups2, off_arr,
+                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr,
+                 ARRIVE: tl.constexpr = 0, PDL: tl.constexpr = 0):
+    """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
+    ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
+    ``SPLIT``)."""
     _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
+    if ARRIVE:
+        tl.store(gm_ptr + off_arr + row, 0, mask=sl == 0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
         start = sl * slice_len
@@ -796,48 +804,74 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
 
 
 @triton.jit
-def _compact_active(gsrc, ng, lb, CT: tl.constexpr):
-    """Phase 2: the groups whose maximum reaches ``lb``, in order, written over the group
-    maxima (CT at a time); returns their number."""
+def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
+    """Phase 2: the groups ``g0 + [0, ng)`` whose maximum (at ``gsrc``) reaches ``lb``, in
+    order, their indices written from ``glist + g0`` on (CT at a time; ``glist`` may be
+    ``gsrc``: the list then overwrites maxima already read); returns their number."""
     oc = tl.arange(0, CT)
     n_act = tl.full([], 0, tl.int32)
-    v_next = tl.load(gsrc + oc, mask=oc < ng, other=-2147483648)
+    base = gsrc + g0
+    v_next = tl.load(base + oc, mask=oc < ng, other=-2147483648)
     for c0 in range(0, ng, CT):
         m = c0 + oc < ng
         v = v_next
         # The next chunk's load is issued before this one's scan (one round trip a step).
-        v_next = tl.load(gsrc + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
+        v_next = tl.load(base + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
         ai = (m & (v >= lb)).to(tl.int32)
         adst = n_act + tl.cumsum(ai, axis=0) - ai
         n_act += tl.sum(ai, axis=0)
         tl.debug_barrier()
-        tl.store(gsrc + adst, c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read already
+        tl.store(glist + g0 + adst, g0 + c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read
     tl.debug_barrier()
     return n_act
 
 
 @triton.jit
-def _group_load(src, gi, valid, length, GS: tl.constexpr, GB: tl.constexpr,
-                VEC: tl.constexpr):
-    """The scores of the listed groups ``gi`` (where ``valid``) as a [GB, GS] tile, and their
-    positions. VEC (max_keys a multiple of GS: a group never extends past the row's storage):
-    whole groups are read (keys past ``length`` included, masked by the caller), so the
-    compiler can issue 16-byte loads, a warp reading 16 whole groups per instruction. Else
-    each key is masked by ``length`` and the load is laid out one group a thread (no
-    vectorization is possible there; that layout needs no conversions in the placement)."""
+def _join_parts(cnt, cpos, ckey, capp, cap, SPLIT: tl.constexpr):
+    """ROW_SPLIT: the last part of a row to finish moves the candidates of parts 1.. (each in
+    its ``capp`` region of the row's buffer) down after those of the parts before, so that the
+    buffer holds all of them in position order; returns their number, or ``cap + 1`` when a
+    part had more than its region holds (the row tier then reads the row itself)."""
+    total = tl.load(cnt, cache_modifier=".cg")
+    over = total > capp
+    offs = tl.arange(0, MEM_CH)
+    for p in tl.static_range(1, SPLIT):
+        n_p = tl.load(cnt + p, cache_modifier=".cg")
+        over = over | (n_p > capp)
+        if not over:
+            for c0 in range(0, n_p, MEM_CH):
+                m = c0 + offs < n_p
+                src = p * capp + c0 + offs
+                vp = tl.load(cpos + src, mask=m, other=0, cache_modifier=".cg")
+                vk = tl.load(ckey + src, mask=m, other=0, cache_modifier=".cg")
+                # The destination lies below the source and may overlap this chunk's source:
+                # every thread's loads first.
+                tl.debug_barrier()
+                tl.store(cpos + total + c0 + offs, vp, mask=m)
+                tl.store(ckey + total + c0 + offs, vk, mask=m)
+                tl.debug_barrier()
+        total += n_p
+    if over:
+        total = cap + 1
+    return total
+
+
+@triton.jit
+def _group_load(src, gi, valid, length, GS: tl.constexpr):
+    """The scores of the listed groups ``gi`` (where ``valid``, each key masked by ``length``)
+    as a [groups, GS] tile, and their positions. The positions are declared non-contiguous:
+    the compiler then lays the tile out one group a thread, the layout the placement's scans
+    and scattered stores want, instead of converting it through shared memory (measured on the
+    H200: faster than whole-group 16-byte loads in the default layout plus the conversions)."""
     j = tl.arange(0, GS)
-    if VEC:
-        pos = gi[:, None] * GS + j[None, :]
-        x = tl.load(src + pos, mask=tl.broadcast_to(valid[:, None], [GB, GS]), other=0.0)
-    else:
-        pos = tl.max_contiguous(gi[:, None] * GS + j[None, :], [1, 1])
-        x = tl.load(src + pos, mask=valid[:, None] & (pos < length), other=0.0)
+    pos = tl.max_contiguous(gi[:, None] * GS + j[None, :], [1, 1])
+    x = tl.load(src + pos, mask=valid[:, None] & (pos < length), other=0.0)
     return x, pos
 
 
 @triton.jit
 def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
-                  GB: tl.constexpr, VEC: tl.constexpr):
+                  GB: tl.constexpr):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
     the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap).
 
@@ -847,15 +881,14 @@ def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexp
     run = tl.full([], 0, tl.int32)
     if n_act <= cap:
         gi = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
-        x_next, pos_n = _group_load(src, gi, g_off < n_act, length, GS, GB, VEC)
+        x_next, pos_n = _group_load(src, gi, g_off < n_act, length, GS)
         gi_next = tl.load(gsrc + GB + g_off, mask=GB + g_off < n_act, other=0)
         for a0 in range(0, n_act, GB):
             x = x_next
             pos = pos_n
             pm = (a0 + g_off < n_act)[:, None] & (pos < length)
             # Request the next step's scores and the list entries of the one after it.
-            x_next, pos_n = _group_load(src, gi_next, a0 + GB + g_off < n_act, length, GS, GB,
-                                        VEC)
+            x_next, pos_n = _group_load(src, gi_next, a0 + GB + g_off < n_act, length, GS)
             gi = gi_next
             gi_next = tl.load(gsrc + a0 + 2 * GB + g_off, mask=a0 + 2 * GB + g_off < n_act,
                               other=0)
@@ -868,10 +901,10 @@ def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexp
 
 @triton.jit
 def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
-                slack, off_gm2, n_groups2, off_cpos, off_ckey,
+                slack, off_gm2, n_groups2, off_cpos, off_ckey, off_cnt, off_arr, off_list,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr, VEC: tl.constexpr = 0, STOP: tl.constexpr = 0,
+                PCH: tl.constexpr, SPLIT: tl.constexpr = 1, STOP: tl.constexpr = 0,
                 PDL: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
@@ -884,39 +917,68 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
        >= L placed in position order in the candidate buffer.
     3. :func:`_select_cands` on the candidates (the row tier reads the whole row).
     Register tiles: GT2 (bound), CT (compaction), GB * GS (placement), CAP (selection).
+
+    ``SPLIT`` > 1 (``ROW_SPLIT``; few rows, so that the row programs fill the device): SPLIT
+    programs a row (grid axis 1), each finding the same bound, then compacting and gathering
+    its own contiguous part of the row's groups into its own region of the candidate buffer
+    (``cap / SPLIT`` entries); each writes its count and increments the row's arrival counter
+    (zeroed by ``_gmax_kernel``); the program that arrives last joins the regions and runs the
+    selection. No program waits for another (nothing needs them co-resident).
     ``STOP`` (profiling only, never from a config): 1, 2 or 3 ends the program after phase 1
     (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
     output entry, so that the time of each phase is the difference of two runs.
     """
     _pdl_wait(PDL)
     row = tl.program_id(0)
+    part = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
     if length <= k:
-        _short_row(out, length, k, KB)
+        if part == 0:
+            _short_row(out, length, k, KB)
     else:
         ng = (length + GS - 1) // GS
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
         lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
                           GT2)
         if STOP == 1:
-            tl.store(out, lb)
+            tl.store(out + part, lb)
         else:
-            n_act = _compact_active(gsrc, ng, lb, CT)
+            per = (ng + SPLIT - 1) // SPLIT
+            g0 = tl.minimum(part * per, ng)
+            # One part: the list overwrites the row's group maxima. Several: the other parts may
+            # still be searching them for the bound (rows with fewer than k supergroups), so
+            # the list goes to an area of its own.
+            glist = gsrc
+            if SPLIT > 1:
+                glist = ws_ptr + off_list + row.to(tl.int64) * n_groups
+            n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT)
             if STOP == 2:
-                tl.store(out, n_act)
+                tl.store(out + part, n_act)
             else:
                 src = scores_ptr + row.to(tl.int64) * stride_s
                 row_c = row.to(tl.int64) * cap
                 cpos = ws_ptr + off_cpos + row_c
                 ckey = ws_ptr + off_ckey + row_c
-                run = _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS, GB, VEC)
+                capp = cap // SPLIT
+                run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
+                                    cpos + part * capp, ckey + part * capp, GS, GB)
                 if STOP == 3:
-                    tl.store(out, run)
+                    tl.store(out + part, run)
                 else:
-                    _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s,
-                                  n_groups, k, cap, off_cpos, off_ckey, GS,
-                                  max(1, min(GB, 1024 // GS)), CAP, SB, False, PCH)
+                    last = True
+                    if SPLIT > 1:
+                        tl.store(ws_ptr + off_cnt + row * SPLIT + part, run)
+                        tl.debug_barrier()   # the whole program's stores, then the arrival
+                        arrived = tl.atomic_add(ws_ptr + off_arr + row, 1, sem="acq_rel")
+                        last = arrived == SPLIT - 1
+                        if last:
+                            run = _join_parts(ws_ptr + off_cnt + row * SPLIT, cpos, ckey, capp,
+                                              cap, SPLIT)
+                    if last:
+                        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s,
+                                      n_groups, k, cap, off_cpos, off_ckey, GS,
+                                      max(1, min(GB, 1024 // GS)), CAP, SB, False, PCH)
     _pdl_done(PDL)
 
 
@@ -1024,26 +1086,31 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         return out
     nw = cfg["num_warps"]
     if cfg["FUSED"]:
-        # 2 launches: group maxima, then one program a row for the rest (see _row_kernel).
+        # 2 launches: group maxima, then ROW_SPLIT programs a row for the rest (_row_kernel).
         gs2 = cfg["GROUP2"]
+        split = cfg["ROW_SPLIT"]
         groups2 = -(-n // (gs * gs2))
         off_gm2 = rows * groups
         off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
         off_ckey = off_cpos + rows * cap
-        ws = _alloc(torch, off_ckey + rows * cap, dev)
+        off_cnt = off_ckey + rows * cap
+        off_arr = off_cnt + (rows * split if split > 1 else 0)
+        off_list = off_arr + (rows if split > 1 else 0)
+        ws = _alloc(torch, off_list + (rows * groups if split > 1 else 0), dev)
         _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k,
-                                     off_gm2, groups2, GS=gs, GB=gb, GS2=gs2, num_warps=nw,
-                                     **pdl)
+                                     off_gm2, groups2, off_arr, GS=gs, GB=gb, GS2=gs2,
+                                     ARRIVE=int(split > 1), num_warps=nw, **pdl)
         bt = cfg["BOUND_TILE"]
-        _row_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap,
+        _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                              cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
-                             off_cpos, off_ckey, GS=gs, GS2=gs2,
+                             off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split, GS=gs,
+                             GS2=gs2,
                              GB=max(1, cfg["PLACE_KEYS"] // gs),
                              GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
                              PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]),
-                             VEC=int(n % gs == 0 and cfg["GATHER_VEC"] == 1), STOP=_stop,
+                             STOP=_stop,
                              num_warps=sw, **_regs(cfg), **pdl)
         return out
     off_bound = rows * groups
@@ -1055,7 +1122,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     sp = cfg["SPARSE"] if not (chunked and cfg["SPARSE"] == 2) else 1
     off_list = off_ckey + rows * cap
     ws = _alloc(torch, off_list + (rows * groups if sp == 2 else 0), dev)
-    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1,
+    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
                                  GS=gs, GB=gb, GS2=1, num_warps=nw, **pdl)
     bp = cfg["BOUND_PASS"]
     bound_in = bool(bp == 1 or (bp == -1 and slices > 1))

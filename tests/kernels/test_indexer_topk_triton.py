@@ -56,11 +56,12 @@ SMALL = {
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
                       "CAND_TILE": 256, "CAND_CAP": 1024, "COMPACT_TILE": 64, "MAX_REGS": 128},
-    # The gather with every key masked by the row's length (GATHER_VEC=0; the whole-group
-    # loads of the default are what the others use, max_keys being a multiple of GROUP).
-    "fused_masked": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
-                     "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
-                     "GATHER_VEC": 0},
+    # ROW_SPLIT: the fused defaults above split these 4-row batches 8 ways; one and two parts.
+    "fused_one_part": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
+                       "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
+                       "ROW_SPLIT": 1},
+    "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                        "CAND_CAP": 256, "ROW_SPLIT": 2},
 }
 
 
@@ -95,19 +96,6 @@ def run_both(scores, lengths, k, cfg):
     got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
     want = indexer_topk_reference(scores, lengths, k)
     return got, want
-
-
-@pytest.mark.parametrize("n", [1203, 1201])
-def test_fused_rows_not_a_multiple_of_the_group(n):
-    """max_keys not a multiple of GROUP: the last group of a full row would extend past the
-    row's storage, so the gather masks every key (whole-group loads only when it is)."""
-    rows, k = 4, 16
-    cfg = {**SMALL["fused"], "GATHER_VEC": 1}
-    for kind in ("random", "ties", "recent"):
-        scores = make_scores(kind, rows, n, seed=n)
-        lengths = torch.tensor([n, n - 2, k + 1, 2 * k + 3], dtype=torch.int32, device=DEV)
-        got, want = run_both(scores, lengths, k, cfg)
-        assert topk_mismatches(got, want) == [], kind
 
 
 @pytest.mark.parametrize("geom", sorted(SMALL))
@@ -312,7 +300,8 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
                  "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
-                {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "GATHER_VEC": 0}):
+                {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
+                {"FUSED": 1, "ROW_SPLIT": 1}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
@@ -356,8 +345,11 @@ def test_gpu_pdl_orders_against_the_neighbouring_kernels(fused):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_half_and_causal(dtype):
-    rows, n, k = 256, 131072, 2048
+@pytest.mark.parametrize("rows", [256, 64])
+def test_gpu_half_and_causal(dtype, rows):
+    """A causal batch (row r has (r + 1) / rows of the keys): the middle rows search their
+    bound over group maxima; at 64 rows the default splits each row over two programs."""
+    n, k = 131072, 2048
     scores = make_scores("random", rows, n, seed=5, dtype=dtype, device="cuda")
     lengths = (torch.arange(1, rows + 1, device="cuda") * (n // rows)).to(torch.int32)
     got, want = run_both(scores, lengths, k, TK.default_config(rows, n, k))
@@ -465,16 +457,22 @@ def test_tuner_candidates_cover_both_paths():
 
 def test_fused_phase_stops_for_profiling():
     """``_stop`` (benchmarks/profile_indexer.py --phases) ends the row program after a phase and
-    writes its scalar: the active groups and the candidates both number at least k (the bound's
-    guarantee) and the candidates at most GROUP per active group."""
+    writes its scalar, each part of a split row at the row's output entry of its index: the
+    active groups and the candidates both number at least k (the bound's guarantee) and the
+    candidates at most GROUP per active group; split in two, the parts add up to the whole."""
     k, n = 40, 700
     scores = make_scores("random", 3, n, seed=11)
     lengths = torch.tensor([n, 500, 30], dtype=torch.int32, device=DEV)
-    cfg = {"FUSED": 1}
+    cfg = {"FUSED": 1, "ROW_SPLIT": 1}
     group = TK.resolve_config(cfg, 3, n, k)["GROUP"]
     n_act = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=2)[:2, 0]
     n_cand = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=3)[:2, 0]
     assert bool((n_act >= k).all()) and bool((n_cand >= k).all())
     assert bool((n_cand <= group * n_act).all())
-    got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
-    assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
+    two = {"FUSED": 1, "ROW_SPLIT": 2}
+    for stop, whole in ((2, n_act), (3, n_cand)):
+        parts = TK.indexer_topk_triton(scores, lengths, k, config=two, _stop=stop)[:2, :2]
+        assert torch.equal(parts.sum(dim=1), whole), stop
+    for c in (cfg, two):
+        got = TK.indexer_topk_triton(scores, lengths, k, config=c)
+        assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
