@@ -8,7 +8,7 @@
 # slices-indexer (gmax slices a row against the default, graph replays), tests-indexer (the
 # indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
-# path variants side by side), ncu-sparse (counters of the sparse_prefill table and family).
+# path variants side by side), shapes-indexer (8K and 512K keys, causal), ncu-sparse (counters of the sparse_prefill table and family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
@@ -118,6 +118,14 @@ for step in "$@"; do
       timeout 240 python3 benchmarks/bench_indexer_topk.py --rows ${AB_ROWS:-64,1024,4096} \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "${AB_PROVIDERS:-$S}" \
         2>/dev/null | tee "$OUT/ab_indexer.log" | grep -v "^-" ;;
+    shapes-indexer)
+      # The other shapes of docs/BENCHMARKS.md: 8K and 512K keys, and a causal batch.
+      stage "indexer_topk other shapes"
+      W="torch-topk,torch-topk-unsorted,triton"
+      timeout 150 python3 benchmarks/bench_indexer_topk.py --rows 1,64 --keys 8192,524288 \
+        --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
+      timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \
+        --graphs --providers "$W" 2>/dev/null | tee -a "$OUT/shapes_indexer.log" | grep -v "^-" ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
