@@ -807,8 +807,16 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
 def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
     """Phase 2: the groups ``g0 + [0, ng)`` whose maximum (at ``gsrc``) reaches ``lb``, in
     order, their indices written from ``glist + g0`` on (CT at a time; ``glist`` may be
-    ``gsrc``: the list then overwrites maxima already read); returns their number."""
-    oc = tl.arange(0, CT)
+    ``gsrc``: the list then overwrites maxima already read); returns their number.
+
+    A step's CT maxima are a [CT / 8, 8] tile declared non-contiguous, so that the compiler
+    gives each thread a row of 8 (the layout the scattered list stores want): the position
+    prefix is then an in-thread scan of the row plus one scan of the row totals (a flat scan
+    made the compiler scan each of a thread's values across the warp separately)."""
+    W: tl.constexpr = 8 if CT >= 8 else CT
+    r = tl.arange(0, CT // W)
+    j = tl.arange(0, W)
+    oc = tl.max_contiguous(r[:, None] * W + j[None, :], [1, 1])
     n_act = tl.full([], 0, tl.int32)
     base = gsrc + g0
     v_next = tl.load(base + oc, mask=oc < ng, other=-2147483648)
@@ -818,8 +826,9 @@ def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
         # The next chunk's load is issued before this one's scan (one round trip a step).
         v_next = tl.load(base + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
         ai = (m & (v >= lb)).to(tl.int32)
-        adst = n_act + tl.cumsum(ai, axis=0) - ai
-        n_act += tl.sum(ai, axis=0)
+        before = tl.sum(tl.cumsum(ai, axis=0) - ai, axis=1)
+        adst = n_act + before[:, None] + tl.cumsum(ai, axis=1) - ai
+        n_act += tl.sum(tl.sum(ai, axis=1), axis=0)
         tl.debug_barrier()
         tl.store(glist + g0 + adst, g0 + c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read
     tl.debug_barrier()
