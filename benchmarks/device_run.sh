@@ -121,7 +121,7 @@ for step in "$@"; do
     shapes-indexer)
       # The other shapes of docs/BENCHMARKS.md: 8K and 512K keys, and a causal batch.
       stage "indexer_topk other shapes"
-      W="torch-topk,torch-topk-unsorted,triton"
+      W=${SHAPES_PROVIDERS:-torch-topk,torch-topk-unsorted,triton}
       timeout 150 python3 benchmarks/bench_indexer_topk.py --rows 1,64 --keys 8192,524288 \
         --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
       timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \

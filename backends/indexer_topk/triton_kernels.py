@@ -92,6 +92,9 @@ MAX_REGS        128         fused: registers per thread the row program may use 
 ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts and gathers a
                             part of the row, the last to finish selects (2 at 33-66 rows, 4 at
                             32: the row programs then fill the device; 1 from 67 rows)
+GATHER_HALF     0           fused, max_keys a multiple of GROUP: the gather reads half groups
+                            whole (16-byte loads at GROUP 8), one a thread; else every key
+                            masked by the row's length, one group a thread
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -879,6 +882,40 @@ def _group_load(src, gi, valid, length, GS: tl.constexpr):
 
 
 @triton.jit
+def _half_load(src, glist, a0, n_act, length, GS: tl.constexpr, GB: tl.constexpr):
+    """HALF: the scores of list entries ``a0 + [0, GB)`` as a [2 GB, GS / 2] tile of half
+    groups (row r: half r % 2 of entry r // 2), read whole (16-byte loads: a thread owns a
+    half group, the layout the placement wants); max_keys is a multiple of GS, so no group
+    extends past the row's storage; keys past ``length`` are masked by the caller."""
+    r = tl.arange(0, 2 * GB)
+    jj = tl.arange(0, GS // 2)
+    valid = a0 + r // 2 < n_act
+    gi = tl.load(glist + a0 + r // 2, mask=valid, other=0)
+    pos = (gi * 2 + r % 2)[:, None] * (GS // 2) + jj[None, :]
+    x = tl.load(src + pos, mask=tl.broadcast_to(valid[:, None], [2 * GB, GS // 2]), other=0.0)
+    return x, pos, valid
+
+
+@triton.jit
+def _gather_half(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
+                 GB: tl.constexpr):
+    """:func:`_gather_cands` with :func:`_half_load` (HALF)."""
+    run = tl.full([], 0, tl.int32)
+    if n_act <= cap:
+        x_next, pos_n, v_next = _half_load(src, glist, 0, n_act, length, GS, GB)
+        for a0 in range(0, n_act, GB):
+            x = x_next
+            pos = pos_n
+            pm = v_next[:, None] & (pos < length)
+            x_next, pos_n, v_next = _half_load(src, glist, a0 + GB, n_act, length, GS, GB)
+            run = _place_loaded(x, pos, pm, lb, run, cpos, ckey, cap, GB * GS)
+    else:
+        run = cap + 1
+    tl.debug_barrier()
+    return run
+
+
+@triton.jit
 def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
                   GB: tl.constexpr):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
@@ -913,7 +950,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 slack, off_gm2, n_groups2, off_cpos, off_ckey, off_cnt, off_arr, off_list,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr, SPLIT: tl.constexpr = 1, STOP: tl.constexpr = 0,
+                PCH: tl.constexpr, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
+                STOP: tl.constexpr = 0,
                 PDL: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
@@ -970,8 +1008,12 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 cpos = ws_ptr + off_cpos + row_c
                 ckey = ws_ptr + off_ckey + row_c
                 capp = cap // SPLIT
-                run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
-                                    cpos + part * capp, ckey + part * capp, GS, GB)
+                if HALF:
+                    run = _gather_half(src, glist + g0, length, lb, n_act, capp,
+                                       cpos + part * capp, ckey + part * capp, GS, GB)
+                else:
+                    run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
+                                        cpos + part * capp, ckey + part * capp, GS, GB)
                 if STOP == 3:
                     tl.store(out + part, run)
                 else:
@@ -1113,7 +1155,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                              cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                              off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split, GS=gs,
-                             GS2=gs2,
+                             GS2=gs2, HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
                              GB=max(1, cfg["PLACE_KEYS"] // gs),
                              GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),

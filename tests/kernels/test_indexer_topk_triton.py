@@ -62,6 +62,10 @@ SMALL = {
                        "ROW_SPLIT": 1},
     "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                         "CAND_CAP": 256, "ROW_SPLIT": 2},
+    # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
+    "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
+                   "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
+                   "GATHER_HALF": 1},
 }
 
 
@@ -96,6 +100,18 @@ def run_both(scores, lengths, k, cfg):
     got = TK.indexer_topk_triton(scores, lengths, k, config=cfg)
     want = indexer_topk_reference(scores, lengths, k)
     return got, want
+
+
+@pytest.mark.parametrize("n", [1203, 1202])
+def test_half_gather_falls_back_when_a_group_would_pass_the_row(n):
+    """GATHER_HALF reads whole groups, so only when max_keys is a multiple of GROUP (else the
+    last group of a full row would extend past its storage): other widths mask every key."""
+    rows, k = 4, 16
+    for kind in ("random", "ties", "recent"):
+        scores = make_scores(kind, rows, n, seed=n)
+        lengths = torch.tensor([n, n - 3, k + 1, 2 * k + 3], dtype=torch.int32, device=DEV)
+        got, want = run_both(scores, lengths, k, SMALL["fused_half"])
+        assert topk_mismatches(got, want) == [], kind
 
 
 @pytest.mark.parametrize("geom", sorted(SMALL))
@@ -301,7 +317,8 @@ def test_gpu_k2048(n, kind):
                  "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
                 {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
-                {"FUSED": 1, "ROW_SPLIT": 1}):
+                {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
+                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
