@@ -86,13 +86,14 @@ SPARSE          1           four-launch stage 2 reads: 0 every key; 1 only group
                             bound; 2 the same from a compacted list (+4 bytes a group)
 BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 every slice
                             program searches the exact one; -1: 1 when slices > 1
-MAX_REGS        128         fused: registers per thread the row program may use (``maxnreg``;
-                            0 = the compiler's choice): four 4-warp programs an SM (NVIDIA;
-                            ignored on ROCm, whose Triton backend has no such option)
+MAX_REGS        128 / 96    fused: registers per thread the row program may use (``maxnreg``;
+                            0 = the compiler's choice): 128 fits four 4-warp programs an SM,
+                            96 (from 2048 rows) five (NVIDIA; ignored on ROCm, whose Triton
+                            backend has no such option)
 ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts and gathers a
                             part of the row, the last to finish selects (2 at 33-66 rows, 4 at
                             32: the row programs then fill the device; 1 from 67 rows)
-GATHER_HALF     0           fused, max_keys a multiple of GROUP: the gather reads half groups
+GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
 PDL             0           1: programmatic dependent launches (each kernel waits for the one

@@ -283,15 +283,21 @@ def test_default_config_and_scratch():
         assert 1 <= p["slices"] <= 64 and p["slices"] * p["slice_len"] >= n
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
     # The H200-measured switches (docs/notes/indexer_topk.md): four-launch below 32 rows,
-    # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers.
+    # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers
+    # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows, half-group
+    # gather loads.
     assert [TK.default_config(r, 131072, 2048)["FUSED"] for r in (1, 16, 31, 32)] == [0, 0, 0, 1]
     few = TK.default_config(256, 131072, 2048)
     assert (few["SEARCH_WARPS"], few["COMPACT_TILE"], few["PLACE_KEYS"]) == (8, 2048, 2048)
     cfg = TK.default_config(4096, 131072, 2048)
     assert cfg["FUSED"] == 1 and cfg["GROUP"] == 8 and cfg["GROUP2"] == 4
     assert (cfg["SEARCH_WARPS"], cfg["COMPACT_TILE"], cfg["PLACE_KEYS"]) == (4, 1024, 1024)
-    assert cfg["MAX_REGS"] == few["MAX_REGS"] == 128
-    assert cfg["GROUP"] * cfg["GROUP_BLOCK"] == 4096      # gmax: 4096 keys a step, one slice
+    assert few["MAX_REGS"] == TK.default_config(1024, 131072, 2048)["MAX_REGS"] == 128
+    assert cfg["MAX_REGS"] == TK.default_config(2048, 131072, 2048)["MAX_REGS"] == 96
+    assert cfg["GROUP"] * cfg["GROUP_BLOCK"] == 4096      # gmax: 4096 keys a step
+    assert TK.plan(cfg, 131072)["slices"] == 8 and cfg["GATHER_HALF"] == 1
+    assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
+        == [4, 4, 2, 2, 1]
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
