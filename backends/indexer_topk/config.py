@@ -168,7 +168,7 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
                           "list); use 1")
     if cfg["FUSED"] not in (0, 1):
         raise ConfigError(f"indexer_topk config FUSED={cfg['FUSED']}: must be 1 (two launches: "
-                          "group maxima, then one program a row) or 0 (four launches); use 1")
+                          "group maxima, then programs a row) or 0 (four launches); use 1")
     if cfg["BOUND_SLACK"] < 0:
         raise ConfigError(f"indexer_topk config BOUND_SLACK={cfg['BOUND_SLACK']}: must be >= 0 "
                           "(extra groups the FUSED bound search may leave); use k // 8")

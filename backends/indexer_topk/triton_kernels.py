@@ -19,7 +19,9 @@ max_keys <= k. Rows with ``length <= k`` take the fast path (positions ``0..leng
 
 **Fused path** (``FUSED=1``; the default from 32 rows): 2 launches. ``_gmax_kernel`` also
 writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid
-``(rows,)``, one program a row:
+``(rows, ROW_SPLIT)``: one program a row, or (few rows) ``ROW_SPLIT`` programs a row that each
+do steps 2-3 on a contiguous part of the row's groups into their own region of the buffer, the
+last of them to finish (an arrival counter, no waiting) joining the regions for step 4:
 
 1. ``L`` = a lower bound of the k-th largest supergroup maximum: a halving search over them in
    a register tile of ``BOUND_TILE`` that stops once at most ``k + BOUND_SLACK`` are ``>= L``
@@ -27,7 +29,9 @@ writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`
    causal batch -- gets those from ``_gmax_kernel`` instead; a row with fewer still searches
    its ``GROUP``-key maxima, and one with fewer than k groups has no bound).
 2. The active groups (``GROUP``-key maximum ``>= L``) compacted, in order, over the row's group
-   maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys).
+   maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys; to
+   an area of their own when the row is split, as another part may still be searching the
+   maxima for its bound).
 3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
    order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
 4. Selection as in stage 3 below (the row tier reads the whole row: the group maxima were
