@@ -458,6 +458,27 @@ def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
     assert topk_mismatches(got, want) == []
 
 
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(n=st.integers(300, 1100), k=st.sampled_from([5, 16, 40]),
+       kind=st.sampled_from(["random", "ties", "recent", "special"]),
+       split=st.sampled_from([1, 2, 4, 8]), half=st.sampled_from([0, 1]),
+       group=st.sampled_from([2, 4, 8]), seed=st.integers(0, 2 ** 16), data=st.data())
+def test_property_split_rows_match_reference(n, k, kind, split, half, group, seed, data):
+    """The fused path's parts (ROW_SPLIT), whole-group loads (GATHER_HALF, only when n is a
+    multiple of GROUP) and small candidate regions (a part that overflows its region sends the
+    row to the row tier), on rows of every length: short, causal-like middles whose bound comes
+    from the group maxima, and full rows."""
+    rows = 4
+    lengths = torch.tensor(data.draw(st.lists(st.integers(-1, n), min_size=rows, max_size=rows)),
+                           dtype=torch.int32, device=DEV)
+    scores = make_scores(kind, rows, n, seed=seed)
+    cfg = {"FUSED": 1, "GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),
+           "CAND_TILE": 64, "CAND_CAP": 256, "COMPACT_TILE": 16, "BOUND_SLACK": 2,
+           "ROW_SPLIT": split, "GATHER_HALF": half}
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
+
+
 def test_tuner_candidates_cover_both_paths():
     from types import SimpleNamespace
 
