@@ -19,7 +19,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
     "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0, "ROW_SPLIT": 1,
-    "GATHER_HALF": 0,
+    "GATHER_HALF": 0, "OVERLAP": 0,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -190,6 +190,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config GATHER_HALF={cfg['GATHER_HALF']}: must be 0 "
                           "(every key masked) or 1 (half groups read whole when max_keys is a "
                           "multiple of GROUP); use 0 or 1")
+    if not 0 <= cfg["OVERLAP"] <= 64:
+        raise ConfigError(f"indexer_topk config OVERLAP={cfg['OVERLAP']}: must be in [0, 64] "
+                          "(fused: row chunks whose group maxima overlap the previous chunk's "
+                          "row kernel; 0 or 1 = off); use 0 or 4")
     if cfg["PDL"] not in (0, 1):
         raise ConfigError(f"indexer_topk config PDL={cfg['PDL']}: must be 0 (plain launches) or "
                           "1 (programmatic dependent launches where the device has them: "
