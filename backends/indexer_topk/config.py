@@ -24,6 +24,23 @@ DEFAULT_CONFIG: dict[str, int] = {
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
 _WARPS = (1, 2, 4, 8, 16, 32)
+# Keys with a few allowed values: (values, what each means, the fix to name).
+_CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
+    "SEARCH_BITS": ((1, 2), "1 (halving) or 2 (four-way, one packed reduction a step)",
+                    "use 1"),
+    "SPARSE": ((0, 1, 2), "0 (stage 2 reads every key), 1 (only groups reaching the bound) or "
+               "2 (active-group list)", "use 1"),
+    "FUSED": ((0, 1), "1 (two launches: group maxima, then programs a row) or 0 (four "
+              "launches)", "use 1"),
+    "ROW_SPLIT": ((1, 2, 4, 8), "1, 2, 4 or 8 (fused: programs a row)",
+                  "use 1, or 2 when rows are fewer than half the device's SMs"),
+    "GATHER_HALF": ((0, 1), "0 (every key masked) or 1 (half groups read whole when max_keys "
+                    "is a multiple of GROUP)", "use 0 or 1"),
+    "PDL": ((0, 1), "0 (plain launches) or 1 (programmatic dependent launches where the "
+            "device has them: Hopper and later, NVIDIA)", "use 0 or 1"),
+    "BOUND_PASS": ((-1, 0, 1), "-1 (automatic), 0 (each slice program finds the bound) or 1 "
+                   "(a launch of its own)", "use -1"),
+}
 
 
 def _pow2(x: int) -> bool:
@@ -137,6 +154,9 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         if cfg[key] not in _WARPS:
             raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be one of {_WARPS}; "
                               "use 4 or 8")
+    for key, (allowed, meaning, fix) in _CHOICES.items():
+        if cfg[key] not in allowed:
+            raise ConfigError(f"indexer_topk config {key}={cfg[key]}: must be {meaning}; {fix}")
     if not 2 <= cfg["GROUP"] <= 256:
         raise ConfigError(f"indexer_topk config GROUP={cfg['GROUP']}: must be in [2, 256]; "
                           "use 16 (or max_keys / 8192 for very long rows)")
@@ -159,16 +179,6 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
     if max(cfg["CAND_TILE"], cfg["BOUND_TILE"], cfg["COMPACT_TILE"]) > 65536:
         raise ConfigError("indexer_topk config CAND_TILE, BOUND_TILE and COMPACT_TILE: must be "
                           "<= 65536 (register tiles); lower them")
-    if cfg["SEARCH_BITS"] not in (1, 2):
-        raise ConfigError(f"indexer_topk config SEARCH_BITS={cfg['SEARCH_BITS']}: must be 1 "
-                          "(halving) or 2 (four-way, one packed reduction a step); use 1")
-    if cfg["SPARSE"] not in (0, 1, 2):
-        raise ConfigError(f"indexer_topk config SPARSE={cfg['SPARSE']}: must be 0 (stage 2 reads "
-                          "every key), 1 (only groups reaching the bound) or 2 (active-group "
-                          "list); use 1")
-    if cfg["FUSED"] not in (0, 1):
-        raise ConfigError(f"indexer_topk config FUSED={cfg['FUSED']}: must be 1 (two launches: "
-                          "group maxima, then programs a row) or 0 (four launches); use 1")
     if cfg["BOUND_SLACK"] < 0:
         raise ConfigError(f"indexer_topk config BOUND_SLACK={cfg['BOUND_SLACK']}: must be >= 0 "
                           "(extra groups the FUSED bound search may leave); use k // 8")
@@ -182,26 +192,10 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
-    if cfg["ROW_SPLIT"] not in (1, 2, 4, 8):
-        raise ConfigError(f"indexer_topk config ROW_SPLIT={cfg['ROW_SPLIT']}: must be 1, 2, 4 "
-                          "or 8 (fused: programs a row); use 1, or 2 when rows are fewer than "
-                          "half the device's SMs")
-    if cfg["GATHER_HALF"] not in (0, 1):
-        raise ConfigError(f"indexer_topk config GATHER_HALF={cfg['GATHER_HALF']}: must be 0 "
-                          "(every key masked) or 1 (half groups read whole when max_keys is a "
-                          "multiple of GROUP); use 0 or 1")
     if not 0 <= cfg["OVERLAP"] <= 64:
         raise ConfigError(f"indexer_topk config OVERLAP={cfg['OVERLAP']}: must be in [0, 64] "
                           "(fused: row chunks whose group maxima overlap the previous chunk's "
                           "row kernel; 0 or 1 = off); use 0 or 4")
-    if cfg["PDL"] not in (0, 1):
-        raise ConfigError(f"indexer_topk config PDL={cfg['PDL']}: must be 0 (plain launches) or "
-                          "1 (programmatic dependent launches where the device has them: "
-                          "Hopper and later, NVIDIA); use 0 or 1")
-    if cfg["BOUND_PASS"] not in (-1, 0, 1):
-        raise ConfigError(f"indexer_topk config BOUND_PASS={cfg['BOUND_PASS']}: must be -1 "
-                          "(automatic), 0 (each slice program finds the bound) or 1 (a launch "
-                          "of its own); use -1")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
