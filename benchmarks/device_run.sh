@@ -8,8 +8,8 @@
 # slices-indexer (gmax slices a row against the default, graph replays), tests-indexer (the
 # indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
-# path variants side by side), shapes-indexer (8K and 512K keys, causal), overlap-indexer
-# (OVERLAP chunks, and their GPU tests), ncu-sparse (counters of the sparse_prefill table and
+# path variants side by side), shapes-indexer (8K and 512K keys, causal),
+# ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
@@ -128,16 +128,6 @@ for step in "$@"; do
         --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
       timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \
         --graphs --providers "$W" 2>/dev/null | tee -a "$OUT/shapes_indexer.log" | grep -v "^-" ;;
-    overlap-indexer)
-      # OVERLAP (row chunks: the next chunk's group maxima on a side stream beside this chunk's
-      # row kernel), not yet measured when written (session 4 had no device time left).
-      stage "indexer_topk OVERLAP"
-      S="torch-topk,triton,geometry=OVERLAP=2,geometry=OVERLAP=4,geometry=OVERLAP=8"
-      timeout 150 python3 benchmarks/bench_indexer_topk.py --rows 512,1024,4096 --keys 131072 \
-        --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
-        | tee "$OUT/overlap_indexer.log" | grep -v "^-"
-      timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_indexer_topk_triton.py -k "overlap or order" 2>&1 | tail -2 ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).

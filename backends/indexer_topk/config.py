@@ -19,7 +19,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
     "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0, "ROW_SPLIT": 1,
-    "GATHER_HALF": 0, "OVERLAP": 0,
+    "GATHER_HALF": 0,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -192,10 +192,6 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
-    if not 0 <= cfg["OVERLAP"] <= 64:
-        raise ConfigError(f"indexer_topk config OVERLAP={cfg['OVERLAP']}: must be in [0, 64] "
-                          "(fused: row chunks whose group maxima overlap the previous chunk's "
-                          "row kernel; 0 or 1 = off); use 0 or 4")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 

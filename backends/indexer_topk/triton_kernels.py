@@ -100,8 +100,6 @@ ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts 
 GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
-OVERLAP         0           fused: rows cut into this many chunks whose group maxima run on a
-                            side stream beside the previous chunk's row kernel (0/1: off)
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -1110,84 +1108,38 @@ def _pdl(cfg: dict[str, int], dev: Any) -> dict[str, Any]:
     return {"PDL": 1, "launch_pdl": True}
 
 
-_SIDE_STREAMS: dict[Any, Any] = {}
-
-
-def _fused(torch: Any, scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
+def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
            p: dict[str, int], pdl: dict[str, Any], stop: int) -> None:
-    """The fused path: group maxima, then ``ROW_SPLIT`` programs a row for the rest.
+    """The fused path: group maxima, then ``ROW_SPLIT`` programs a row for the rest."""
+    import torch
 
-    ``OVERLAP`` = C > 1 cuts the rows into C chunks, each with its own workspace: the chunks'
-    group maxima run on a side stream, one after another, and each chunk's row kernel on the
-    caller's stream once its maxima are done, so that the streaming maxima of chunk i + 1
-    (bandwidth-bound) can run beside the row kernel of chunk i (latency-bound). The caller's
-    stream waits for every side-stream launch before it returns (safe in CUDA graph capture:
-    the side stream forks from the caller's stream and joins it). On the CPU (interpreter) the
-    chunks run one after another."""
     rows, n = scores.shape
     gs, gb, cap, sb = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"], cfg["SEARCH_BITS"]
     slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
     gs2, split, bt = cfg["GROUP2"], cfg["ROW_SPLIT"], cfg["BOUND_TILE"]
     groups2 = -(-n // (gs * gs2))
     stride = scores.stride(0)
-    chunks = max(1, min(cfg["OVERLAP"], rows))
-    bounds = [rows * i // chunks for i in range(chunks + 1)]
-
-    def layout(r: int) -> dict[str, int]:
-        o = {"gm2": r * groups}
-        o["cpos"] = o["gm2"] + (r * groups2 if gs2 > 1 else 0)
-        o["ckey"] = o["cpos"] + r * cap
-        o["cnt"] = o["ckey"] + r * cap
-        o["arr"] = o["cnt"] + (r * split if split > 1 else 0)
-        o["list"] = o["arr"] + (r if split > 1 else 0)
-        o["size"] = o["list"] + (r * groups if split > 1 else 0)
-        return o
-
-    plans = [(bounds[i], bounds[i + 1], layout(bounds[i + 1] - bounds[i]))
-             for i in range(chunks)]
-    dev = scores.device
-    ws = _alloc(torch, sum(o["size"] for _r0, _r1, o in plans), dev)
-
-    def gmax(r0: int, r1: int, o: dict[str, int], w: Any, launch: dict[str, Any]) -> None:
-        _gmax_kernel[(r1 - r0, slices)](scores[r0:r1], lengths[r0:r1], w, n, stride, groups,
-                                        slice_len, k, o["gm2"], groups2, o["arr"], GS=gs,
-                                        GB=gb, GS2=gs2, ARRIVE=int(split > 1),
-                                        num_warps=cfg["num_warps"], **launch)
-
-    def row(r0: int, r1: int, o: dict[str, int], w: Any, launch: dict[str, Any]) -> None:
-        _row_kernel[(r1 - r0, split)](scores[r0:r1], lengths[r0:r1], w, out[r0:r1], n, stride,
-                                      groups, k, cap, cfg["BOUND_SLACK"], o["gm2"],
-                                      groups2 if gs2 > 1 else groups, o["cpos"], o["ckey"],
-                                      o["cnt"], o["arr"], o["list"], SPLIT=split, GS=gs,
-                                      GS2=gs2, HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
-                                      GB=max(1, cfg["PLACE_KEYS"] // gs),
-                                      GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
-                                      CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
-                                      CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                                      PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
-                                      num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **launch)
-
-    segs, at = [], 0
-    for _r0, _r1, o in plans:
-        segs.append(ws[at:at + o["size"]])
-        at += o["size"]
-    if chunks == 1 or dev.type != "cuda":
-        for (r0, r1, o), w in zip(plans, segs, strict=True):
-            gmax(r0, r1, o, w, pdl)
-            row(r0, r1, o, w, pdl)
-        return
-    main = torch.cuda.current_stream(dev)
-    side = _SIDE_STREAMS.get(dev)
-    if side is None:
-        side = _SIDE_STREAMS.setdefault(dev, torch.cuda.Stream(device=dev))
-    side.wait_stream(main)
-    for (r0, r1, o), w in zip(plans, segs, strict=True):
-        with torch.cuda.stream(side):
-            gmax(r0, r1, o, w, {})
-            done = torch.cuda.Event()
-            done.record(side)
-        main.wait_event(done)
-        row(r0, r1, o, w, {})
+    off_gm2 = rows * groups
+    off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
+    off_ckey = off_cpos + rows * cap
+    off_cnt = off_ckey + rows * cap
+    off_arr = off_cnt + (rows * split if split > 1 else 0)
+    off_list = off_arr + (rows if split > 1 else 0)
+    size = off_list + (rows * groups if split > 1 else 0)
+    ws = _alloc(torch, size, scores.device)
+    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
+                                groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
+                                num_warps=cfg["num_warps"], **pdl)
+    _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
+                               cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
+                               off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
+                               GS=gs, GS2=gs2, HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                               GB=max(1, cfg["PLACE_KEYS"] // gs),
+                               GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
+                               CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
+                               CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
+                               PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
+                               num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
 
 
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
@@ -1224,7 +1176,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
         return out
     nw = cfg["num_warps"]
     if cfg["FUSED"]:
-        _fused(torch, scores, lengths, out, k, cfg, p, pdl, _stop)
+        _fused(scores, lengths, out, k, cfg, p, pdl, _stop)
         return out
     off_bound = rows * groups
     off_ncand = off_bound + rows

@@ -80,8 +80,6 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     if fused["GROUP2"] > 1:
         space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
                       "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})
-    if case.rows >= 512:
-        space.append({**fused, "OVERLAP": 4})   # maxima of the next chunk beside this one's rows
     if fused["ROW_SPLIT"] > 1:
         space.append({**fused, "ROW_SPLIT": fused["ROW_SPLIT"] // 2})   # fewer programs a row
     space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))

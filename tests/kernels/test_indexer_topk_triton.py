@@ -62,11 +62,6 @@ SMALL = {
                        "ROW_SPLIT": 1},
     "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                         "CAND_CAP": 256, "ROW_SPLIT": 2},
-    # OVERLAP: the rows in chunks, each with its own workspace (on a GPU the chunks' group
-    # maxima run on a side stream); 3 chunks of 4 rows are uneven.
-    "fused_overlap": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
-                      "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
-                      "OVERLAP": 3, "ROW_SPLIT": 2},
     # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
                    "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
@@ -246,7 +241,6 @@ def test_input_validation():
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
     ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
-    ({"OVERLAP": 65}, "OVERLAP"), ({"OVERLAP": -1}, "OVERLAP"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -330,18 +324,17 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
                 {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
                 {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
-                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "OVERLAP": 4}):
+                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"FUSED": 0, "PDL": 1}, {"FUSED": 1, "PDL": 1},
-                                 {"FUSED": 1, "OVERLAP": 4}], ids=["pdl4", "pdl2", "overlap"])
+@pytest.mark.parametrize("cfg", [{"FUSED": 0, "PDL": 1}, {"FUSED": 1, "PDL": 1}],
+                         ids=["pdl4", "pdl2"])
 def test_gpu_launches_order_against_the_neighbouring_kernels(cfg):
     """PDL=1 launches may start while the previous kernel runs (each program waits for it
-    before touching memory); OVERLAP runs the group maxima on a side stream that forks from the
-    caller's stream and joins it. The scores are written by a torch kernel right before the call
+    before touching memory). The scores are written by a torch kernel right before the call
     and the output is read by one right after, with no synchronization between them, in a loop
     (the next iteration's write must not overtake the previous call), and once more captured
     in a CUDA graph replayed over new scores."""
