@@ -9,7 +9,6 @@
 # indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
 # path variants side by side), shapes-indexer (8K and 512K keys, causal),
-# stream-indexer (FUSED=2 variants and the k2048 GPU tests), ncu-stream (its stall samples),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -129,39 +128,6 @@ for step in "$@"; do
         --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
       timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \
         --graphs --providers "$W" 2>/dev/null | tee -a "$OUT/shapes_indexer.log" | grep -v "^-" ;;
-    stream-indexer)
-      # FUSED=2 (one launch, each key read once against a running threshold) against the
-      # default fused path: tile, registers, programs an SM, prefetch, warps.
-      stage "indexer_topk FUSED=2 variants"
-      S="torch-topk,triton,geometry=FUSED=2,geometry=FUSED=2:STREAM_TILE=4096"
-      S="$S,geometry=FUSED=2:STREAM_TILE=1024,geometry=FUSED=2:STREAM_PROGS=8:MAX_REGS=64"
-      S="$S,geometry=FUSED=2:STREAM_PROGS=6:MAX_REGS=80,geometry=FUSED=2:SEARCH_WARPS=8:STREAM_PROGS=2"
-      timeout 330 python3 benchmarks/bench_indexer_topk.py --rows ${STREAM_ROWS:-4096,1024} \
-        --keys 131072 --graphs --warmup 5 --iters 20 --providers "$S" 2>&1 \
-        | tee "$OUT/stream_indexer.log" | grep -v "^-"
-      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_indexer_topk_triton.py -k "k2048" 2>&1 | tail -3 ;;
-    ncu-stream)
-      # Stall samples per SASS instruction of the FUSED=2 kernel, 1024 rows x 131072.
-      stage "ncu source counters, stream kernel, 1024 rows"
-      cat > /tmp/one_stream.py <<'PY'
-import torch
-from backends.indexer_topk import triton_kernels as TK
-s = torch.randn(1024, 131072, device="cuda")
-n = torch.full((1024,), 131072, dtype=torch.int32, device="cuda")
-TK.indexer_topk_triton(s, n, 2048, config={"FUSED": 2})
-torch.cuda.synchronize()
-PY
-      timeout 200 ncu --clock-control none -k regex:_stream_kernel -c 1 -f \
-        --section SourceCounters --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        -o /tmp/stream python3 /tmp/one_stream.py > "$OUT/ncu_stream_run.log" 2>&1
-      echo "ncu rc=$?"
-      ncu -i /tmp/stream.ncu-rep --page details > "$OUT/ncu_stream_details.log" 2>&1
-      ncu -i /tmp/stream.ncu-rep --page source --csv --print-source sass 2>/dev/null \
-        | gzip > "$OUT/stream_sass.csv.gz"
-      grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Local" \
-        "$OUT/ncu_stream_details.log" | head -8 ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).

@@ -19,10 +19,10 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
     "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0, "ROW_SPLIT": 1,
-    "GATHER_HALF": 0, "STREAM_TILE": 2048, "STREAM_PROGS": 4,
+    "GATHER_HALF": 0,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
-              "GROUP2", "COMPACT_TILE", "STREAM_TILE")
+              "GROUP2", "COMPACT_TILE")
 _WARPS = (1, 2, 4, 8, 16, 32)
 # Keys with a few allowed values: (values, what each means, the fix to name).
 _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
@@ -30,8 +30,8 @@ _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
                     "use 1"),
     "SPARSE": ((0, 1, 2), "0 (stage 2 reads every key), 1 (only groups reaching the bound) or "
                "2 (active-group list)", "use 1"),
-    "FUSED": ((0, 1, 2), "1 (two launches: group maxima, then programs a row), 0 (four "
-              "launches) or 2 (one launch: each key read once, a running threshold)", "use 1"),
+    "FUSED": ((0, 1), "1 (two launches: group maxima, then programs a row) or 0 (four "
+              "launches)", "use 1"),
     "ROW_SPLIT": ((1, 2, 4, 8), "1, 2, 4 or 8 (fused: programs a row)",
                   "use 1, or 2 when rows are fewer than half the device's SMs"),
     "GATHER_HALF": ((0, 1), "0 (every key masked) or 1 (half groups read whole when max_keys "
@@ -56,7 +56,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 132,
-                   fused: bool | int | None = None) -> dict[str, int]:
+                   fused: bool | None = None) -> dict[str, int]:
     """The default config for a workload shape, from the H200 measurements
     (docs/notes/indexer_topk.md, docs/BENCHMARKS.md): the four-launch path (``FUSED=0``) below
     32 rows, where many slice programs a row beat one row program's latency, with the bound in
@@ -74,8 +74,6 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     """
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)
-    if fused is not None and int(fused) == 2:
-        return _stream_config(cfg, k)
     use_fused = num_rows >= 32 if fused is None else fused
     cfg["FUSED"] = int(use_fused)
     cfg["GROUP"] = max(2, min(256, _next_pow2(_cdiv(n, 8 * k))))
@@ -122,22 +120,11 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     return cfg
 
 
-def _stream_config(cfg: dict[str, int], k: int) -> dict[str, int]:
-    """FUSED=2 (one launch, each key read once): a buffer of about 2k + 2 steps of candidates a
-    program, 4 programs an SM looping over rows, 4 warps."""
-    cfg.update(FUSED=2, STREAM_TILE=2048, STREAM_PROGS=4, SEARCH_WARPS=4, SEARCH_BITS=1,
-               MAX_REGS=128)
-    cfg["CAND_CAP"] = max(8192, _next_pow2(2 * k + cfg["STREAM_TILE"]))
-    cfg["CAND_TILE"] = max(4096, cfg["CAND_CAP"] // 4)
-    cfg["PLACE_KEYS"] = 1024
-    return cfg
-
-
 def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
                    k: int = 2048) -> dict[str, int]:
     """``config`` over :func:`default_config` for the shape. A config that pins ``FUSED``
     gets that path's defaults for the keys it leaves out."""
-    fused = config["FUSED"] if config.get("FUSED") in (0, 1, 2) else None
+    fused = bool(config["FUSED"]) if config.get("FUSED") in (0, 1) else None
     base = default_config(num_rows, max_keys, k, fused=fused)
     cfg = {**base, **config}
     if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
@@ -205,21 +192,6 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
-    if not 1 <= cfg["STREAM_PROGS"] <= 64:
-        raise ConfigError(f"indexer_topk config STREAM_PROGS={cfg['STREAM_PROGS']}: must be in "
-                          "[1, 64] (FUSED=2: programs per SM, each looping over rows); use 4")
-    if cfg["STREAM_TILE"] > 16384:
-        raise ConfigError(f"indexer_topk config STREAM_TILE={cfg['STREAM_TILE']}: must be <= "
-                          "16384 (a register tile); use 2048")
-    if cfg["FUSED"] == 2:
-        room = 2 * k + cfg["STREAM_TILE"]
-        if not room <= cfg["CAND_CAP"] <= 4 * cfg["CAND_TILE"]:
-            raise ConfigError(
-                f"indexer_topk config CAND_CAP={cfg['CAND_CAP']}: with FUSED=2 it must be >= "
-                f"2 * k + STREAM_TILE ({room}: a shrink keeps about k of them and a step adds "
-                f"STREAM_TILE) and <= 4 * CAND_TILE ({4 * cfg['CAND_TILE']}: the shrink's "
-                f"pair/quad maxima fit the register tile); use CAND_CAP={_next_pow2(room)} and "
-                f"CAND_TILE={max(cfg['CAND_TILE'], _next_pow2(room) // 4)}")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 
@@ -239,8 +211,6 @@ def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
-    if cfg["FUSED"] == 2:
-        return 8 * cfg["CAND_CAP"]   # per program, programs <= rows (see _stream_config)
     if cfg["FUSED"]:
         groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
         split = cfg["ROW_SPLIT"]

@@ -459,17 +459,6 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
 
 
 @triton.jit
-def _max_mem(ptr, n):
-    """The largest of ``n`` int32 values in memory (INT32_MIN when n = 0), MEM_CH at a time."""
-    mo = tl.arange(0, MEM_CH)
-    hi = tl.full([], -2147483648, tl.int32)
-    for c0 in range(0, n, MEM_CH):
-        v = tl.load(ptr + c0 + mo, mask=c0 + mo < n, other=-2147483648)
-        hi = tl.maximum(hi, tl.max(v, axis=0))
-    return hi
-
-
-@triton.jit
 def _count_gt_mem(ptr, n, t, CH: tl.constexpr):
     offs = tl.arange(0, CH)
     c = tl.full([], 0, tl.int32)
@@ -600,20 +589,23 @@ def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
 
 
 @triton.jit
-def _select_buffer(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
-                   PCH: tl.constexpr):
-    """The top k of ``n`` candidates in a buffer (keys at ``kp``, positions at ``pp``, in
-    position order, every key >= ``lb``, at least k of them): their positions written to
-    ``out`` in position order, ties at the k-th key resolved by position. PCH: keys a step of
-    the placement (``>= CAP``: placed from the register tile)."""
-    if (n > CAP) & (n <= 4 * CAP):
-        # A few times too many for the tile (a row with fewer than k groups).
-        n, lb = _refine_cands(kp, pp, n, k, lb, CAP)
+def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
+                  off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
+                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr):
+    """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) sit in
+    the row's buffer in position order (``n > cap``: the buffer is not trusted, the row tier
+    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning). PCH: keys a step
+    of the placement (``>= CAP``: placed from the register tile)."""
+    row_c = row.to(tl.int64) * cap
+    if (n > CAP) & (n <= cap) & (n <= 4 * CAP):
+        # In the buffer, a few times too many for the tile (a row with fewer than k groups).
+        n, lb = _refine_cands(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, n, k, lb,
+                              CAP)
     if n <= CAP:
         # The candidates fit the register tile.
         offs = tl.arange(0, CAP)
         cm = offs < n
-        keys = tl.load(kp + offs, mask=cm, other=-2147483648)
+        keys = tl.load(ws_ptr + off_ckey + row_c + offs, mask=cm, other=-2147483648)
         hi = tl.max(keys, axis=0).to(tl.int64)
         t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
         gt = keys > t
@@ -623,33 +615,26 @@ def _select_buffer(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
             sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
             si = sel.to(tl.int32)
             dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(pp + offs, mask=sel, other=0)
+            p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
             tl.store(out + dst, p, mask=sel)
         else:
             # Place from memory, PCH at a time (fewer live registers than the whole tile).
-            _place_selected(kp, pp, out, n, t, need, PCH)
-    else:
-        # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
-        # CAP here would cost every row registers for a rare tier).
-        hi32 = _max_mem(kp, n)
+            _place_selected(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n, t,
+                            need, PCH)
+    elif n <= cap:
+        # The buffer holds them all: search and place over it, MEM_CH at a time
+        # (four-way: a register tile of CAP here would cost every row registers for a rare tier).
+        kp = ws_ptr + off_ckey + row_c
+        pp = ws_ptr + off_cpos + row_c
+        offs = tl.arange(0, MEM_CH)
+        hi32 = tl.full([], -2147483648, tl.int32)
+        for c0 in range(0, n, MEM_CH):
+            v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            hi32 = tl.maximum(hi32, tl.max(v, axis=0))
         t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2)
         t = t.to(tl.int32)
         need = k - _count_gt_mem(kp, n, t, MEM_CH)
         _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
-
-
-@triton.jit
-def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
-                  off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
-                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr):
-    """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) sit in
-    the row's buffer in position order (``n > cap``: the buffer is not trusted, the row tier
-    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning). PCH: keys a step
-    of the placement (``>= CAP``: placed from the register tile)."""
-    row_c = row.to(tl.int64) * cap
-    if n <= cap:
-        _select_buffer(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n, lb, k,
-                       CAP, SB, PCH)
     else:
         # Too many candidates for the buffer (tie-heavy row): search and place over the row.
         src = scores_ptr + row.to(tl.int64) * stride_s
@@ -1055,115 +1040,6 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
 
 # ----------------------------------------------------------------------------------- wrapper
 
-@triton.jit
-def _keep_top(kp, pp, n, k, t):
-    """Exact shrink of a buffer of ``n`` candidates in position order, in place: its top k
-    (keys > t, then the first ``need`` keys == t, t its k-th largest key). Returns k."""
-    need = k - _count_gt_mem(kp, n, t, MEM_CH)
-    offs = tl.arange(0, MEM_CH)
-    kept = tl.full([], 0, tl.int32)
-    run_eq = tl.full([], 0, tl.int32)
-    for c0 in range(0, n, MEM_CH):
-        m = c0 + offs < n
-        v = tl.load(kp + c0 + offs, mask=m, other=-2147483648)
-        p = tl.load(pp + c0 + offs, mask=m, other=0)
-        eq = (m & (v == t)).to(tl.int32)
-        sel = (m & (v > t)) | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-        si = sel.to(tl.int32)
-        dst = kept + tl.cumsum(si, axis=0) - si
-        kept += tl.sum(si, axis=0)
-        run_eq += tl.sum(eq, axis=0)
-        tl.debug_barrier()   # every thread has read this chunk before any overwrite
-        tl.store(kp + dst, v, mask=sel)   # dst <= c0 + offs: read already
-        tl.store(pp + dst, p, mask=sel)
-    tl.debug_barrier()
-    return kept
-
-
-@triton.jit
-def _shrink(kp, pp, n, k, t, room, CAP: tl.constexpr):
-    """Make room in a stream buffer of ``n`` candidates (every key >= t, at least k of them):
-    first the bound of :func:`_refine_cands` (the k-th largest maximum of pairs or quads of
-    consecutive candidates: k distinct keys reach it), the buffer compacted to the keys
-    reaching it; if more than ``room`` are left (ties), the exact top k. Returns (n, t) with
-    n <= max(room, k), every buffered key >= t and at least k of them; a later key (larger
-    position) can only be in the row's top k if it is > t."""
-    tl.debug_barrier()   # the appended candidates stored by every thread
-    n, t = _refine_cands(kp, pp, n, k, t, CAP)
-    if n > room:
-        hi32 = _max_mem(kp, n)
-        t = _kth_search_mem(kp, n, k, t.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2).to(tl.int32)
-        n = _keep_top(kp, pp, n, k, t)
-    return n, t
-
-
-@triton.jit
-def _stream_row(scores_ptr, lengths_ptr, out_ptr, kp, pp, row, n_keys, stride_s, k, cap,
-                T: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr):
-    """One row of :func:`_stream_kernel` with the program's buffer (keys ``kp``, positions
-    ``pp``)."""
-    length = _row_len(lengths_ptr, row, n_keys)
-    out = out_ptr + row.to(tl.int64) * k
-    if length <= k:
-        _short_row(out, length, k, KB)
-    else:
-        src = scores_ptr + row.to(tl.int64) * stride_s
-        # A step as a [T / 4, 4] tile, a thread a row of 4 keys (16-byte loads), the layout in
-        # which _place_loaded appends without shared-memory conversions.
-        r4 = tl.arange(0, T // 4)
-        j4 = tl.arange(0, 4)
-        n = tl.full([], 0, tl.int32)
-        t = tl.full([], -2147483648, tl.int32)
-        for c0 in range(0, length, T):
-            pos = c0 + r4[:, None] * 4 + j4[None, :]
-            m = pos < length
-            if c0 + T <= length:
-                x = tl.load(src + pos)   # a whole step: no mask
-            else:
-                x = tl.load(src + pos, mask=m, other=0.0)
-            key = _to_key(x.to(tl.float32))
-            cnt = tl.sum(tl.sum((m & (key > t)).to(tl.int32), axis=1), axis=0)
-            if n + cnt > cap:
-                n, t = _shrink(kp, pp, n, k, t, cap - T, CAP)
-                # The step's keys again (from the L2): not kept live across the shrink.
-                x = tl.load(src + pos, mask=m, other=0.0)
-            # Keys > t, i.e. >= t + 1 (t + 1 cannot overflow: t is at most +inf's key).
-            n = _place_loaded(x, pos, m, t + 1, n, pp, kp, cap, T)
-        tl.debug_barrier()   # every thread's appends before the selection reads them
-        _select_buffer(kp, pp, out, n, t, k, CAP, SB, PCH)
-        tl.debug_barrier()   # the selection's reads before the next row's appends
-
-
-@triton.jit
-def _stream_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_rows, n_keys, stride_s, k, cap,
-                   T: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                   PCH: tl.constexpr, PDL: tl.constexpr = 0):
-    """FUSED=2: one launch, every key read once. Programs loop over rows (row = program,
-    program + programs, ...), each with a candidate buffer of ``cap`` keys and positions of its
-    own (reused row after row, so it stays in the L2).
-
-    A row is read in steps of T keys, in position order. A key enters the buffer (appended, so
-    the buffer stays in position order) when it is > t, the admission threshold (INT32_MIN at
-    the start: every key). When a step's keys would not fit, :func:`_shrink` raises t to a
-    bound that at least k buffered keys reach and drops the keys below it; a later key equal
-    to t has a larger position than those k, so it can never be in the top k. At the end the
-    buffer holds every key of the row's top k, and :func:`_select_buffer` selects them.
-    On random rows t follows the row's running k-th largest key, so a few thousand keys a row
-    enter (about k * (1 + ln(length / cap))) and a few shrinks run; a row in ascending order
-    makes every key enter and shrinks every ``(cap - k) / T`` steps (exact, slower)."""
-    _pdl_wait(PDL)
-    pid = tl.program_id(0)
-    kp = ws_ptr + pid.to(tl.int64) * (2 * cap)
-    pp = kp + cap
-    for r0 in range(0, n_rows, tl.num_programs(0)):
-        row = r0 + pid
-        if row < n_rows:
-            _stream_row(scores_ptr, lengths_ptr, out_ptr, kp, pp, row, n_keys, stride_s, k, cap,
-                        T, CAP, KB, SB, PCH)
-    _pdl_done(PDL)
-
-
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
     check_inputs(scores, lengths, k, kernel=True)
 
@@ -1180,8 +1056,9 @@ def _resolve(config: dict[str, Any], k: int, n: int,
         key, hit = None, None
     if hit is not None:
         return hit
+    validate_config(config, k, n)
     cfg = resolve_config(config, rows, n, k)
-    validate_config(cfg, k, n)   # the caller's keys as given, the shape's defaults for the rest
+    validate_config(cfg, k, n)
     p = plan(cfg, n)
     p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
     p["kb"] = min(_next_pow2(k), 4096)
@@ -1265,34 +1142,6 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
 
 
-_SM_COUNT: dict[Any, int] = {}
-
-
-def _stream(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
-            p: dict[str, int], pdl: dict[str, Any]) -> None:
-    """FUSED=2: ``STREAM_PROGS`` programs an SM (at most one a row), each looping over rows
-    with a candidate buffer of its own (``_stream_kernel``). Under the interpreter the device
-    counts as one SM, so that the programs loop over several rows there too."""
-    import os
-
-    import torch
-
-    rows, n = scores.shape
-    dev = scores.device
-    sms = 1
-    if dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        if dev not in _SM_COUNT:
-            _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-        sms = _SM_COUNT[dev]
-    progs = max(1, min(rows, sms * cfg["STREAM_PROGS"]))
-    cap = cfg["CAND_CAP"]
-    ws = _alloc(torch, progs * 2 * cap, dev)
-    _stream_kernel[(progs,)](scores, lengths, ws, out, rows, n, scores.stride(0), k, cap,
-                             T=cfg["STREAM_TILE"], CAP=cfg["CAND_TILE"], KB=p["kb"],
-                             SB=cfg["SEARCH_BITS"], PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]),
-                             num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
-
-
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
@@ -1326,9 +1175,6 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                                 GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw, **pdl)
         return out
     nw = cfg["num_warps"]
-    if cfg["FUSED"] == 2:
-        _stream(scores, lengths, out, k, cfg, p, pdl)
-        return out
     if cfg["FUSED"]:
         _fused(scores, lengths, out, k, cfg, p, pdl, _stop)
         return out

@@ -62,13 +62,6 @@ SMALL = {
                        "ROW_SPLIT": 1},
     "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                         "CAND_CAP": 256, "ROW_SPLIT": 2},
-    # FUSED=2: one launch, each key read once against a running threshold; one program loops
-    # over the 4 rows (the interpreter counts as one SM) reusing its buffer; buffers of 4 and 2
-    # steps, so that shrinks (and, on ties, the exact shrink) run many times a row.
-    "stream": {"FUSED": 2, "STREAM_TILE": 32, "CAND_TILE": 64, "CAND_CAP": 256,
-               "STREAM_PROGS": 1, "PLACE_KEYS": 32},
-    "stream_two_programs": {"FUSED": 2, "STREAM_TILE": 64, "CAND_TILE": 64, "CAND_CAP": 256,
-                            "STREAM_PROGS": 2, "SEARCH_BITS": 2, "PLACE_KEYS": 256},
     # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
                    "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
@@ -129,38 +122,6 @@ def test_small_exact(geom, kind):
     lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
     got, want = run_both(scores, lengths, k, SMALL[geom])
     assert topk_mismatches(got, want) == []
-
-
-@pytest.mark.parametrize("order", ["ascending", "descending", "sawtooth"])
-def test_stream_orders(order):
-    """FUSED=2 on the orders that stress the running threshold: ascending rows admit every key
-    (a shrink every (cap - k) / STREAM_TILE steps, each raising the threshold), descending rows
-    admit nothing after the first buffer, a sawtooth (ascending runs of 100 with rising bases)
-    both; with ties (values rounded to 0.25) so that shrinks keep the first of equal keys."""
-    k, n = 16, 1000
-    cfg = SMALL["stream"]
-    base = torch.arange(n, dtype=torch.float32)
-    if order == "descending":
-        base = base.flip(0)
-    elif order == "sawtooth":
-        base = (base % 100) + base // 100 * 7
-    rows = torch.stack([base, (base / 8).round() / 4, -base, base.remainder(13)])
-    scores = rows.to(DEV)
-    lengths = torch.tensor([n, 999, 300, k + 1], dtype=torch.int32, device=DEV)
-    got, want = run_both(scores, lengths, k, cfg)
-    assert topk_mismatches(got, want) == []
-
-
-def test_stream_short_and_ragged_rows_one_program():
-    """One program loops over every row of a ragged batch (short rows, empty rows, negative
-    lengths, rows of k + 1 keys) with one buffer: nothing of a row carries into the next."""
-    k, n = 16, 600
-    lengths = torch.tensor([n, 0, 1, k - 1, k, k + 1, n, 300, -5, 2 * k], dtype=torch.int32,
-                           device=DEV)
-    for kind in ("random", "ties", "special"):
-        scores = make_scores(kind, len(lengths), n, seed=len(kind))
-        got, want = run_both(scores, lengths, k, SMALL["stream"])
-        assert topk_mismatches(got, want) == [], kind
 
 
 def test_short_rows_and_ragged():
@@ -275,15 +236,11 @@ def test_input_validation():
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
     ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
     ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
-    ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 3}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
+    ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
     ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
-    ({"STREAM_PROGS": 0}, "STREAM_PROGS"), ({"STREAM_TILE": 32768}, "STREAM_TILE"),
-    ({"STREAM_TILE": 48}, "STREAM_TILE"),
-    ({"FUSED": 2, "STREAM_TILE": 64, "CAND_CAP": 64, "CAND_TILE": 64}, "CAND_CAP"),
-    ({"FUSED": 2, "CAND_CAP": 1024, "CAND_TILE": 128}, "CAND_CAP"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -367,9 +324,7 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
                 {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
                 {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
-                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 2},
-                {"FUSED": 2, "STREAM_TILE": 1024, "MAX_REGS": 0},
-                {"FUSED": 2, "SEARCH_BITS": 2, "PDL": 1, "STREAM_PROGS": 1}):
+                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
