@@ -831,7 +831,8 @@ def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
     for c0 in range(0, ng, CT):
         m = c0 + oc < ng
         v = v_next
-        # The next chunk's load is issued before this one's scan (one round trip a step).
+        # The next chunk's load is issued before this one's scan (one round trip a step; two
+        # steps ahead measured 1% slower on the H200).
         v_next = tl.load(base + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
         ai = (m & (v >= lb)).to(tl.int32)
         before = tl.sum(tl.cumsum(ai, axis=0) - ai, axis=1)
@@ -874,75 +875,67 @@ def _join_parts(cnt, cpos, ckey, capp, cap, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _group_load(src, gi, valid, length, GS: tl.constexpr):
-    """The scores of the listed groups ``gi`` (where ``valid``, each key masked by ``length``)
-    as a [groups, GS] tile, and their positions. The positions are declared non-contiguous:
-    the compiler then lays the tile out one group a thread, the layout the placement's scans
-    and scattered stores want, instead of converting it through shared memory (measured on the
-    H200: faster than whole-group 16-byte loads in the default layout plus the conversions)."""
-    j = tl.arange(0, GS)
-    pos = tl.max_contiguous(gi[:, None] * GS + j[None, :], [1, 1])
-    x = tl.load(src + pos, mask=valid[:, None] & (pos < length), other=0.0)
+def _list_entries(glist, a0, n_act, GB: tl.constexpr, HALF: tl.constexpr):
+    """The active groups' indices at list entries ``a0 + [0, GB)``, one per row of the gather
+    tile (HALF: two rows an entry, its two half groups), and which rows are listed groups."""
+    if HALF:
+        r = tl.arange(0, 2 * GB)
+        valid = a0 + r // 2 < n_act
+        gi = tl.load(glist + a0 + r // 2, mask=valid, other=0)
+    else:
+        g = tl.arange(0, GB)
+        valid = a0 + g < n_act
+        gi = tl.load(glist + a0 + g, mask=valid, other=0)
+    return gi, valid
+
+
+@triton.jit
+def _list_scores(src, gi, valid, length, GS: tl.constexpr, GB: tl.constexpr,
+                 HALF: tl.constexpr):
+    """The scores of the groups ``gi`` (:func:`_list_entries`) and their positions.
+
+    HALF: a [2 GB, GS / 2] tile of half groups (row r: half r % 2 of entry r // 2), read whole
+    (16-byte loads; max_keys is a multiple of GS, so no group extends past the row's storage;
+    keys past ``length`` are masked by the caller). Else a [GB, GS] tile, each key masked by
+    ``length``, its positions declared non-contiguous. Either way the compiler lays the tile
+    out one (half) group a thread, the layout the placement's scans and scattered stores want,
+    instead of converting it through shared memory (whole-group 16-byte loads in the default
+    layout plus the conversions measured slower on the H200)."""
+    if HALF:
+        r = tl.arange(0, 2 * GB)
+        jj = tl.arange(0, GS // 2)
+        pos = (gi * 2 + r % 2)[:, None] * (GS // 2) + jj[None, :]
+        x = tl.load(src + pos, mask=tl.broadcast_to(valid[:, None], [2 * GB, GS // 2]),
+                    other=0.0)
+    else:
+        j = tl.arange(0, GS)
+        pos = tl.max_contiguous(gi[:, None] * GS + j[None, :], [1, 1])
+        x = tl.load(src + pos, mask=valid[:, None] & (pos < length), other=0.0)
     return x, pos
 
 
 @triton.jit
-def _half_load(src, glist, a0, n_act, length, GS: tl.constexpr, GB: tl.constexpr):
-    """HALF: the scores of list entries ``a0 + [0, GB)`` as a [2 GB, GS / 2] tile of half
-    groups (row r: half r % 2 of entry r // 2), read whole (16-byte loads: a thread owns a
-    half group, the layout the placement wants); max_keys is a multiple of GS, so no group
-    extends past the row's storage; keys past ``length`` are masked by the caller."""
-    r = tl.arange(0, 2 * GB)
-    jj = tl.arange(0, GS // 2)
-    valid = a0 + r // 2 < n_act
-    gi = tl.load(glist + a0 + r // 2, mask=valid, other=0)
-    pos = (gi * 2 + r % 2)[:, None] * (GS // 2) + jj[None, :]
-    x = tl.load(src + pos, mask=tl.broadcast_to(valid[:, None], [2 * GB, GS // 2]), other=0.0)
-    return x, pos, valid
-
-
-@triton.jit
-def _gather_half(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
-                 GB: tl.constexpr):
-    """:func:`_gather_cands` with :func:`_half_load` (HALF)."""
-    run = tl.full([], 0, tl.int32)
-    if n_act <= cap:
-        x_next, pos_n, v_next = _half_load(src, glist, 0, n_act, length, GS, GB)
-        for a0 in range(0, n_act, GB):
-            x = x_next
-            pos = pos_n
-            pm = v_next[:, None] & (pos < length)
-            x_next, pos_n, v_next = _half_load(src, glist, a0 + GB, n_act, length, GS, GB)
-            run = _place_loaded(x, pos, pm, lb, run, cpos, ckey, cap, GB * GS)
-    else:
-        run = cap + 1
-    tl.debug_barrier()
-    return run
-
-
-@triton.jit
-def _gather_cands(src, gsrc, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
-                  GB: tl.constexpr):
+def _gather_cands(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
+                  GB: tl.constexpr, HALF: tl.constexpr):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
     the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap).
 
     Software-pipelined: a step's scores are requested one step ahead and its list entries two
-    steps ahead (requesting the scores two steps ahead measured no faster on the H200)."""
-    g_off = tl.arange(0, GB)
+    steps ahead (H200: with HALF, the list two steps ahead instead of one gave 4096 rows 1.279
+    -> 1.213 ms and 1024 rows 357 -> 336 us; three steps, or the scores two, no faster)."""
     run = tl.full([], 0, tl.int32)
     if n_act <= cap:
-        gi = tl.load(gsrc + g_off, mask=g_off < n_act, other=0)
-        x_next, pos_n = _group_load(src, gi, g_off < n_act, length, GS)
-        gi_next = tl.load(gsrc + GB + g_off, mask=GB + g_off < n_act, other=0)
+        gi, v_next = _list_entries(glist, 0, n_act, GB, HALF)
+        x_next, pos_n = _list_scores(src, gi, v_next, length, GS, GB, HALF)
+        gi_next, v_after = _list_entries(glist, GB, n_act, GB, HALF)
         for a0 in range(0, n_act, GB):
             x = x_next
             pos = pos_n
-            pm = (a0 + g_off < n_act)[:, None] & (pos < length)
+            pm = v_next[:, None] & (pos < length)
             # Request the next step's scores and the list entries of the one after it.
-            x_next, pos_n = _group_load(src, gi_next, a0 + GB + g_off < n_act, length, GS)
-            gi = gi_next
-            gi_next = tl.load(gsrc + a0 + 2 * GB + g_off, mask=a0 + 2 * GB + g_off < n_act,
-                              other=0)
+            x_next, pos_n = _list_scores(src, gi_next, v_after, length, GS, GB, HALF)
+            v_next = v_after
+            gi_next, v_after = _list_entries(glist, a0 + 2 * GB, n_act, GB, HALF)
             run = _place_loaded(x, pos, pm, lb, run, cpos, ckey, cap, GB * GS)
     else:
         run = cap + 1   # >= n_act > cap candidates: the row tier
@@ -1013,12 +1006,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 cpos = ws_ptr + off_cpos + row_c
                 ckey = ws_ptr + off_ckey + row_c
                 capp = cap // SPLIT
-                if HALF:
-                    run = _gather_half(src, glist + g0, length, lb, n_act, capp,
-                                       cpos + part * capp, ckey + part * capp, GS, GB)
-                else:
-                    run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
-                                        cpos + part * capp, ckey + part * capp, GS, GB)
+                run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
+                                    cpos + part * capp, ckey + part * capp, GS, GB, HALF)
                 if STOP == 3:
                     tl.store(out + part, run)
                 else:
