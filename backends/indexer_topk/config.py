@@ -101,7 +101,8 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     few = num_rows <= 256
     cfg["SEARCH_WARPS"] = 8 if few else 4
     # 96 registers (five programs an SM) from 2048 rows: 4096 x 131072 1.279 ms against 1.326
-    # at 128; at 1024 rows 128 stays ahead (357 us against 363).
+    # at 128 (with session 5's gather 1.212 against 1.244, and 1.259 at 112); at 1024 rows 128
+    # measured ahead then (357 us against 363) and 1% behind since (336 against 333: noise).
     cfg["MAX_REGS"] = 96 if num_rows >= 2048 else 128
     cfg["GATHER_HALF"] = 1
     cfg["BOUND_SLACK"] = max(1, k // 8)
