@@ -9,6 +9,7 @@
 # indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
 # path variants side by side), shapes-indexer (8K and 512K keys, causal),
+# gmax16-indexer (GMAX_BITS=16 against the default, and the k2048 GPU tests),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -128,6 +129,18 @@ for step in "$@"; do
         --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
       timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \
         --graphs --providers "$W" 2>/dev/null | tee -a "$OUT/shapes_indexer.log" | grep -v "^-" ;;
+    gmax16-indexer)
+      # GMAX_BITS=16 (group maxima as the keys' top 16 bits) against the default, graph
+      # replays, and its GPU tests.
+      stage "indexer_topk GMAX_BITS=16"
+      S="torch-topk,triton,geometry=GMAX_BITS=16"
+      timeout 150 python3 benchmarks/bench_indexer_topk.py --rows 64,1024,4096 --keys 131072 \
+        --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/gmax16_indexer.log" | grep -v "^-"
+      timeout 100 python3 benchmarks/bench_indexer_topk.py --rows 1024 --keys 131072 --ragged \
+        --graphs --providers "$S" 2>/dev/null | tee -a "$OUT/gmax16_indexer.log" | grep -v "^-"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_indexer_topk_triton.py -k "k2048" 2>&1 | tail -2 ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).

@@ -19,7 +19,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SEARCH_BITS": 1, "SPARSE": 1, "BOUND_PASS": -1,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
     "COMPACT_TILE": 2048, "MAX_REGS": 0, "PDL": 0, "ROW_SPLIT": 1,
-    "GATHER_HALF": 0,
+    "GATHER_HALF": 0, "GMAX_BITS": 32,
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -36,6 +36,8 @@ _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
                   "use 1, or 2 when rows are fewer than half the device's SMs"),
     "GATHER_HALF": ((0, 1), "0 (every key masked) or 1 (half groups read whole when max_keys "
                     "is a multiple of GROUP)", "use 0 or 1"),
+    "GMAX_BITS": ((32, 16), "32 (exact group maxima) or 16 (fused: their top 16 bits, half the "
+                  "traffic)", "use 32"),
     "PDL": ((0, 1), "0 (plain launches) or 1 (programmatic dependent launches where the "
             "device has them: Hopper and later, NVIDIA)", "use 0 or 1"),
     "BOUND_PASS": ((-1, 0, 1), "-1 (automatic), 0 (each slice program finds the bound) or 1 "
@@ -215,8 +217,10 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     if cfg["FUSED"]:
         groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
         split = cfg["ROW_SPLIT"]
-        return 4 * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
-            + 8 * cfg["CAND_CAP"] + (4 * (split + 1 + p["groups"]) if split > 1 else 0)
+        b16 = cfg["GMAX_BITS"] == 16
+        return (2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
+            + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0) \
+            + (4 * p["groups"] if split > 1 or b16 else 0)
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 

@@ -100,6 +100,9 @@ ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts 
 GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
+GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
+                            their traffic; the bound and the active test then as conservative
+                            as the truncation, the active list in an area of its own)
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -108,7 +111,9 @@ PDL             0           1: programmatic dependent launches (each kernel wait
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
 ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
-131072 keys 212,992 bytes a row (41% of an fp32 row). Four-launch: ``4 * ceil(max_keys /
+131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
+maximum and adds a 4-byte active list a group (245,760 bytes), ``ROW_SPLIT`` > 1 adds the
+list and the parts' counts. Four-launch: ``4 * ceil(max_keys /
 GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
@@ -181,10 +186,12 @@ def _pdl_done(PDL: tl.constexpr):
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
                  off_gm2, n_groups2, off_arr,
                  GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr,
-                 ARRIVE: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, PDL: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
-    ``SPLIT``)."""
+    ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
+    the keys (``key >> 16``, a floor), at int16 index ``row * n_groups``; the supergroup
+    maxima stay exact int32."""
     _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
@@ -194,17 +201,21 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     if length > k:
         start = sl * slice_len
         end = tl.minimum(start + slice_len, length)
-        _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm_ptr + row.to(tl.int64) * n_groups,
+        gm = gm_ptr
+        if B16:
+            gm = gm_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+        _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
                    gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end,
-                   _half_level(length, k, n_groups2, GS, GS2), GS, GB, GS2)
+                   _half_level(length, k, n_groups2, GS, GS2), GS, GB, GS2, B16)
     _pdl_done(PDL)
 
 
 @triton.jit
 def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.constexpr,
-               GS2: tl.constexpr):
+               GS2: tl.constexpr, B16: tl.constexpr = 0):
     """The group maxima of keys [start, end) of one row (start a multiple of GS * GB), and with
-    GS2 > 1 the supergroup maxima (of half the size when ``half``)."""
+    GS2 > 1 the supergroup maxima (of half the size when ``half``). B16: ``dst`` is int16 and
+    takes each maximum's top 16 bits."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     for c0 in range(start, end, GB * GS):
@@ -214,7 +225,10 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
         key = tl.where(m, _to_key(x), -2147483648)
         g = tl.max(key, axis=1)
         gidx = c0 // GS + g_off
-        tl.store(dst + gidx, g, mask=gidx * GS < end)
+        if B16:
+            tl.store(dst + gidx, (g >> 16).to(tl.int16), mask=gidx * GS < end)
+        else:
+            tl.store(dst + gidx, g, mask=gidx * GS < end)
         if GS2 > 1:
             if half:
                 _store_level(dst2, g, c0, end, GS, GB, GS2 // 2)
@@ -706,6 +720,17 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
 
 
 @triton.jit
+def _load_gm(ptr, idx, m, B16: tl.constexpr):
+    """Group maxima at ``ptr + idx`` where ``m`` as int32, INT32_MIN elsewhere; B16: int16
+    maxima (``key >> 16``) widened."""
+    if B16:
+        v = tl.where(m, tl.load(ptr + idx, mask=m, other=0).to(tl.int32), -2147483648)
+    else:
+        v = tl.load(ptr + idx, mask=m, other=-2147483648)
+    return v
+
+
+@triton.jit
 def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
     """A lower bound of the k-th largest of the 1-D int32 tile ``x`` (INT32_MIN = no value):
     halving toward it, stopping as soon as at most ``k + slack`` values are >= ``lo``. Any
@@ -722,14 +747,15 @@ def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
 
 
 @triton.jit
-def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
-    """:func:`_loose_kth_tile` over ``n`` int32 values in memory, CH at a time (int32)."""
+def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr, B16: tl.constexpr = 0):
+    """:func:`_loose_kth_tile` over ``n`` int32 values in memory, CH at a time (int32; B16:
+    int16 values, see :func:`_load_gm`)."""
     offs = tl.arange(0, CH)
     hi32 = tl.full([], -2147483648, tl.int32)
     lo32 = tl.full([], 2147483647, tl.int32)
     for c0 in range(0, n, CH):
         m = c0 + offs < n
-        v = tl.load(ptr + c0 + offs, mask=m, other=-2147483648)
+        v = _load_gm(ptr + c0, offs, m, B16)
         hi32 = tl.maximum(hi32, tl.max(v, axis=0))
         lo32 = tl.minimum(lo32, tl.min(tl.where(m, v, 2147483647), axis=0))
     lo = lo32.to(tl.int64)
@@ -740,7 +766,7 @@ def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr):
         t = mid.to(tl.int32)
         c = tl.full([], 0, tl.int32)
         for c0 in range(0, n, CH):
-            v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            v = _load_gm(ptr + c0, offs, c0 + offs < n, B16)
             c += tl.sum((v >= t).to(tl.int32), axis=0)
         c64 = c.to(tl.int64)
         ge = c64 >= k
@@ -767,52 +793,67 @@ def _half_level(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
 
 
 @triton.jit
-def _loose_kth(ptr, n, k, slack, GT: tl.constexpr):
+def _loose_kth(ptr, n, k, slack, GT: tl.constexpr, B16: tl.constexpr = 0):
     """A lower bound of the k-th largest of ``n`` int32 values in memory, loose by at most
     ``slack``, and by at most half of ``n - k`` (with barely more than k values, a slack that
     stops the search at once leaves their minimum, an extreme order statistic: a row just
     past a level's k groups then had more candidates than the buffer and ran the row tier,
     ~1 ms; measured on a causal batch). Searched in a register tile of GT when they fit, else
-    streamed MEM_CH at a time."""
+    streamed MEM_CH at a time. B16: int16 values (:func:`_load_gm`), the bound in their
+    domain."""
     slack = tl.minimum(slack, (n - k) // 2)
     if n <= GT:
         o = tl.arange(0, GT)
         m = o < n
-        v = tl.load(ptr + o, mask=m, other=-2147483648)
+        v = _load_gm(ptr, o, m, B16)
         hi = tl.max(v, axis=0).to(tl.int64)
         lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
         lb = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack).to(tl.int32)
     else:
-        lb = _loose_kth_mem(ptr, n, k, slack, MEM_CH)
+        lb = _loose_kth_mem(ptr, n, k, slack, MEM_CH, B16)
     return lb
 
 
 @triton.jit
 def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
-                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr):
+                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr, B16: tl.constexpr = 0):
     """Phase 1 of :func:`_row_kernel`: the row's bound L, over the supergroup maxima when the
     row has k of them (of the half size when :func:`_half_level`), else over the group maxima
-    when it has k of those, else none (every valid key is a candidate)."""
+    when it has k of those, else none (every valid key is a candidate).
+
+    B16 (``gsrc`` int16, the maxima's top 16 bits): a bound H over those gives L = H << 16 (k
+    groups have ``max >> 16 >= H``, so k distinct keys are >= L)."""
     lb = tl.full([], -2147483648, tl.int32)
-    if GS2 > 1:
-        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
-        if _half_level(length, k, n_groups2, GS, GS2):
-            ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
-        src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
-        n = ng2
-        if ng2 < k:
+    if B16:
+        n2 = tl.full([], 0, tl.int32)
+        if GS2 > 1:
+            n2 = (length + GS * GS2 - 1) // (GS * GS2)
+            if _half_level(length, k, n_groups2, GS, GS2):
+                n2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+        if n2 >= k:
+            lb = _loose_kth(ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2, n2, k, slack, GT2)
+        elif ng >= k:
+            lb = _loose_kth(gsrc, ng, k, slack, GT2, 1) << 16
+    else:
+        if GS2 > 1:
+            ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+            if _half_level(length, k, n_groups2, GS, GS2):
+                ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+            src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+            n = ng2
+            if ng2 < k:
+                src = gsrc
+                n = ng
+        else:
             src = gsrc
             n = ng
-    else:
-        src = gsrc
-        n = ng
-    if n >= k:
-        lb = _loose_kth(src, n, k, slack, GT2)
+        if n >= k:
+            lb = _loose_kth(src, n, k, slack, GT2)
     return lb
 
 
 @triton.jit
-def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
+def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr, B16: tl.constexpr = 0):
     """Phase 2: the groups ``g0 + [0, ng)`` whose maximum (at ``gsrc``) reaches ``lb``, in
     order, their indices written from ``glist + g0`` on (CT at a time; ``glist`` may be
     ``gsrc``: the list then overwrites maxima already read); returns their number.
@@ -820,21 +861,32 @@ def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr):
     A step's CT maxima are a [CT / 8, 8] tile declared non-contiguous, so that the compiler
     gives each thread a row of 8 (the layout the scattered list stores want): the position
     prefix is then an in-thread scan of the row plus one scan of the row totals (a flat scan
-    made the compiler scan each of a thread's values across the warp separately)."""
+    made the compiler scan each of a thread's values across the warp separately).
+    B16: the maxima are int16 (``max >> 16``); a group is active when ``max >> 16 >= lb >>
+    16`` (a superset of ``max >= lb``: the gather tests the keys); ``glist`` is then another
+    area (4-byte entries would overwrite 2-byte maxima not yet read)."""
     W: tl.constexpr = 8 if CT >= 8 else CT
     r = tl.arange(0, CT // W)
     j = tl.arange(0, W)
     oc = tl.max_contiguous(r[:, None] * W + j[None, :], [1, 1])
     n_act = tl.full([], 0, tl.int32)
     base = gsrc + g0
-    v_next = tl.load(base + oc, mask=oc < ng, other=-2147483648)
+    if B16:
+        thr = lb >> 16
+        v_next = _load_gm(base, oc, oc < ng, B16)
+    else:
+        thr = lb
+        v_next = tl.load(base + oc, mask=oc < ng, other=-2147483648)
     for c0 in range(0, ng, CT):
         m = c0 + oc < ng
         v = v_next
         # The next chunk's load is issued before this one's scan (one round trip a step; two
         # steps ahead measured 1% slower on the H200).
-        v_next = tl.load(base + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
-        ai = (m & (v >= lb)).to(tl.int32)
+        if B16:
+            v_next = _load_gm(base + c0 + CT, oc, c0 + CT + oc < ng, B16)
+        else:
+            v_next = tl.load(base + c0 + CT + oc, mask=c0 + CT + oc < ng, other=-2147483648)
+        ai = (m & (v >= thr)).to(tl.int32)
         before = tl.sum(tl.cumsum(ai, axis=0) - ai, axis=1)
         adst = n_act + before[:, None] + tl.cumsum(ai, axis=1) - ai
         n_act += tl.sum(tl.sum(ai, axis=1), axis=0)
@@ -949,7 +1001,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
                 PCH: tl.constexpr, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
-                STOP: tl.constexpr = 0,
+                STOP: tl.constexpr = 0, B16: tl.constexpr = 0,
                 PDL: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
@@ -969,6 +1021,9 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     (``cap / SPLIT`` entries); each writes its count and increments the row's arrival counter
     (zeroed by ``_gmax_kernel``); the program that arrives last joins the regions and runs the
     selection. No program waits for another (nothing needs them co-resident).
+    ``B16`` (``GMAX_BITS=16``): the group maxima are int16 top bits (see ``_gmax_kernel``),
+    so the bound over them and the active test are as conservative as the truncation, and the
+    active list has an area of its own (at ``off_list``) even with one part.
     ``STOP`` (profiling only, never from a config): 1, 2 or 3 ends the program after phase 1
     (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
     output entry, so that the time of each phase is the difference of two runs.
@@ -983,9 +1038,12 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             _short_row(out, length, k, KB)
     else:
         ng = (length + GS - 1) // GS
-        gsrc = ws_ptr + row.to(tl.int64) * n_groups
+        if B16:
+            gsrc = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + row.to(tl.int64) * n_groups
+        else:
+            gsrc = ws_ptr + row.to(tl.int64) * n_groups
         lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
-                          GT2)
+                          GT2, B16)
         if STOP == 1:
             tl.store(out + part, lb)
         else:
@@ -995,9 +1053,9 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             # still be searching them for the bound (rows with fewer than k supergroups), so
             # the list goes to an area of its own.
             glist = gsrc
-            if SPLIT > 1:
+            if (SPLIT > 1) | B16:
                 glist = ws_ptr + off_list + row.to(tl.int64) * n_groups
-            n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT)
+            n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT, B16)
             if STOP == 2:
                 tl.store(out + part, n_act)
             else:
@@ -1108,17 +1166,18 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     gs2, split, bt = cfg["GROUP2"], cfg["ROW_SPLIT"], cfg["BOUND_TILE"]
     groups2 = -(-n // (gs * gs2))
     stride = scores.stride(0)
-    off_gm2 = rows * groups
+    b16 = int(cfg["GMAX_BITS"] == 16)
+    off_gm2 = rows * groups if not b16 else -(-rows * groups // 2)   # int16 maxima: half
     off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
     off_ckey = off_cpos + rows * cap
     off_cnt = off_ckey + rows * cap
     off_arr = off_cnt + (rows * split if split > 1 else 0)
     off_list = off_arr + (rows if split > 1 else 0)
-    size = off_list + (rows * groups if split > 1 else 0)
+    size = off_list + (rows * groups if split > 1 or b16 else 0)
     ws = _alloc(torch, size, scores.device)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
                                 groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
-                                num_warps=cfg["num_warps"], **pdl)
+                                B16=b16, num_warps=cfg["num_warps"], **pdl)
     _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                                cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                                off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
@@ -1127,7 +1186,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                                CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                                CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                               PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
+                               PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop, B16=b16,
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
 
 

@@ -80,6 +80,7 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     if fused["GROUP2"] > 1:
         space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
                       "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})
+    space.append({**fused, "GMAX_BITS": 16})   # half the group maxima traffic
     if fused["ROW_SPLIT"] > 1:
         space.append({**fused, "ROW_SPLIT": fused["ROW_SPLIT"] // 2})   # fewer programs a row
     space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))

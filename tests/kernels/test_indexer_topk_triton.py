@@ -62,6 +62,14 @@ SMALL = {
                        "ROW_SPLIT": 1},
     "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                         "CAND_CAP": 256, "ROW_SPLIT": 2},
+    # GMAX_BITS 16: the group maxima as the keys' top 16 bits (the bound over them and the
+    # active test conservative, the list in an area of its own); one and two parts a row.
+    "fused_gmax16": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
+                     "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
+                     "GMAX_BITS": 16, "ROW_SPLIT": 1},
+    "fused_gmax16_two_parts": {"GROUP": 8, "GROUP2": 1, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                               "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16,
+                               "GATHER_HALF": 1},
     # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
                    "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
@@ -135,14 +143,17 @@ def test_short_rows_and_ragged():
     assert got[7].tolist() == [-1] * k        # negative length -> 0 keys
 
 
-@pytest.mark.parametrize("kind", ["random", "ties", "special"])
-def test_fused_bound_levels_causal(kind):
+@pytest.mark.parametrize("bits", [32, 16])
+@pytest.mark.parametrize("kind", ["random", "ties", "special", "lowbits"])
+def test_fused_bound_levels_causal(kind, bits):
     """A causal batch crosses every bound level of the fused row program: k full supergroups,
     k half supergroups (written by the gmax kernel for those rows only), k groups read
-    directly, fewer than k groups (every key a candidate), and short rows."""
+    directly (with GMAX_BITS 16: their top 16 bits, the bound shifted back), fewer than k
+    groups (every key a candidate), and short rows. ``lowbits`` rows differ only below the top
+    16 bits, so that 16-bit maxima are all equal."""
     k, n, gs, gs2 = 16, 1200, 2, 4
     cfg = {"GROUP": gs, "GROUP2": gs2, "GROUP_BLOCK": 8, "PLACE_KEYS": 32, "CAND_TILE": 64,
-           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1}
+           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1, "GMAX_BITS": bits}
     lengths = torch.tensor([0, 10, 17, 40, 60, 100, 150, 300, n], dtype=torch.int32, device=DEV)
     n_groups2 = -(-n // (gs * gs2))
 
@@ -241,6 +252,7 @@ def test_input_validation():
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
     ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
+    ({"GMAX_BITS": 8}, "GMAX_BITS"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -299,6 +311,9 @@ def test_default_config_and_scratch():
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
+    # GMAX_BITS 16: 2-byte group maxima, and the active list in an area of its own.
+    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
+        == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 16384
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
     assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
@@ -324,7 +339,8 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
                 {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
                 {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
-                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}):
+                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
+                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
