@@ -10,8 +10,8 @@ from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG", "check_inputs", "default_config", "plan", "resolve_config",
-           "scratch_bytes_per_row", "validate_config"]
+__all__ = ["DEFAULT_CONFIG", "check_inputs", "default_config", "list_in_place", "plan",
+           "resolve_config", "scratch_bytes_per_row", "validate_config"]
 
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
@@ -211,6 +211,21 @@ def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
     return {"slices": slices, "slice_len": slice_len, "groups": groups, "block": block}
 
 
+# uint16 list entries: group indices below this (tests lower it to run the other layout small).
+LIST16_GROUPS = 65536
+
+
+def list_in_place(config: dict[str, Any], max_keys: int) -> bool:
+    """Fused path: whether the row program writes its active-group list over the row's group
+    maxima (read already) instead of into an area of its own. Not with several programs a row
+    (another may still be reading them for its bound); with 16-bit maxima, only as uint16
+    entries, so for rows of at most 65536 groups."""
+    cfg = {**DEFAULT_CONFIG, **config}
+    if cfg["ROW_SPLIT"] > 1:
+        return False
+    return cfg["GMAX_BITS"] != 16 or plan(cfg, max_keys)["groups"] <= LIST16_GROUPS
+
+
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
@@ -220,7 +235,7 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         b16 = cfg["GMAX_BITS"] == 16
         return (2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
             + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0) \
-            + (4 * p["groups"] if split > 1 or b16 else 0)
+            + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
     return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
 

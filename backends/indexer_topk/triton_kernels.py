@@ -135,6 +135,7 @@ from backends.indexer_topk.config import (
     _next_pow2,
     check_inputs,
     default_config,
+    list_in_place,
     plan,
     resolve_config,
     scratch_bytes_per_row,
@@ -872,8 +873,9 @@ def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr, B16: tl.constexpr
     prefix is then an in-thread scan of the row plus one scan of the row totals (a flat scan
     made the compiler scan each of a thread's values across the warp separately).
     B16: the maxima are int16 (``max >> 16``); a group is active when ``max >> 16 >= lb >>
-    16`` (a superset of ``max >= lb``: the gather tests the keys); ``glist`` is then another
-    area (4-byte entries would overwrite 2-byte maxima not yet read)."""
+    16`` (a superset of ``max >= lb``: the gather tests the keys). B16 == 1: ``glist`` is
+    another area (4-byte entries would overwrite 2-byte maxima not yet read); B16 == 2:
+    ``glist`` is ``gsrc`` and the entries are uint16 (rows of at most 65536 groups)."""
     W: tl.constexpr = 8 if CT >= 8 else CT
     r = tl.arange(0, CT // W)
     j = tl.arange(0, W)
@@ -902,7 +904,11 @@ def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr, B16: tl.constexpr
         adst = n_act + before[:, None] + tl.cumsum(ai, axis=1) - ai
         n_act += tl.sum(tl.sum(ai, axis=1), axis=0)
         tl.debug_barrier()
-        tl.store(glist + g0 + adst, g0 + c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read
+        if B16 == 2:
+            # uint16 entries in place of the int16 maxima (the row has <= 65536 groups).
+            tl.store(glist + g0 + adst, (g0 + c0 + oc).to(tl.int16), mask=ai != 0)
+        else:
+            tl.store(glist + g0 + adst, g0 + c0 + oc, mask=ai != 0)   # adst <= c0 + oc: read
     tl.debug_barrier()
     return n_act
 
@@ -938,9 +944,11 @@ def _join_parts(cnt, cpos, ckey, capp, cap, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _list_entries(glist, a0, n_act, GB: tl.constexpr, HALF: tl.constexpr):
+def _list_entries(glist, a0, n_act, GB: tl.constexpr, HALF: tl.constexpr,
+                  L16: tl.constexpr = 0):
     """The active groups' indices at list entries ``a0 + [0, GB)``, one per row of the gather
-    tile (HALF: two rows an entry, its two half groups), and which rows are listed groups."""
+    tile (HALF: two rows an entry, its two half groups), and which rows are listed groups.
+    L16: the entries are uint16 (``GMAX_BITS=16``, the list in place of the maxima)."""
     if HALF:
         r = tl.arange(0, 2 * GB)
         valid = a0 + r // 2 < n_act
@@ -949,6 +957,8 @@ def _list_entries(glist, a0, n_act, GB: tl.constexpr, HALF: tl.constexpr):
         g = tl.arange(0, GB)
         valid = a0 + g < n_act
         gi = tl.load(glist + a0 + g, mask=valid, other=0)
+    if L16:
+        gi = gi.to(tl.int32) & 0xFFFF
     return gi, valid
 
 
@@ -979,18 +989,19 @@ def _list_scores(src, gi, valid, length, GS: tl.constexpr, GB: tl.constexpr,
 
 @triton.jit
 def _gather_cands(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constexpr,
-                  GB: tl.constexpr, HALF: tl.constexpr):
+                  GB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr = 0):
     """Phase 3: the keys >= ``lb`` of the ``n_act`` listed groups, placed in position order in
     the candidate buffer; returns their number (``cap + 1`` when the list alone exceeds cap).
 
     Software-pipelined: a step's scores are requested one step ahead and its list entries two
     steps ahead (H200: with HALF, the list two steps ahead instead of one gave 4096 rows 1.279
-    -> 1.213 ms and 1024 rows 357 -> 336 us; three steps, or the scores two, no faster)."""
+    -> 1.213 ms and 1024 rows 357 -> 336 us; three steps, or the scores two, no faster).
+    L16: uint16 list entries (:func:`_list_entries`)."""
     run = tl.full([], 0, tl.int32)
     if n_act <= cap:
-        gi, v_next = _list_entries(glist, 0, n_act, GB, HALF)
+        gi, v_next = _list_entries(glist, 0, n_act, GB, HALF, L16)
         x_next, pos_n = _list_scores(src, gi, v_next, length, GS, GB, HALF)
-        gi_next, v_after = _list_entries(glist, GB, n_act, GB, HALF)
+        gi_next, v_after = _list_entries(glist, GB, n_act, GB, HALF, L16)
         for a0 in range(0, n_act, GB):
             x = x_next
             pos = pos_n
@@ -998,7 +1009,7 @@ def _gather_cands(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constex
             # Request the next step's scores and the list entries of the one after it.
             x_next, pos_n = _list_scores(src, gi_next, v_after, length, GS, GB, HALF)
             v_next = v_after
-            gi_next, v_after = _list_entries(glist, a0 + 2 * GB, n_act, GB, HALF)
+            gi_next, v_after = _list_entries(glist, a0 + 2 * GB, n_act, GB, HALF, L16)
             run = _place_loaded(x, pos, pm, lb, run, cpos, ckey, cap, GB * GS)
     else:
         run = cap + 1   # >= n_act > cap candidates: the row tier
@@ -1033,8 +1044,9 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     (zeroed by ``_gmax_kernel``); the program that arrives last joins the regions and runs the
     selection. No program waits for another (nothing needs them co-resident).
     ``B16`` (``GMAX_BITS=16``): the group maxima are int16 top bits (see ``_gmax_kernel``),
-    so the bound over them and the active test are as conservative as the truncation, and the
-    active list has an area of its own (at ``off_list``) even with one part.
+    so the bound over them and the active test are as conservative as the truncation; B16 == 1:
+    the active list has an area of its own (at ``off_list``) even with one part; B16 == 2 (one
+    part, at most 65536 groups a row): uint16 entries in place of the maxima, as with 32 bits.
     ``STOP`` (profiling only, never from a config): 1, 2 or 3 ends the program after phase 1
     (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
     output entry, so that the time of each phase is the difference of two runs.
@@ -1064,7 +1076,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             # still be searching them for the bound (rows with fewer than k supergroups), so
             # the list goes to an area of its own.
             glist = gsrc
-            if (SPLIT > 1) | B16:
+            if (SPLIT > 1) | (B16 == 1):
                 glist = ws_ptr + off_list + row.to(tl.int64) * n_groups
             n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT, B16)
             if STOP == 2:
@@ -1076,7 +1088,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 ckey = ws_ptr + off_ckey + row_c
                 capp = cap // SPLIT
                 run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
-                                    cpos + part * capp, ckey + part * capp, GS, GB, HALF)
+                                    cpos + part * capp, ckey + part * capp, GS, GB, HALF,
+                                    B16 == 2)
                 if STOP == 3:
                     tl.store(out + part, run)
                 else:
@@ -1178,13 +1191,14 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     groups2 = -(-n // (gs * gs2))
     stride = scores.stride(0)
     b16 = int(cfg["GMAX_BITS"] == 16)
+    in_place = list_in_place(cfg, n)
     off_gm2 = rows * groups if not b16 else -(-rows * groups // 2)   # int16 maxima: half
     off_cpos = off_gm2 + (rows * groups2 if gs2 > 1 else 0)
     off_ckey = off_cpos + rows * cap
     off_cnt = off_ckey + rows * cap
     off_arr = off_cnt + (rows * split if split > 1 else 0)
     off_list = off_arr + (rows if split > 1 else 0)
-    size = off_list + (rows * groups if split > 1 or b16 else 0)
+    size = off_list + (0 if in_place else rows * groups)
     ws = _alloc(torch, size, scores.device)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
                                 groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
@@ -1197,7 +1211,8 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                                CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                                CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
-                               PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop, B16=b16,
+                               PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
+                               B16=2 if b16 and in_place else b16,
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
 
 

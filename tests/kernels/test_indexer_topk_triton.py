@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from backends.indexer_topk import config as indexer_config  # noqa: E402
 from backends.indexer_topk import triton_kernels as TK  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 from registry.errors import ConfigError, WorkloadError  # noqa: E402
@@ -63,7 +64,8 @@ SMALL = {
     "fused_two_parts": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                         "CAND_CAP": 256, "ROW_SPLIT": 2},
     # GMAX_BITS 16: the group maxima as the keys' top 16 bits (the bound over them and the
-    # active test conservative, the list in an area of its own); one and two parts a row.
+    # active test conservative); one part a row (the list as uint16 entries in place of the
+    # maxima) and two (the list in an area of its own).
     "fused_gmax16": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
                      "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
                      "GMAX_BITS": 16, "ROW_SPLIT": 1},
@@ -143,17 +145,22 @@ def test_short_rows_and_ragged():
     assert got[7].tolist() == [-1] * k        # negative length -> 0 keys
 
 
-@pytest.mark.parametrize("bits", [32, 16])
+@pytest.mark.parametrize("bits", ["32", "16", "16-area"])
 @pytest.mark.parametrize("kind", ["random", "ties", "special", "lowbits"])
-def test_fused_bound_levels_causal(kind, bits):
+def test_fused_bound_levels_causal(kind, bits, monkeypatch):
     """A causal batch crosses every bound level of the fused row program: k full supergroups,
     k half supergroups (written by the gmax kernel for those rows only), k groups read
     directly (with GMAX_BITS 16: their top 16 bits, the bound shifted back), fewer than k
     groups (every key a candidate), and short rows. ``lowbits`` rows differ only below the top
-    16 bits, so that 16-bit maxima are all equal."""
+    16 bits, so that 16-bit maxima are all equal. ``16-area``: the active list in an area of
+    its own with one part a row (rows of more than 65536 groups), here by lowering the limit."""
     k, n, gs, gs2 = 16, 1200, 2, 4
     cfg = {"GROUP": gs, "GROUP2": gs2, "GROUP_BLOCK": 8, "PLACE_KEYS": 32, "CAND_TILE": 64,
-           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1, "GMAX_BITS": bits}
+           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1, "ROW_SPLIT": 1,
+           "GMAX_BITS": int(bits[:2])}
+    if bits == "16-area":
+        monkeypatch.setattr(indexer_config, "LIST16_GROUPS", n // gs - 1)
+    assert TK.list_in_place(cfg, n) == (bits != "16-area")
     lengths = torch.tensor([0, 10, 17, 40, 60, 100, 150, 300, n], dtype=torch.int32, device=DEV)
     n_groups2 = -(-n // (gs * gs2))
 
@@ -171,6 +178,25 @@ def test_fused_bound_levels_causal(kind, bits):
     scores = make_scores(kind, len(lengths), n, seed=len(kind))
     got, want = run_both(scores, lengths, k, cfg)
     assert topk_mismatches(got, want) == []
+
+
+def test_gmax16_list_entries_past_int16():
+    """16-bit maxima, one part a row: the active list's uint16 entries in place of the maxima
+    hold group indices up to 65535 (past int16's 32767, read back unsigned). 66,000 keys in
+    2-key groups (33,000 groups); the largest keys sit in groups on both sides of 32768."""
+    k, n = 16, 66000
+    cfg = {"FUSED": 1, "GROUP": 2, "GROUP2": 2, "GROUP_BLOCK": 2048, "SLICE_KEYS": 8192,
+           "BOUND_TILE": 4096, "COMPACT_TILE": 4096, "PLACE_KEYS": 64, "CAND_TILE": 64,
+           "CAND_CAP": 256, "ROW_SPLIT": 1, "GMAX_BITS": 16}
+    assert TK.list_in_place(cfg, n)
+    scores = make_scores("random", 2, n, seed=3)
+    hot = torch.tensor([5, 30000, 65535, 65536, 65537, 65600, 65999])
+    scores[0, hot] = 10.0 + torch.arange(len(hot), dtype=torch.float32)
+    scores[1, 65536:] += 3.0            # the row's top keys all in groups past 32767
+    lengths = torch.tensor([n, n - 7], dtype=torch.int32, device=DEV)
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
+    assert int(got[1].min()) >= 65536
 
 
 @pytest.mark.parametrize("fused", [0, 1])
@@ -311,9 +337,14 @@ def test_default_config_and_scratch():
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
-    # GMAX_BITS 16: 2-byte group maxima, and the active list in an area of its own.
+    # GMAX_BITS 16: 2-byte group maxima; the active list in their place with one part a row
+    # and up to 65536 groups, else in an area of its own.
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
-        == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 16384
+        == 2 * 16384 + 4 * 4096 + 8 * 16384
+    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16, "ROW_SPLIT": 2}, 2048, 131072) \
+        == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 3 + 4 * 16384
+    wide = {**cfg, "GMAX_BITS": 16, "GROUP": 2}
+    assert TK.list_in_place(wide, 131072) and not TK.list_in_place(wide, 131074)
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
     assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
@@ -340,7 +371,12 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
                 {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
                 {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
-                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2}):
+                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2},
+                # 16-bit maxima, one part. GROUP 8: 16384 or 65536 groups a row, the uint16
+                # list in place (entries past 32767 at 524288 keys). GROUP 4: 32768 (in place)
+                # or 131072 (more than uint16 entries hold: the list's own area).
+                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 1, "GROUP": 8},
+                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 1, "GROUP": 4}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
