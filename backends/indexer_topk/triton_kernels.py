@@ -192,7 +192,8 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
     ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
     the keys (``key >> 16``, a floor), at int16 index ``row * n_groups``; the supergroup
-    maxima stay exact int32."""
+    maxima stay exact int32, and a row without k of them gets its group maxima there too
+    (:func:`_level16`)."""
     _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
@@ -205,9 +206,12 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
         gm = gm_ptr
         if B16:
             gm = gm_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+            level, _ = _level16(length, k, n_groups2, GS, GS2)
+        else:
+            level = _half_level(length, k, n_groups2, GS, GS2)
         _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
-                   gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end,
-                   _half_level(length, k, n_groups2, GS, GS2), GS, GB, GS2, B16)
+                   gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS, GB,
+                   GS2, B16)
     _pdl_done(PDL)
 
 
@@ -216,7 +220,8 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
                GS2: tl.constexpr, B16: tl.constexpr = 0):
     """The group maxima of keys [start, end) of one row (start a multiple of GS * GB), and with
     GS2 > 1 the supergroup maxima (of half the size when ``half``). B16: ``dst`` is int16 and
-    takes each maximum's top 16 bits."""
+    takes each maximum's top 16 bits; ``half`` is :func:`_level16`'s level (2: the int32 group
+    maxima at ``dst2``)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     for c0 in range(start, end, GB * GS):
@@ -231,7 +236,14 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
         else:
             tl.store(dst + gidx, g, mask=gidx * GS < end)
         if GS2 > 1:
-            if half:
+            if B16:
+                if half == 2:
+                    tl.store(dst2 + gidx, g, mask=gidx * GS < end)
+                elif half == 1:
+                    _store_level(dst2, g, c0, end, GS, GB, GS2 // 2)
+                else:
+                    _store_level(dst2, g, c0, end, GS, GB, GS2)
+            elif half:
                 _store_level(dst2, g, c0, end, GS, GB, GS2 // 2)
             else:
                 _store_level(dst2, g, c0, end, GS, GB, GS2)
@@ -816,36 +828,52 @@ def _loose_kth(ptr, n, k, slack, GT: tl.constexpr, B16: tl.constexpr = 0):
 
 
 @triton.jit
-def _n_super(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
-    """The row's supergroup maxima count: of ``GS * GS2`` keys, or of half that size when
-    :func:`_half_level`."""
+def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
+    """GMAX_BITS=16: (level, count) of the int32 maxima the gmax kernel writes at ``off_gm2``
+    for a row and the row program searches for its bound: 0, of ``GS * GS2`` keys when the row
+    has k of those; else 1, of half that size (as :func:`_half_level`); else 2, the group
+    maxima themselves when the row has k groups and room for them (``n_groups2``); else 0
+    with fewer than k (the bound then comes from the int16 maxima, see ``FALL16``, or none).
+    Exact int32 values at every level, so the 16-bit truncation only widens the active test."""
     ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+    ng = (length + GS - 1) // GS
+    level = tl.full([], 0, tl.int32)
+    n2 = ng2
     if _half_level(length, k, n_groups2, GS, GS2):
-        ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
-    return ng2
+        level = tl.full([], 1, tl.int32)
+        n2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+    elif (ng2 < k) & (ng >= k) & (ng <= n_groups2):
+        level = tl.full([], 2, tl.int32)
+        n2 = ng
+    return level, n2
 
 
 @triton.jit
 def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
-                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr, B16: tl.constexpr = 0):
+                 GS: tl.constexpr, GS2: tl.constexpr, GT2: tl.constexpr, B16: tl.constexpr = 0,
+                 FALL16: tl.constexpr = 1):
     """Phase 1 of :func:`_row_kernel`: the row's bound L, over the supergroup maxima when the
     row has k of them (of the half size when :func:`_half_level`), else over the group maxima
     when it has k of those, else none (every valid key is a candidate).
 
-    B16 (``gsrc`` int16, the maxima's top 16 bits): a bound H over those gives L = H << 16 (k
-    groups have ``max >> 16 >= H``, so k distinct keys are >= L)."""
+    B16: the level :func:`_level16` chose, int32 (the group maxima too where they fit); only
+    ``FALL16`` (shapes where a row with k groups may have no such level, see ``_fall16``)
+    compiles the search over the int16 maxima (``gsrc``): a bound H over those gives L = H << 16
+    (k groups have ``max >> 16 >= H``, so k distinct keys are >= L). That search spilled the
+    row program's registers at 96 (H200 SASS: 112 bytes of stack against 16 without it)."""
     lb = tl.full([], -2147483648, tl.int32)
     if B16:
         n2 = tl.full([], 0, tl.int32)
         if GS2 > 1:
-            n2 = _n_super(length, k, n_groups2, GS, GS2)
+            _, n2 = _level16(length, k, n_groups2, GS, GS2)
         if n2 >= k:
             lb = _loose_kth(ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2, n2, k, slack, GT2)
-        elif ng >= k:
-            lb = _loose_kth(gsrc, ng, k, slack, GT2, 1) << 16
+        elif FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
+            if ng >= k:
+                lb = _loose_kth(gsrc, ng, k, slack, GT2, 1) << 16
     else:
         if GS2 > 1:
-            # (_n_super written out: the helper reorders the default's SASS, as measured.)
+            # (The count written out: a helper reordered the default's SASS, as measured.)
             ng2 = (length + GS * GS2 - 1) // (GS * GS2)
             if _half_level(length, k, n_groups2, GS, GS2):
                 ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
@@ -1023,7 +1051,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
                 PCH: tl.constexpr, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
-                STOP: tl.constexpr = 0, B16: tl.constexpr = 0,
+                STOP: tl.constexpr = 0, B16: tl.constexpr = 0, FALL16: tl.constexpr = 1,
                 PDL: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
@@ -1066,7 +1094,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
         else:
             gsrc = ws_ptr + row.to(tl.int64) * n_groups
         lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
-                          GT2, B16)
+                          GT2, B16, FALL16)
         if STOP == 1:
             tl.store(out + part, lb)
         else:
@@ -1179,6 +1207,24 @@ def _pdl(cfg: dict[str, int], dev: Any) -> dict[str, Any]:
     return {"PDL": 1, "launch_pdl": True}
 
 
+def _fall16(n: int, k: int, gs: int, gs2: int) -> bool:
+    """GMAX_BITS=16: whether some row length up to ``n`` has k groups but no int32 level of
+    :func:`_level16` (the row program then needs its int16 search). By group count ``g``
+    (the levels' counts are ceil(g / GS2), ceil(g / (GS2 / 2)) and g): rows of ``g`` in
+    [k, G] without k full supergroups (g <= (k - 1) GS2) and more groups than the level area
+    holds (g > N2) must have the half level: (k - 1) GS2 / 2 < g <= N2 GS2 / 2, GS2 >= 4."""
+    if gs2 < 2:
+        return True
+    groups, n2 = -(-n // gs), -(-n // (gs * gs2))
+    lo, hi = max(k, n2 + 1), min(groups, (k - 1) * gs2)
+    if lo > hi:
+        return False
+    if gs2 < 4:
+        return True
+    h = gs2 // 2
+    return lo <= (k - 1) * h or hi > n2 * h
+
+
 def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
            p: dict[str, int], pdl: dict[str, Any], stop: int) -> None:
     """The fused path: group maxima, then ``ROW_SPLIT`` programs a row for the rest."""
@@ -1213,6 +1259,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
                                PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
                                B16=2 if b16 and in_place else b16,
+                               FALL16=int(b16 and _fall16(n, k, gs, gs2)),
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
 
 

@@ -180,6 +180,75 @@ def test_fused_bound_levels_causal(kind, bits, monkeypatch):
     assert topk_mismatches(got, want) == []
 
 
+def _keys(x):
+    """The kernels' int32 order keys of float32 scores (NaN lowest, -0.0 as +0.0)."""
+    b = x.float().view(torch.int32)
+    b = torch.where(b == -(2**31), torch.zeros_like(b), b)
+    b = torch.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return torch.where(torch.isnan(x), torch.full_like(b, -(2**31) + 1), b)
+
+
+def _levels16(length, n, k, gs, gs2):
+    """Python twin of _level16 (count of the int32 level a row's bound searches) for a row."""
+    ng, ng2, n2 = -(-length // gs), -(-length // (gs * gs2)), -(-n // (gs * gs2))
+    ngh = -(-length // (gs * (gs2 // 2))) if gs2 >= 4 else 0
+    if ng2 >= k:
+        return "supergroups", ng2
+    if gs2 >= 4 and k <= ngh <= n2:
+        return "half", ngh
+    if k <= ng <= n2:
+        return "groups", ng
+    return ("int16" if ng >= k else "none"), 0
+
+
+@pytest.mark.parametrize("gs,gs2", [(2, 1), (2, 2), (4, 2), (2, 4), (8, 4), (4, 8), (8, 16)])
+def test_fall16_names_exactly_the_shapes_that_need_the_int16_search(gs, gs2):
+    """``_fall16`` (whether the row program compiles its search over the int16 maxima) is true
+    exactly when some row length up to max_keys has k groups and no int32 level, checked
+    length by length against the kernels' level rule, over max_keys around each boundary."""
+    k = 16
+    for n in sorted({k * gs * gs2 * m // d + e for m in (1, 2, 4) for d in (1, 2, 4)
+                     for e in (-gs, -1, 0, 1, gs)} | {4 * k, 1200}):
+        if n <= k:
+            continue
+        want = gs2 < 2 or any(_levels16(length, n, k, gs, gs2)[0] == "int16"
+                              for length in range(k + 1, n + 1))
+        assert TK._fall16(n, k, gs, gs2) == want, (n, gs, gs2)
+    # The H200 defaults' shape: every row with k groups has an int32 level.
+    cfg = TK.default_config(4096, 131072, 2048)
+    assert not TK._fall16(131072, 2048, cfg["GROUP"], cfg["GROUP2"])
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "lowbits"])
+@pytest.mark.parametrize("n,gs2", [(1200, 4), (100, 2)])
+def test_gmax16_bound_at_every_level(kind, n, gs2):
+    """16-bit maxima: each row's bound (the row program stopped after it, ``_stop=1``) comes
+    from the level the rule names, and is a valid one: at most the row's k-th largest key, and
+    above INT32_MIN wherever the row has k groups. 1200 keys: supergroups, half supergroups and
+    the int32 group maxima in their area; 100 keys with GROUP2 2: rows whose group maxima do not
+    fit that area search the int16 maxima (``FALL16``). Then the top-k, exact."""
+    k, gs = 16, 2
+    cfg = {"GROUP": gs, "GROUP2": gs2, "GROUP_BLOCK": 8, "PLACE_KEYS": 32, "CAND_TILE": 64,
+           "CAND_CAP": 256, "BOUND_SLACK": 2, "COMPACT_TILE": 32, "FUSED": 1, "ROW_SPLIT": 1,
+           "GMAX_BITS": 16}
+    lens = [17, 31, 40, 55, 60, 100] + ([150, 300, 1200] if n == 1200 else [])
+    lengths = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    levels = {_levels16(x, n, k, gs, gs2)[0] for x in lens}
+    assert levels == ({"none", "groups", "half", "supergroups"} if n == 1200
+                      else {"none", "groups", "int16", "supergroups"})
+    assert TK._fall16(n, k, gs, gs2) == (n == 100)
+    scores = make_scores(kind, len(lens), n, seed=n + gs2)
+    lb = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=1)[:, 0].cpu()
+    keys = _keys(scores.cpu())
+    for r, length in enumerate(lens):
+        kth = int(keys[r, :length].topk(k).values[-1])
+        level = _levels16(length, n, k, gs, gs2)[0]
+        assert int(lb[r]) <= kth, (r, level)
+        assert (int(lb[r]) > -(2**31)) == (level != "none"), (r, level)
+    got, want = run_both(scores, lengths, k, cfg)
+    assert topk_mismatches(got, want) == []
+
+
 def test_gmax16_list_entries_past_int16():
     """16-bit maxima, one part a row: the active list's uint16 entries in place of the maxima
     hold group indices up to 65535 (past int16's 32767, read back unsigned). 66,000 keys in
