@@ -118,7 +118,7 @@ for step in "$@"; do
       stage "indexer_topk variants"
       S="torch-topk,triton,geometry=GATHER_VEC=0,geometry=SEARCH_BITS=2,geometry=PDL=1"
       S="$S,geometry=SLICE_KEYS=16384,geometry=SLICE_KEYS=16384:PDL=1:SEARCH_BITS=2"
-      timeout 240 python3 benchmarks/bench_indexer_topk.py --rows ${AB_ROWS:-64,1024,4096} \
+      timeout 330 python3 benchmarks/bench_indexer_topk.py --rows ${AB_ROWS:-64,1024,4096} \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "${AB_PROVIDERS:-$S}" \
         2>/dev/null | tee "$OUT/ab_indexer.log" | grep -v "^-" ;;
     shapes-indexer)

@@ -226,9 +226,14 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
     j = tl.arange(0, GS)
     for c0 in range(start, end, GB * GS):
         pos = c0 + g_off[:, None] * GS + j[None, :]
-        m = pos < end
-        x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
-        key = tl.where(m, _to_key(x), -2147483648)
+        if c0 + GB * GS <= end:
+            # A whole step: unmasked, so 16-byte loads (a mask against the runtime ``end``
+            # made every load 4 bytes wide).
+            key = _to_key(tl.load(src + pos).to(tl.float32))
+        else:
+            m = pos < end
+            x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
+            key = tl.where(m, _to_key(x), -2147483648)
         g = tl.max(key, axis=1)
         gidx = c0 // GS + g_off
         if B16:

@@ -3,8 +3,9 @@
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
 ``dtype`` (float32). Candidates: the default for the shape, its gmax slices halved and doubled,
 the fused path's default and its neighbours (the other of 4 and 8 row-program warps, 1024-key
-compaction and placement steps, GROUP doubled with GROUP2 halved: the same bound groups), and
-the four-launch path's default (FUSED=0).
+compaction and placement steps, 96 registers and no cap, GROUP doubled with GROUP2 halved: the
+same bound groups, the other of 32- and 16-bit group maxima, half the programs a row), and the
+four-launch path's default (FUSED=0). Labels: ``x2`` two programs a row, ``b16`` 16-bit maxima.
 Every candidate's output is compared entry by entry with the exact reference before it is
 timed; a difference is a failure.
 """
@@ -51,9 +52,12 @@ def _fmt(cfg: dict[str, Any]) -> str:
     if not cfg.get("FUSED"):
         return (f"4-launch s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP_BLOCK']} "
                 f"w{cfg['num_warps']}")
+    # Every key the candidates vary: a label shared by two configs would drop one of them.
+    split, bits = cfg.get("ROW_SPLIT", 1), cfg.get("GMAX_BITS", 32)
     return (f"fused s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP2']} "
             f"w{cfg['SEARCH_WARPS']} p{cfg['PLACE_KEYS']} c{cfg['COMPACT_TILE']} "
-            f"r{cfg.get('MAX_REGS', 0)}")
+            f"r{cfg.get('MAX_REGS', 0)}{f' x{split}' if split != 1 else ''}"
+            f"{f' b{bits}' if bits != 32 else ''}")
 
 
 def baseline(case: Any) -> str:
@@ -80,7 +84,7 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     if fused["GROUP2"] > 1:
         space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
                       "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})
-    space.append({**fused, "GMAX_BITS": 16})   # half the group maxima traffic
+    space.append({**fused, "GMAX_BITS": 48 - fused["GMAX_BITS"]})   # the other of 32, 16
     if fused["ROW_SPLIT"] > 1:
         space.append({**fused, "ROW_SPLIT": fused["ROW_SPLIT"] // 2})   # fewer programs a row
     space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))

@@ -405,11 +405,22 @@ def test_default_config_and_scratch():
     assert TK.plan(cfg, 131072)["slices"] == 8 and cfg["GATHER_HALF"] == 1
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
-    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 4 * 16384 + 4 * 4096 + 8 * 16384
-    # GMAX_BITS 16: 2-byte group maxima; the active list in their place with one part a row
-    # and up to 65536 groups, else in an area of its own.
-    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
-        == 2 * 16384 + 4 * 4096 + 8 * 16384
+    # 16-bit group maxima with one program a row (the list in their place): from 67 rows, and
+    # not where a row has more groups than uint16 list entries hold; 32 bits with a split row,
+    # also when the config pins the split or the group size.
+    assert [TK.default_config(r, 131072, 2048)["GMAX_BITS"] for r in (64, 66, 67, 4096)] \
+        == [32, 32, 16, 16]
+    assert TK.default_config(4096, 2**24, 2048)["GMAX_BITS"] == 16      # GROUP 256
+    assert TK.resolve_config({"ROW_SPLIT": 2}, 4096, 131072, 2048)["GMAX_BITS"] == 32
+    assert TK.resolve_config({"GROUP": 2}, 4096, 2**17 + 2, 2048)["GMAX_BITS"] == 32
+    assert TK.resolve_config({"GROUP": 2}, 4096, 2**17, 2048)["GMAX_BITS"] == 16
+    assert TK.resolve_config({"ROW_SPLIT": 2, "GMAX_BITS": 16}, 4096, 131072)["GMAX_BITS"] == 16
+    assert TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)["GMAX_BITS"] == 32
+    # Scratch: 2-byte group maxima, the active list in their place with one part a row and up
+    # to 65536 groups, else in an area of its own; 4-byte maxima the list overwrites.
+    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 2 * 16384 + 4 * 4096 + 8 * 16384
+    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 32}, 2048, 131072) \
+        == 4 * 16384 + 4 * 4096 + 8 * 16384
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16, "ROW_SPLIT": 2}, 2048, 131072) \
         == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 3 + 4 * 16384
     wide = {**cfg, "GMAX_BITS": 16, "GROUP": 2}
@@ -618,6 +629,13 @@ def test_tuner_candidates_cover_both_paths():
     assert tuning.baseline(case) == labels[0]
     for _lab, cfg, _why in cands:
         TK.validate_config(cfg, 2048, 131072)
+    # Both widths of the group maxima, and at 64 rows both splits, each under its own label
+    # (a label shared by two configs dropped one of them).
+    assert {cfg["GMAX_BITS"] for _lab, cfg, _why in cands if cfg["FUSED"]} == {16, 32}
+    few = tuning.candidates(BenchCase(rows=64, keys=131072), SimpleNamespace(sm_count=132))
+    assert {cfg["ROW_SPLIT"] for _lab, cfg, _why in few if cfg["FUSED"]} == {1, 2}
+    assert len({lab for lab, _c, _w in few}) == len(few)
+    assert len({tuple(sorted(c.items())) for _l, c, _w in few}) == len(few)
 
 
 def test_fused_phase_stops_for_profiling():
