@@ -72,7 +72,8 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     GROUP * GROUP2 keys (the bound is searched over those, in a register tile of BOUND_TILE
     4096; the active groups are then the small groups reaching it: about 2,500 of 16,384 at
     131,072 random keys); enough gmax slices to give the device ~2 programs an SM (at most 64,
-    at least 2048 keys a slice). Four-launch: about 2k groups a row, as measured.
+    at least 2048 keys a slice); 16-bit group maxima with one row program a row
+    (:func:`_gmax_bits`). Four-launch: about 2k groups a row, as measured.
     """
     cfg = dict(DEFAULT_CONFIG)
     n = max(max_keys, 1)

@@ -100,9 +100,12 @@ ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts 
 GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
-GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
-                            their traffic; the bound and the active test then as conservative
-                            as the truncation, the active list in an area of its own)
+GMAX_BITS       16 / 32     fused: 16 stores the group maxima as the keys' top 16 bits (half
+                            their traffic; the bound still from exact int32 supergroup or
+                            group maxima, the active test as conservative as the truncation;
+                            the active list over them as uint16 entries with one program a
+                            row and <= 65536 groups, else in an area of its own). Default 16
+                            where that list goes in place (from 67 rows), else 32
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -112,12 +115,14 @@ Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per 
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
 ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
 131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
-maximum and adds a 4-byte active list a group (245,760 bytes), ``ROW_SPLIT`` > 1 adds the
-list and the parts' counts. Four-launch: ``4 * ceil(max_keys /
+maximum, the list over them (180,224 bytes, the default from 67 rows), or with more than 65536
+groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT`` > 1 adds the list
+and the parts' counts. Four-launch: ``4 * ceil(max_keys /
 GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
-:func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`plan`, :data:`DEFAULT_CONFIG`.
+:func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,
+:data:`DEFAULT_CONFIG`.
 """
 
 from __future__ import annotations
@@ -127,8 +132,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-__all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "plan", "resolve_config",
-           "scratch_bytes_per_row", "validate_config"]
+__all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "list_in_place", "plan",
+           "resolve_config", "scratch_bytes_per_row", "validate_config"]
 
 from backends.indexer_topk.config import (
     DEFAULT_CONFIG,
