@@ -35,7 +35,7 @@ for step in "$@"; do
   case "$step" in
     tests)
       stage "gpu tests"
-      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+      timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
       echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log"
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/unit/test_torch_ops.py \
         >> "$OUT/gpu_tests.log" 2>&1
