@@ -136,11 +136,12 @@ def _gmax_bits(cfg: dict[str, Any], max_keys: int) -> int:
 
 
 def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
-                   k: int = 2048) -> dict[str, int]:
-    """``config`` over :func:`default_config` for the shape. A config that pins ``FUSED``
-    gets that path's defaults for the keys it leaves out."""
+                   k: int = 2048, sm_count: int = 132) -> dict[str, int]:
+    """``config`` over :func:`default_config` for the shape on a device of ``sm_count`` SMs
+    (CUs on AMD). A config that pins ``FUSED`` gets that path's defaults for the keys it
+    leaves out."""
     fused = bool(config["FUSED"]) if config.get("FUSED") in (0, 1) else None
-    base = default_config(num_rows, max_keys, k, fused=fused)
+    base = default_config(num_rows, max_keys, k, sm_count, fused=fused)
     cfg = {**base, **config}
     if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
         cfg["GROUP_BLOCK"] = max(cfg["GROUP_BLOCK"], cfg["GROUP2"])   # whole supergroups a step

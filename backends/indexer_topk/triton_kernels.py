@@ -1156,17 +1156,17 @@ def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
 _PLANS: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
 
 
-def _resolve(config: dict[str, Any], k: int, n: int,
-             rows: int) -> tuple[dict[str, int], dict[str, int]]:
+def _resolve(config: dict[str, Any], k: int, n: int, rows: int,
+             sm_count: int = 132) -> tuple[dict[str, int], dict[str, int]]:
     try:
-        key = (tuple(sorted(config.items())), k, n, rows)
+        key = (tuple(sorted(config.items())), k, n, rows, sm_count)
         hit = _PLANS.get(key)
     except TypeError:
         key, hit = None, None
     if hit is not None:
         return hit
     validate_config(config, k, n)
-    cfg = resolve_config(config, rows, n, k)
+    cfg = resolve_config(config, rows, n, k, sm_count)
     validate_config(cfg, k, n)
     p = plan(cfg, n)
     p["gt"] = min(cfg["BOUND_TILE"], _next_pow2(p["groups"]))
@@ -1177,6 +1177,24 @@ def _resolve(config: dict[str, Any], k: int, n: int,
             _PLANS.clear()
         _PLANS[key] = (cfg, p)
     return cfg, p
+
+
+_SMS: dict[Any, int] = {}
+
+
+def _sm_count(dev: Any) -> int:
+    """SMs (CUs on AMD) of the call's device, for the keys a config leaves to
+    :func:`default_config` (a policy pinning only part of the geometry, such as the MI355X's
+    slices, gets the rest sized for the device it runs on); 132, the H200 the rules were
+    measured on, where there is no GPU (the interpreter)."""
+    if dev.type != "cuda":
+        return 132
+    n = _SMS.get(dev.index)
+    if n is None:
+        import torch
+
+        n = _SMS[dev.index] = int(torch.cuda.get_device_properties(dev).multi_processor_count)
+    return n
 
 
 # Tests set this to an int32 that every output and workspace entry starts as (no memset
@@ -1277,8 +1295,9 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                         config: dict[str, Any], _stop: int = 0) -> Any:
     """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
 
-    Keys missing from ``config`` come from :func:`resolve_config` for this shape (so a policy
-    may pin only SLICE_KEYS / MAX_SLICES / num_warps, or only FUSED).
+    Keys missing from ``config`` come from :func:`resolve_config` for this shape and the
+    device's SM count (so a policy may pin only SLICE_KEYS / MAX_SLICES / num_warps, or only
+    FUSED).
 
     Never synchronizes the device and never reads device memory on the host. Lengths above
     ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
@@ -1290,7 +1309,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
 
     _check_inputs(scores, lengths, k)
     rows, n = scores.shape
-    cfg, p = _resolve(config, k, n, rows)
+    cfg, p = _resolve(config, k, n, rows, _sm_count(scores.device))
     dev = scores.device
     out = _alloc(torch, rows * k, dev).view(rows, k)
     if rows == 0:

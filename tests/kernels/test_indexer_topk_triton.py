@@ -611,6 +611,31 @@ def test_property_split_rows_match_reference(n, k, kind, split, half, group, see
     assert topk_mismatches(got, want) == []
 
 
+def test_missing_config_keys_are_sized_for_the_calling_device(monkeypatch):
+    """A config that pins part of the geometry (the MI355X policy pins only the slices) gets
+    the rest from default_config for the SM count of the device the call runs on (132, the
+    H200's, without a GPU): 48 rows split four ways on 256 CUs, two ways on 132 SMs."""
+    assert TK._sm_count(torch.device("cpu")) == 132
+    seen = []
+    real = TK.resolve_config
+
+    def spy(config, rows, n, k, sm_count=132):
+        seen.append(sm_count)
+        return real(config, rows, n, k, sm_count)
+
+    monkeypatch.setattr(TK, "resolve_config", spy)
+    monkeypatch.setattr(TK, "_sm_count", lambda dev: 256)
+    monkeypatch.setattr(TK, "_PLANS", {})
+    scores = make_scores("random", 2, 8, seed=2)
+    lengths = torch.tensor([8, 3], dtype=torch.int32, device=DEV)
+    got = TK.indexer_topk_triton(scores, lengths, 16, config={"SLICE_KEYS": 1024})
+    assert seen == [256]
+    assert topk_mismatches(got, indexer_topk_reference(scores, lengths, 16)) == []
+    pinned = {"SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4}
+    assert real(pinned, 48, 131072, 2048, 256)["ROW_SPLIT"] == 4
+    assert real(pinned, 48, 131072, 2048)["ROW_SPLIT"] == 2
+
+
 def test_tuner_candidates_cover_both_paths():
     from types import SimpleNamespace
 
