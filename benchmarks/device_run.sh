@@ -10,6 +10,7 @@
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
 # path variants side by side), shapes-indexer (8K and 512K keys, causal),
 # gmax16-indexer (GMAX_BITS=16 against the default, and the k2048 GPU tests),
+# ab-sparse (sparse_prefill: double-buffered 16-key tiles against the family),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -141,6 +142,28 @@ for step in "$@"; do
         --graphs --providers "$S" 2>/dev/null | tee -a "$OUT/gmax16_indexer.log" | grep -v "^-"
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/kernels/test_indexer_topk_triton.py -k "k2048" 2>&1 | tail -2 ;;
+    ab-sparse)
+      # sparse_prefill: the gathered K/V double-buffered in 16-key tiles (num_stages 5: two
+      # buffers; 7: three) against the family's single-buffered 32-key tiles, at the same
+      # shared memory (8x16x4x5 and 8x32x4x2 both 37,504 B, 96 registers, cross-compiled with
+      # Triton 3.6): each program then overlaps its next gather with its compute without
+      # losing resident programs (v5's deeper 32-key variants halved them). Prefill and
+      # chunk, 8192 rows, KV 8K, graph replays.
+      G6="table,h200,geometry=8x16x4x5:rev:split2:r96,geometry=8x16x4x5:rev:split2"
+      G6="$G6,geometry=8x16x4x7:rev:split2:r96,geometry=8x16x2x5:rev:split2"
+      G12="table,h200,geometry=16x16x2x5:rev:split2,geometry=16x16x2x5:rev:split2:r128"
+      G12="$G12,geometry=16x16x1x5:rev:split2,geometry=16x16x4x5:rev:split2:r96"
+      for kind in prefill chunk; do
+        P6=$G6; P12=$G12
+        if [ $kind = chunk ]; then P6=$(echo "$G6" | sed 's/:rev/:pre:rev/g'); P12=$(echo "$G12" | sed 's/:rev/:pre:rev/g'); fi
+        stage "sparse_prefill $kind: double-buffered 16-key tiles"
+        timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
+          | tee -a "$OUT/ab_sparse.log" | grep -v "^-"
+        timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
+          | tee -a "$OUT/ab_sparse.log" | grep -v "^-"
+      done ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
