@@ -11,6 +11,9 @@
 # path variants side by side), shapes-indexer (8K and 512K keys, causal),
 # gmax16-indexer (GMAX_BITS=16 against the default, and the k2048 GPU tests),
 # ab-sparse (sparse_prefill: double-buffered 16-key tiles against the family),
+# stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
+# lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
+# lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -164,6 +167,107 @@ for step in "$@"; do
           --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
           | tee -a "$OUT/ab_sparse.log" | grep -v "^-"
       done ;;
+    stage-sparse)
+      # chunk: CHUNK_MODE=staged (each program translates its own row into a scratch before its
+      # loop) against pretranslate (a separate kernel) at the family geometries; the
+      # pretranslate kernel timed alone; the sparse_prefill GPU tests (staged included).
+      stage "sparse_prefill chunk: staged against pretranslate"
+      timeout 60 python3 benchmarks/time_chunk_translate.py 2>&1 | tee -a "$OUT/stage_sparse.log"
+      S6="table,h200,geometry=8x32x4x2:stage:rev:split2:r96"
+      S12="table,h200,geometry=16x16x1x2:stage:rev:split2"
+      timeout 120 python3 benchmarks/bench_sparse_prefill.py --kind chunk --group-size 6 \
+        --kv-len 8192 --total-q 8192 --graphs --providers "$S6" 2>/dev/null \
+        | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind chunk --group-size 12 \
+        --kv-len 8192,32768,131072 --total-q 8192 --graphs --providers "$S12" 2>/dev/null \
+        | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      timeout 120 python3 benchmarks/bench_sparse_prefill.py --kind chunk --group-size 6,12 \
+        --kv-len 8192 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
+        --providers "table,h200,geometry=8x32x4x2:stage:rev:split2:r96,geometry=16x16x1x2:stage:rev:split2" \
+        2>/dev/null | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_triton.py > "$OUT/stage_sparse_tests.log" 2>&1
+      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/stage_sparse_tests.log" ;;
+    lean-sparse)
+      # LEAN (int32 row offsets, K of invalid entries read unmasked from slot 0) and SPLIT_V=2
+      # (V gathered in the K halves' layout: one offset per row for K and V) against the
+      # family; prefill and chunk, groups 6 and 12, 8192 rows, KV 8K, graph replays; then the
+      # sparse GPU tests with the new variants as extra geometries.
+      L6="table,h200,geometry=8x32x4x2:rev:split2:v2:lean,geometry=8x32x4x2:rev:split2:lean:r96"
+      L6="$L6,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
+      L6="$L6,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
+      L12="table,h200,geometry=16x16x1x2:rev:split2:lean,geometry=16x16x1x2:rev:split2:v2:lean"
+      L12="$L12,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
+      L12="$L12,geometry=16x16x2x2:rev:split2:v2:lean,geometry=16x16x2x2:rev:split2:v2:lean:r128"
+      for kind in prefill chunk; do
+        P6=$L6; P12=$L12
+        if [ $kind = chunk ]; then
+          P6=$(echo "$L6" | sed 's/:rev/:stage:rev/g'); P12=$(echo "$L12" | sed 's/:rev/:pre:rev/g')
+          P6="$P6,geometry=8x32x4x2:pre:rev:split2:v2:lean"
+          P12="$P12,geometry=16x16x1x2:stage:rev:split2:lean"
+        fi
+        stage "sparse_prefill $kind: lean gathers"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
+          | tee -a "$OUT/lean_sparse.log" | grep -v "^-"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
+          | tee -a "$OUT/lean_sparse.log" | grep -v "^-"
+      done
+      X="8x32x4x2:rev:split2:v2:lean,16x16x1x2:rev:split2:lean,16x16x1x2:rev:split2:v2:lean"
+      KREG_SP_EXTRA_GEOMETRIES="$X,8x32x4x2:stage:rev:split2:v2:lean" timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_triton.py > "$OUT/lean_sparse_tests.log" 2>&1
+      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/lean_sparse_tests.log" ;;
+    lean2-sparse)
+      # second round: LEAN (unmasked K) and OFFS32 (int32 row offsets) apart, register caps
+      # for six (group 6) or nine (group 12) resident programs; all four cells, 8192 rows, KV 8K
+      M6="table,h200,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:r80"
+      M6="$M6,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x32x4x2:rev:split2:v2:o32:r96"
+      M6="$M6,geometry=8x32x4x2:rev:split2:v2:lean:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
+      M12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x16x1x2:rev:split2:v2:lean"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:o32,geometry=16x16x1x2:rev:split2:v2:lean:o32:r224"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r240,geometry=16x16x1x2:rev:split2:lean:o32:r224"
+      for kind in prefill chunk; do
+        P6=$M6; P12=$M12
+        if [ $kind = chunk ]; then
+          P6=$(echo "$M6" | sed 's/:rev/:stage:rev/g'); P12=$(echo "$M12" | sed 's/:rev/:pre:rev/g')
+        fi
+        stage "sparse_prefill $kind: lean gathers, round 2"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
+          | tee -a "$OUT/lean2_sparse.log" | grep -v "^-"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
+          | tee -a "$OUT/lean2_sparse.log" | grep -v "^-"
+      done ;;
+    lazy-sparse)
+      # LAZY_RESCALE (rescale the accumulator only when a row's max grew by > 2**8) on the
+      # best of lean2-sparse, and one-warp group-6 geometries; all four cells, 8192 rows, KV 8K
+      Z6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x32x4x2:rev:split2:v2:o32:lazy:r80"
+      Z6="$Z6,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy,geometry=8x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:o32:lazy,geometry=8x16x2x2:rev:split2:v2:o32:lazy"
+      Z12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:o32:lazy,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy:r224"
+      for kind in prefill chunk; do
+        P6=$Z6; P12=$Z12
+        if [ $kind = chunk ]; then
+          P6=$(echo "$Z6" | sed 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g')
+          P12=$(echo "$Z12" | sed 's/:rev/:pre:rev/g')
+          P12="$P12,geometry=16x16x1x2:stage:rev:split2:v2:lean:o32:lazy"
+        fi
+        stage "sparse_prefill $kind: lazy rescale"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
+          | tee -a "$OUT/lazy_sparse.log" | grep -v "^-"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
+          | tee -a "$OUT/lazy_sparse.log" | grep -v "^-"
+      done
+      X="8x32x4x2:rev:split2:v2:o32:lazy:r80,16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      KREG_SP_EXTRA_GEOMETRIES="$X,16x16x1x2:stage:rev:split2:v2:lean:o32:lazy" timeout 200 \
+        python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_triton.py > "$OUT/lazy_sparse_tests.log" 2>&1
+      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/lazy_sparse_tests.log" ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
@@ -180,7 +284,19 @@ for step in "$@"; do
       ncu -i /tmp/sparse.ncu-rep --page source --csv --print-source sass 2>/dev/null \
         | gzip > "$OUT/sparse_sass.csv.gz"
       grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|L1/TEX Hit|Shared" \
-        "$OUT/ncu_sparse_details.log" | head -24 ;;
+        "$OUT/ncu_sparse_details.log" | head -24
+      # warp stall reasons (cycles per issued instruction) of both launches
+      ncu -i /tmp/sparse.ncu-rep --page raw --csv 2>/dev/null > /tmp/sparse_raw.csv
+      python3 -c "
+import csv; rows = list(csv.reader(open('/tmp/sparse_raw.csv')))
+hdr = rows[0]; data = [r for r in rows[2:] if r]
+cols = [i for i, h in enumerate(hdr) if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio')]
+out = []
+for i in cols:
+    vals = [float(r[i].replace(',', '') or 0) for r in data]
+    if max(vals) >= 0.05: out.append((max(vals), hdr[i][34:-23], vals))
+for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'{v:7.2f}' for v in vals))
+" | tee "$OUT/ncu_sparse_stalls.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -27,9 +27,11 @@ Providers (``--providers``, comma separated):
 * ``table``: the Triton kernel at the generic table geometry
   (``plugins.generic.sparse_prefill_table_config``).
 * ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
-  (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``even`` (EVEN_TILES=1), ``rev``
-  (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2`` (SPLIT_QK=2), ``rN``
-  (MAXNREG=N), e.g. ``geometry=16x32x4x3:pre:r96``.
+  (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``even``
+  (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
+  (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
+  (LAZY_RESCALE=1), ``rN`` (MAXNREG=N), e.g.
+  ``geometry=16x32x4x3:pre:r96``.
 * ``h200``: the measured H200 family (``plugins.nvidia_hopper.H200_PREFILL_CONFIGS``) for
   (kind, group), forced whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
@@ -140,9 +142,11 @@ def workload_of(case: BenchCase) -> dict[str, Any]:
 
 
 _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
-         "pre": ("CHUNK_MODE", "pretranslate"), "fused": ("CHUNK_MODE", "fused"),
+         "pre": ("CHUNK_MODE", "pretranslate"),
+         "stage": ("CHUNK_MODE", "staged"), "fused": ("CHUNK_MODE", "fused"),
          "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
-         "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2)}
+         "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
+         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1)}
 
 
 def parse_geometry(spec: str) -> dict[str, Any]:
@@ -167,7 +171,8 @@ def parse_geometry(spec: str) -> dict[str, Any]:
 def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
-    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK"):
+    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("MAXNREG"):

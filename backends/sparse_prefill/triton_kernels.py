@@ -25,7 +25,11 @@ CHUNK_MODE      "fused"    chunk kind only. "fused": the page-table translation 
                            the attention loop. "pretranslate": a small kernel first writes the
                            slot of every entry (-1 when invalid) and the prefill kernel runs on
                            it (one dependent gather less in the hot loop; an int32
-                           [total_q, topk] scratch tensor).
+                           [total_q, topk] scratch tensor). "staged": like pretranslate, but
+                           each program translates its own row into the scratch before its
+                           loop (one launch; the row's slots are written and re-read while
+                           they sit in L2, and one program's translation overlaps the other
+                           resident programs' gathers).
 EVEN_TILES      0          1: full tiles (j < lengths[r] everywhere) run without the length
                            mask; only the last partial tile is masked by length.
 REVERSE_ROWS    0          1: program i handles row total_q - 1 - i, so long rows of a causal
@@ -39,6 +43,20 @@ PREFETCH        0          0: each step loads its indices, then K and V, then co
                            Not combinable with EVEN_TILES=1.
 SPLIT_QK        1          2: QK^T as two independent half-head_dim MMA chains (K gathered as two
                            halves); head dims below 32 fall back to 1. PREFETCH=0 only.
+SPLIT_V         1          2: V is gathered as two head_dim halves in the same layout as the K
+                           halves (so each thread gathers K and V from the same rows and
+                           computes each row's offset once) and O is accumulated as two halves.
+                           Needs SPLIT_QK=2, LAYOUT="rows", PREFETCH=0, EVEN_TILES=0.
+LEAN            0          1: K rows of invalid entries are read from slot 0 unmasked (their
+                           scores are set to -inf after the product, so what slot 0 holds
+                           never matters); V stays masked (a zero weight times a NaN would not
+                           be zero). Fewer instructions per gathered row.
+OFFS32          0          1: row offsets in int32 where the wrapper proves they fit
+                           (``(num_slots - 1) * stride + D_PAD <= 2**31``; int64 otherwise).
+                           LEAN and OFFS32 apply to the LAYOUT="rows", PREFETCH=0 loop.
+LAZY_RESCALE    0          1: the accumulator is rescaled only when some row's running max grew
+                           by more than 2**8 since the last rescale (else p <= 2**8 against the
+                           old max; exact, as acc and l share the reference). SPLIT_V=2 only.
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -67,13 +85,17 @@ __all__ = ["DEFAULT_VARIANT", "error_bound", "sparse_prefill_triton", "validate_
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
                                    "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
-                                   "SPLIT_QK": 1}
+                                   "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
+                                   "OFFS32": 0, "LAZY_RESCALE": 0}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
-                                        "CHUNK_MODE": ("fused", "pretranslate"),
+                                        "CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
-                                        "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2)}
+                                        "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2),
+                                        "SPLIT_V": (1, 2), "LEAN": (0, 1),
+                                        "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1)}
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
+_STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates per step
 
 
 def error_bound(dtype: Any) -> float:
@@ -124,6 +146,17 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
     if var["SPLIT_QK"] == 2 and var["PREFETCH"]:
         raise ConfigError("SPLIT_QK=2 applies to the PREFETCH=0 loop only: set SPLIT_QK=1 or "
                           "PREFETCH=0")
+    if var["SPLIT_V"] == 2 and (var["SPLIT_QK"] != 2 or var["LAYOUT"] != "rows"
+                                or var["PREFETCH"] or var["EVEN_TILES"]):
+        raise ConfigError("SPLIT_V=2 gathers V in the layout of the SPLIT_QK=2 K halves: it "
+                          "needs SPLIT_QK=2, LAYOUT='rows', PREFETCH=0 and EVEN_TILES=0")
+    if var["LAZY_RESCALE"] and var["SPLIT_V"] != 2:
+        raise ConfigError("LAZY_RESCALE=1 is implemented in the SPLIT_V=2 loop only: set "
+                          "SPLIT_V=2 (with SPLIT_QK=2) or LAZY_RESCALE=0")
+    for key in ("LEAN", "OFFS32"):
+        if var[key] and (var["LAYOUT"] != "rows" or var["PREFETCH"]):
+            raise ConfigError(f"{key}=1 applies to the LAYOUT='rows', PREFETCH=0 loop only: "
+                              f"set {key}=0, or LAYOUT='rows' and PREFETCH=0")
     if var["EVEN_TILES"] and var["LAYOUT"] == "keys":
         raise ConfigError("LAYOUT='keys' with EVEN_TILES=1 produced wrong results on an H200 "
                           "(Triton 3.6; correct in the interpreter): set EVEN_TILES=0")
@@ -216,6 +249,94 @@ def _load_rows(X_h, slot, ok, s_xt, offs_d, d_mask, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def _row_offsets(slot, ok, s_xt, LEAN: tl.constexpr, OFFS32: tl.constexpr):
+    """Element offsets of the gathered rows. LEAN: invalid entries read row 0 (callers mask
+    what they must); OFFS32: 32-bit arithmetic (the wrapper proved it cannot overflow)."""
+    if LEAN:
+        slot = tl.where(ok, slot, 0)
+    if OFFS32:  # noqa: SIM108 (constexpr branch in a kernel)
+        off = slot.to(tl.int32) * s_xt
+    else:
+        off = slot * s_xt
+    return off
+
+
+@triton.jit
+def _load_at(X_h, off, mask_rows, offs, d_mask, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+             MASKED: tl.constexpr):
+    """Rows at element offsets ``off`` of one head (columns ``offs``); zeros where masked."""
+    ptr = X_h + off[:, None] + offs[None, :]
+    if MASKED:
+        if HEAD_DIM == D_PAD:
+            x = tl.load(ptr, mask=mask_rows[:, None], other=0.0)
+        else:
+            x = tl.load(ptr, mask=mask_rows[:, None] & d_mask[None, :], other=0.0)
+    else:
+        if HEAD_DIM == D_PAD:  # noqa: SIM108 (constexpr branch in a kernel)
+            x = tl.load(ptr)
+        else:
+            x = tl.load(ptr, mask=d_mask[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _attend_tile_v2(q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start, n, pos,
+                    num_slots, page_size, max_pages, s_kt, s_vt, offs_h, h_mask, offs_h2,
+                    h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
+                    LEAN: tl.constexpr, OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr,
+                    DOT_PREC: tl.constexpr, LAZY: tl.constexpr):
+    """One tile with K and V both gathered as head_dim halves (SPLIT_V=2, rows layout): every
+    half-tile has the same layout, so each thread reads K and V from the same rows and each
+    row's offset is computed once (once for both tensors when their strides are equal)."""
+    j = start + tl.arange(0, BLOCK_N)
+    slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                           CHUNK, MASK_N)
+    off_k = _row_offsets(slot, ok, s_kt, LEAN, OFFS32)
+    if KV_SAME_STRIDE:  # noqa: SIM108 (constexpr branch in a kernel)
+        off_v = off_k
+    else:
+        off_v = _row_offsets(slot, ok, s_vt, LEAN, OFFS32)
+    k1 = _load_at(K_h, off_k, ok, offs_h, h_mask, HEAD_DIM, D_PAD, not LEAN)
+    k2 = _load_at(K_h, off_k, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, not LEAN)
+    v1 = _load_at(V_h, off_v, ok, offs_h, h_mask, HEAD_DIM, D_PAD, True)
+    v2 = _load_at(V_h, off_v, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, True)
+    s = _qk(q, k1, False, DOT_PREC) + _qk(q2, k2, False, DOT_PREC)
+    s = s * qk_scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_tile = tl.max(s, 1)
+    if LAZY:
+        # Rescale only when some row's max grew by more than 2**8 (log2 units): otherwise the
+        # old max stays the reference, so p <= 2**8 and acc, l are not touched (the 16 x 256
+        # accumulator rescale is a fifth of a one-warp tile's instructions). Exact either way:
+        # acc and l always share one reference per row.
+        if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0:  # no inf - inf anywhere
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            m_i = m_new
+        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        pv = p.to(v1.dtype)
+        acc = tl.dot(pv, v1, acc, input_precision=DOT_PREC)
+        acc2 = tl.dot(pv, v2, acc2, input_precision=DOT_PREC)
+        m_new = m_i
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = p.to(v1.dtype)
+        acc = tl.dot(pv, v1, acc * alpha[:, None], input_precision=DOT_PREC)
+        acc2 = tl.dot(pv, v2, acc2 * alpha[:, None], input_precision=DOT_PREC)
+    return m_new, l_i, acc, acc2
+
+
+@triton.jit
 def _qk(q, k, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
     if KEYS_MAJOR:
         s = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # [BN, BM]
@@ -269,7 +390,8 @@ def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos,
                  page_size, max_pages, s_kt, s_vt, offs_d, d_mask, offs_h, h_mask, offs_h2,
                  h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
-                 KEYS_MAJOR: tl.constexpr, SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr):
+                 KEYS_MAJOR: tl.constexpr, SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr,
+                 LEAN: tl.constexpr, OFFS32: tl.constexpr):
     """One tile of the plain (PREFETCH=0) loop: index, gather K and V, score, accumulate.
 
     SPLIT_QK=2 computes QK^T as two independent half-head_dim products (q/q2 and the two K
@@ -278,7 +400,18 @@ def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos,
     j = start + tl.arange(0, BLOCK_N)
     slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
                            CHUNK, MASK_N)
-    if SPLIT_QK == 2:
+    if LEAN or OFFS32:
+        off_k = _row_offsets(slot, ok, s_kt, LEAN, OFFS32)
+        off_v = _row_offsets(slot, ok, s_vt, False, OFFS32)
+        if SPLIT_QK == 2:
+            k1 = _load_at(K_h, off_k, ok, offs_h, h_mask, HEAD_DIM, D_PAD, not LEAN)
+            k2 = _load_at(K_h, off_k, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, not LEAN)
+            s = _qk(q, k1, KEYS_MAJOR, DOT_PREC) + _qk(q2, k2, KEYS_MAJOR, DOT_PREC)
+        else:
+            k = _load_at(K_h, off_k, ok, offs_d, d_mask, HEAD_DIM, D_PAD, not LEAN)
+            s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
+        v = _load_at(V_h, off_v, ok, offs_d, d_mask, HEAD_DIM, D_PAD, True)
+    elif SPLIT_QK == 2:
         k1 = _load_rows(K_h, slot, ok, s_kt, offs_h, h_mask, HEAD_DIM, D_PAD)
         k2 = _load_rows(K_h, slot, ok, s_kt, offs_h2, h_mask2, HEAD_DIM, D_PAD)
         v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
@@ -293,14 +426,19 @@ def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos,
 
 
 @triton.jit
-def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
+def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR,
                         qk_scale, total_q, num_slots, topk, group, page_size, max_pages, num_req,
-                        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb,
+                        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb, s_st, s_sh,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_LENS: tl.constexpr,
                         KEYS_MAJOR: tl.constexpr, EVEN_TILES: tl.constexpr,
                         REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
-                        SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr):
+                        SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr, STAGE: tl.constexpr,
+                        STAGE_BLOCK: tl.constexpr, SPLIT_V: tl.constexpr, LEAN: tl.constexpr,
+                        OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr, LAZY: tl.constexpr):
+    """STAGE (chunk rows, with CHUNK=False for the loop): the program first writes its row's
+    slots (-1 where invalid) to its own ``SCR[r, h]`` and then streams them like prefill
+    indices."""
     pid = tl.program_id(0)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
         r = total_q - 1 - pid
@@ -334,7 +472,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
         n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
         n = topk
-    if CHUNK:
+    if CHUNK or STAGE:
         b = _row_request(CU, r, num_req)
         pos = tl.load(PREFIX + b) + (r - tl.load(CU + b))
         PT_row = PT + b.to(tl.int64) * s_pb
@@ -342,6 +480,18 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
         pos = 0
         PT_row = PT
     IDX_row = IDX + r64 * s_it
+    if STAGE:
+        # Translate the whole row once (its entries' loads are independent of each other, so
+        # the page-table level costs one round trip per STAGE_BLOCK entries), then stream the
+        # slots; the barrier makes every thread's slot stores visible to the whole program.
+        SCR_row = SCR + r64 * s_st + h * s_sh
+        for start in range(0, n, STAGE_BLOCK):
+            j = start + tl.arange(0, STAGE_BLOCK)
+            slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
+                                   True, True)
+            tl.store(SCR_row + j, tl.where(ok, slot, -1).to(tl.int32), mask=j < n)
+        tl.debug_barrier()
+        IDX_row = SCR_row
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
     if KEYS_MAJOR:
@@ -386,23 +536,39 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
                                          offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
                                          qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, False,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
         if n_full < n:
             m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, n_full, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
                                          offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
                                          qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
+    elif SPLIT_V == 2:
+        acc = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
+        for start in range(0, n, BLOCK_N):
+            m_i, l_i, acc, acc2 = _attend_tile_v2(
+                q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
+                page_size, max_pages, s_kt, s_vt, offs_h, h_mask, offs_h2, h_mask2, qk_scale,
+                BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True, LEAN, OFFS32, KV_SAME_STRIDE, DOT_PREC,
+                LAZY)
     else:
         for start in range(0, n, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
                                          offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
                                          qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC)
+                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     O_row = OUT + r64 * s_ot
-    if KEYS_MAJOR:
+    if SPLIT_V == 2:
+        o_ptr = O_row + heads[:, None] * s_oh + offs_h[None, :]
+        tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
+                 mask=m_mask[:, None] & h_mask[None, :])
+        o_ptr = O_row + heads[:, None] * s_oh + offs_h2[None, :]
+        tl.store(o_ptr, (acc2 / l_safe[:, None]).to(OUT.dtype.element_ty),
+                 mask=m_mask[:, None] & h_mask2[None, :])
+    elif KEYS_MAJOR:
         o = acc / l_safe[None, :]
         o_ptr = O_row + heads[None, :] * s_oh + offs_d[:, None]
         tl.store(o_ptr, o.to(OUT.dtype.element_ty), mask=d_mask[:, None] & m_mask[None, :])
@@ -517,6 +683,12 @@ def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any,
             _fail(f"page_size={page_size!r}: must be a python int >= 1")
 
 
+def _offsets_fit_int32(num_slots: int, s_kt: int, s_vt: int, d_pad: int) -> bool:
+    """Whether every gathered element's offset from its head's base, ``slot * stride + d`` with
+    ``d < d_pad``, fits an int32 (OFFS32's 32-bit row offsets; int64 otherwise)."""
+    return (num_slots - 1) * max(s_kt, s_vt) + d_pad - 1 <= 2**31 - 1
+
+
 def _launch_extras(var: dict[str, Any], q: Any) -> dict[str, Any]:
     """Backend-specific launch options (maxnreg on CUDA only; not under the interpreter)."""
     if not var["MAXNREG"] or os.environ.get("TRITON_INTERPRET") == "1":
@@ -577,15 +749,28 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
     else:
         nreq, max_pages, s_pb = 1, 0, 0
         pt = cu = prefix = indices  # dummy pointers, never read
+    split_qk = 2 if (var["SPLIT_QK"] == 2 and d_pad >= 32) else 1
+    split_v = 2 if (var["SPLIT_V"] == 2 and split_qk == 2) else 1
+    offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0), v.stride(0),
+                                                        d_pad)
+    stage = chunk and var["CHUNK_MODE"] == "staged"
+    if stage:
+        # one row of slots per (row, KV head) program: no two programs write the same entry
+        scr = torch.empty((total_q, hkv, topk), device=q.device, dtype=torch.int32)
+        s_st, s_sh, chunk = scr.stride(0), scr.stride(1), False
+    else:
+        scr, s_st, s_sh = idx, 0, 0  # dummy pointer, never written
     _sparse_prefill_fwd[(total_q, hkv)](
-        q, k, v, idx, lens, out, cu, prefix, pt,
+        q, k, v, idx, lens, out, cu, prefix, pt, scr,
         scale * _LOG2E, total_q, num_slots, topk, group, page_size, max_pages, nreq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), s_pb,
+        idx.stride(0), out.stride(0), out.stride(1), s_pb, s_st, s_sh,
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         CHUNK=chunk, HAS_LENS=has_lens, KEYS_MAJOR=var["LAYOUT"] == "keys",
         EVEN_TILES=bool(var["EVEN_TILES"]), REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
-        PREFETCH=int(var["PREFETCH"]), SPLIT_QK=2 if (var["SPLIT_QK"] == 2 and d_pad >= 32) else 1,
-        DOT_PREC=dot_prec, num_warps=config["num_warps"], num_stages=config["num_stages"],
-        **_launch_extras(var, q))
+        PREFETCH=int(var["PREFETCH"]), SPLIT_QK=split_qk,
+        DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK, SPLIT_V=split_v,
+        LEAN=bool(var["LEAN"]), OFFS32=offs32, KV_SAME_STRIDE=k.stride(0) == v.stride(0),
+        LAZY=bool(var["LAZY_RESCALE"]) and split_v == 2,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **_launch_extras(var, q))
     return out

@@ -94,11 +94,70 @@ def _check(q, k, v, idx, cfg, **kw):
     (2, 2, 48, 37, {**BASE, "BLOCK_M": 2, "LAYOUT": "keys"}),
     (1, 3, 24, 50, {**BASE, "BLOCK_M": 1, "PREFETCH": 1}),
     (4, 2, 40, 40, {**BASE, "PREFETCH": 2, "MAXNREG": 96}),
+    (6, 1, 40, 37, {**BASE, "SPLIT_QK": 2, "SPLIT_V": 2}),
+    (6, 1, 64, 70, {**BASE, "BLOCK_M": 8, "BLOCK_N": 32, "SPLIT_QK": 2, "SPLIT_V": 2,
+                    "LEAN": 1, "OFFS32": 1}),
+    (12, 2, 16, 45, {**BASE, "EVEN_TILES": 1, "LEAN": 1}),
+    (6, 2, 24, 37, {**BASE, "BLOCK_M": 8, "LEAN": 1, "OFFS32": 1}),
+    (6, 1, 40, 37, {**BASE, "BLOCK_M": 8, "OFFS32": 1, "SPLIT_QK": 2}),
+    (6, 1, 40, 37, {**BASE, "BLOCK_M": 8, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2}),
+    (6, 2, 40, 37, {**BASE, "BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1}),
+    (12, 1, 32, 70, {**BASE, "num_warps": 1, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1,
+                     "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1}),
 ])
 def test_prefill_float32(group, hkv, d, topk, cfg):
     q, k, v, idx, lengths = _prefill_case(group * 10 + hkv, group=group, hkv=hkv, d=d, topk=topk)
     out, _ = _check(q, k, v, idx, cfg, lengths=lengths)
     assert torch.all(out[-1] == 0) and torch.all(out[1] == 0)
+
+
+@pytest.mark.parametrize("extra", [{"LEAN": 1, "OFFS32": 1}, {"OFFS32": 1},
+                                   {"LEAN": 1, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2},
+                                   {"SPLIT_QK": 2, "SPLIT_V": 2, "OFFS32": 1}])
+@pytest.mark.parametrize("fits", [True, False])
+# the interpreter's numpy warns on the NaN scores of the masked K rows, which LEAN computes
+# and then discards by design
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_lean_never_lets_slot_zero_leak(extra, fits, monkeypatch):
+    # LEAN reads K row 0 for invalid entries: fill slot 0 of K and V with NaN and Inf, keep it
+    # out of every row's valid entries, and every output must still match the reference
+    # (empty and all-invalid rows zeros); ``fits`` False takes the int64 offsets
+    import backends.sparse_prefill.triton_kernels as tk
+
+    monkeypatch.setattr(tk, "_offsets_fit_int32", lambda *a: fits)
+    q, k, v, idx, lengths = _prefill_case(21, total_q=6, group=6, hkv=2, d=40, topk=37)
+    idx = torch.where(idx == 0, torch.ones_like(idx), idx)
+    k[0, 0, ::2], k[0, 1, 1::2] = float("nan"), float("inf")
+    v[0, 0, ::3], v[0, 1, :] = float("nan"), float("-inf")
+    out, _ = _check(q, k, v, idx, {**BASE, "BLOCK_M": 8, **extra}, lengths=lengths)
+    assert torch.all(out[-1] == 0) and torch.all(out[1] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_lazy_rescale_follows_a_jumping_max(dtype):
+    # scores jump by ~92 (log2 units) after the first tiles, then drift up by less than the
+    # 2**8 threshold per tile: the jump must rescale (else p = 2**92 overflows fp16 to inf),
+    # the drift must not break exactness (acc and l keep one reference per row)
+    total_q, d, topk, n_slots = 3, 32, 64, 80  # d >= 32: SPLIT_QK=2, so SPLIT_V=2 and LAZY apply
+    g = torch.Generator().manual_seed(5)
+    q = (0.5 + 0.1 * torch.rand((total_q, 6, d), generator=g)).to(dtype)
+    k = 0.1 * torch.randn((n_slots, 1, d), generator=g)
+    k[30:] += 8.0 + torch.linspace(0, 0.3, n_slots - 30)[:, None, None]  # jump, then drift
+    v = torch.randn((n_slots, 1, d), generator=g).to(dtype)
+    idx = torch.arange(topk, dtype=torch.int32).repeat(total_q, 1)  # ascending: low first
+    idx[1, ::5] = -1
+    cfg = {**BASE, "BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1}
+    _check(q, k.to(dtype), v, idx, cfg, sm_scale=1.0)
+
+
+def test_offsets_fit_int32_boundary():
+    from backends.sparse_prefill.triton_kernels import _offsets_fit_int32
+
+    # the largest offset is (num_slots - 1) * stride + d_pad - 1 <= 2**31 - 1
+    assert _offsets_fit_int32(2**23, 256, 256, 256)
+    assert not _offsets_fit_int32(2**23 + 1, 256, 256, 256)
+    assert not _offsets_fit_int32(2**23, 256, 512, 256)  # the larger stride decides
+    assert _offsets_fit_int32(1, 2**40, 2**40, 256)  # one slot: no row offset at all
 
 
 def test_prefill_float16_default_lengths_and_scale():
@@ -129,6 +188,11 @@ def test_lengths_beyond_topk_and_negative_are_clamped():
     (6, 1, 1, "fused", {}),
     (6, 1, 4, "pretranslate", {"BLOCK_M": 8}),
     (12, 1, 1, "pretranslate", {"PREFETCH": 1}),
+    (6, 1, 4, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "REVERSE_ROWS": 1}),
+    (6, 2, 2, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
+                         "LAZY_RESCALE": 1}),
+    (12, 1, 3, "pretranslate", {"LEAN": 1}),
+    (12, 2, 3, "staged", {"PREFETCH": 2}),
     (12, 2, 3, "fused", {"LAYOUT": "keys"}),
     (2, 2, 1, "fused", {"BLOCK_M": 2, "EVEN_TILES": 1}),
 ])
@@ -140,8 +204,20 @@ def test_chunk_float32(group, hkv, page_size, mode, extra):
 def test_chunk_ragged_many_requests_float16():
     q, k, v, idx, kw = _chunk_case(9, reqs=(1, 2, 3, 1), prefixes=(0, 7, 3, 10), group=4,
                                    hkv=2, page_size=2, dtype=torch.float16)
-    for mode in ("fused", "pretranslate"):
+    for mode in ("fused", "pretranslate", "staged"):
         _check(q, k, v, idx, {**BASE, "CHUNK_MODE": mode, "REVERSE_ROWS": 1}, **kw)
+
+
+def test_chunk_staged_translates_rows_longer_than_one_stage_block():
+    # three staging steps of 512 entries (the last partial), two KV heads (each program has its
+    # own scratch row), against the fused path and the reference
+    q, k, v, idx, kw = _chunk_case(13, reqs=(2, 1), prefixes=(1500, 700), group=2, hkv=2,
+                                   d=16, page_size=3, topk=1100)
+    kw["lengths"][0] = 1100
+    cfg = {**BASE, "BLOCK_M": 2, "BLOCK_N": 64, "CHUNK_MODE": "staged"}
+    out, _ = _check(q, k, v, idx, cfg, **kw)
+    fused, _ = _check(q, k, v, idx, {**cfg, "CHUNK_MODE": "fused"}, **kw)
+    assert (out - fused).abs().max().item() <= 1e-5
 
 
 def test_chunk_causal_mask_hides_future_positions():
@@ -174,6 +250,13 @@ def test_block_m_below_group_is_config_error():
     ({**BASE, "EVEN_TILES": 1, "PREFETCH": 1}, "EVEN_TILES"),
     ({**BASE, "MAXNREG": 7}, "MAXNREG"),
     ({**BASE, "num_warps": 3}, "num_warps"),
+    ({**BASE, "SPLIT_V": 2}, "SPLIT_V=2 .* needs SPLIT_QK=2"),
+    ({**BASE, "SPLIT_V": 2, "SPLIT_QK": 2, "LAYOUT": "keys"}, "SPLIT_V=2"),
+    ({**BASE, "SPLIT_V": 3}, "SPLIT_V"),
+    ({**BASE, "LEAN": 1, "PREFETCH": 2}, "LEAN=1 applies"),
+    ({**BASE, "LEAN": 1, "LAYOUT": "keys"}, "LEAN=1 applies"),
+    ({**BASE, "OFFS32": 1, "PREFETCH": 1}, "OFFS32=1 applies"),
+    ({**BASE, "LAZY_RESCALE": 1, "SPLIT_QK": 2}, "LAZY_RESCALE=1 is implemented"),
 ])
 def test_bad_configs(cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -308,7 +391,7 @@ def test_gpu_chunk_steady_state_ragged_paged(group):
     idx[::7, ::5] = -3
     idx[::11, 1::9] = 1 << 20
     for cfg in _gpu_configs("chunk", group):
-        for mode in ("fused", "pretranslate"):
+        for mode in ("fused", "pretranslate", "staged"):
             _gpu_check(inp, {**cfg, "CHUNK_MODE": mode}, idx)
 
 
