@@ -48,7 +48,7 @@ def main() -> int:
               if e.op == args.op and e.device == device and e.software == software}
     rows: list[dict[str, Any]] = []
     print(f"# {args.op} on {facts.describe()}", flush=True)
-    head = f"{'point':<44} {'auto picks':<40} {'picked ms':>9} {'best ms':>9} {'table ms':>9} " \
+    head = f"{'point':<44} {'auto picks':<52} {'picked ms':>9} {'best ms':>9} {'table ms':>9} " \
            f"{'regret':>7} {'vs table':>8} {'auto ms (dispatch)':>18}"
     print(head)
     worst = 0.0
@@ -75,7 +75,7 @@ def main() -> int:
         sel_ms = ok[matched] if matched is not None else auto_ms
         if auto_ms is None or sel_ms is None:   # auto failed or was past the error bound
             bad = True
-            print(f"{tuner.label(case):<44} {picked[:40]:<40} auto did not run within the "
+            print(f"{tuner.label(case):<44} {picked:<52} auto did not run within the "
                   f"error bound: {res.get('auto')}  FAIL", flush=True)
             rows.append({"point": tuner.label(case), "auto": picked, "matched": matched,
                          "selection_ms": None, "auto_ms": None, "best_ms": best,
@@ -92,7 +92,7 @@ def main() -> int:
                      "selection_ms": sel_ms, "auto_ms": auto_ms, "best_ms": best,
                      "table_ms": ok.get(base), "regret": regret, "vs_table": vs_table,
                      "all_ms": ok})
-        print(f"{tuner.label(case):<44} {picked[:40]:<40} {sel_ms:>9.4f} {best:>9.4f} "
+        print(f"{tuner.label(case):<44} {picked:<52} {sel_ms:>9.4f} {best:>9.4f} "
               f"{ok.get(base, float('nan')):>9.4f} {regret:>6.1%} {vs_table:>7.3f}x "
               f"{auto_ms:>18.4f}{'  FAIL' if flag else ''}", flush=True)
         registry.invalidate()

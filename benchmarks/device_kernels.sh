@@ -43,6 +43,10 @@ if [ "$part" = indexer ]; then
 fi
 
 if [ "$part" = sparse ]; then
+  stage "sparse_prefill gpu tests"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/kernels/test_sparse_prefill_triton.py > "$OUT/sparse_gpu_tests.log" 2>&1
+  echo "pytest rc=$?"; tail -2 "$OUT/sparse_gpu_tests.log"
   SB="python3 benchmarks/bench_sparse_prefill.py --iters 20 --warmup 3 --total-q 8192"
   for kind in chunk prefill; do
     stage "seed table $kind"
@@ -50,20 +54,6 @@ if [ "$part" = sparse ]; then
       --providers table,h200,gather-sdpa,reference 2>/dev/null >> "$OUT/sparse.log"
     echo "rc=$?"
   done
-  stage "candidates group 12 (KV 8K)"
-  C12="table,h200,geometry=16x16x2x3:split2:rev,geometry=16x16x2x2:split2:rev"
-  C12="$C12,geometry=16x32x2x2:split2:rev,geometry=16x32x2x3:split2:rev"
-  C12="$C12,geometry=16x16x1x3:split2:rev,geometry=16x32x4x2:split2:rev:r128"
-  timeout 120 $SB --kind prefill --group-size 12 --providers "$C12" 2>/dev/null \
-    >> "$OUT/sparse.log"; echo "rc=$?"
-  timeout 120 $SB --kind chunk --group-size 12 --providers "${C12//:rev/:pre:rev}" 2>/dev/null \
-    >> "$OUT/sparse.log"; echo "rc=$?"
-  stage "candidates prefill group 6 (KV 8K)"
-  C6="table,h200,geometry=8x16x2x2:split2:rev,geometry=8x16x1x2:split2:rev"
-  C6="$C6,geometry=8x32x2x2:split2:rev,geometry=8x16x4x3:split2:rev"
-  C6="$C6,geometry=8x32x4x2:split2:rev:r80,geometry=8x32x4x2:split2:rev:r112"
-  timeout 120 $SB --kind prefill --group-size 6 --providers "$C6" 2>/dev/null \
-    >> "$OUT/sparse.log"; echo "rc=$?"
   stage "seed ablations (chunk kernel, KV 8K/32K/128K)"
   timeout 150 $SB --kind chunk --group-size 6 --kv-len 8192,32768,131072 --providers \
     table,geometry=8x16x1x2,geometry=16x16x4x3,geometry=8x16x4x3,h200 2>/dev/null \
@@ -71,6 +61,11 @@ if [ "$part" = sparse ]; then
   timeout 150 $SB --kind chunk --group-size 12 --kv-len 8192,32768,131072 --providers \
     table,geometry=16x16x2x3,geometry=16x16x4x3,h200 2>/dev/null \
     >> "$OUT/sparse.log"; echo "rc=$?"
+  stage "compute-sanitizer memcheck"
+  timeout 60 python3 benchmarks/sanitize_sparse.py  # compiles outside the sanitizer
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    python3 benchmarks/sanitize_sparse.py > "$OUT/sanitizer.log" 2>&1
+  echo "compute-sanitizer rc=$?"; tail -3 "$OUT/sanitizer.log"
   grep -v "^---" "$OUT/sparse.log" | cut -c1-130
 fi
 stage "done"

@@ -14,6 +14,7 @@
 # stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
+# onewarp-sparse (group 6 on one warp),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -268,6 +269,19 @@ for step in "$@"; do
         python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/kernels/test_sparse_prefill_triton.py > "$OUT/lazy_sparse_tests.log" 2>&1
       echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/lazy_sparse_tests.log" ;;
+    onewarp-sparse)
+      # group 6 on one warp (BLOCK_M 8, BLOCK_N 16) without LAZY_RESCALE, against the best
+      # four-warp geometry; prefill and chunk (staged), 8192 rows, KV 8K
+      W6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x16x1x2:rev:split2:v2:lean:o32"
+      W6="$W6,geometry=8x16x1x2:rev:split2:v2:o32,geometry=8x16x1x2:rev:split2:lean:o32"
+      for kind in prefill chunk; do
+        P6=$W6
+        [ $kind = chunk ] && P6=$(echo "$W6" | sed 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g')
+        stage "sparse_prefill $kind g6: one warp"
+        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
+          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
+          | tee -a "$OUT/onewarp_sparse.log" | grep -v "^-"
+      done ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).

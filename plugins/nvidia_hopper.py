@@ -32,19 +32,24 @@ PRIORITY = 100
 
 H200 = ("NVIDIA H200", 132)
 
-# (kind, group_size) -> config. Variant keys: CHUNK_MODE=pretranslate (page-table translation in
-# a pre-pass), SPLIT_QK=2 (two independent half-head_dim score chains), REVERSE_ROWS=1 (long
-# causal rows start first), MAXNREG (register cap: more resident programs); see
-# backends/sparse_prefill/triton_kernels.py.
+# (kind, group_size) -> config. Variant keys (backends/sparse_prefill/triton_kernels.py):
+# SPLIT_QK=2 (two independent half-head_dim score chains) with SPLIT_V=2 (V gathered in the same
+# halves, so K and V share each row's offset), OFFS32=1 (int32 row offsets where they fit),
+# LEAN=1 (K of invalid entries read unmasked from slot 0, scores masked), REVERSE_ROWS=1 (long
+# causal rows start first), MAXNREG (register cap: more resident programs), CHUNK_MODE
+# (pretranslate: page-table translation in a pre-pass; staged: each program translates its row
+# before its loop). Measured on the H200 at 8192 rows: docs/notes/sparse_prefill.md.
 H200_PREFILL_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
-    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-                     "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                     "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1},
     ("chunk", 6): {"BLOCK_M": 8, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-                   "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1, "MAXNREG": 96},
+                   "CHUNK_MODE": "staged", "SPLIT_QK": 2, "SPLIT_V": 2, "OFFS32": 1,
+                   "REVERSE_ROWS": 1, "MAXNREG": 96},
     ("prefill", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
-                      "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+                      "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1},
     ("chunk", 12): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
-                    "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "REVERSE_ROWS": 1},
+                    "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1,
+                    "OFFS32": 1, "REVERSE_ROWS": 1},
 }
 
 # (kind, group_size) -> the lowest measured total_q from which the family wins (KV 8K sweep).
@@ -104,5 +109,6 @@ def kreg_implementations() -> list[Implementation]:
         Implementation(op="sparse_prefill", name="nvidia_hopper.sparse_prefill_tuned",
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
-                       description="H200-measured family: pretranslate, split QK, reversed rows"),
+                       description="H200-measured family: split K/V gathers, int32 offsets, "
+                                   "reversed rows"),
     ]
