@@ -14,7 +14,7 @@
 # stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
-# onewarp-sparse (group 6 on one warp),
+# onewarp-sparse (group 6 on one warp), envelope-sparse (chunk: 2 KV heads, 16 requests),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -282,6 +282,16 @@ for step in "$@"; do
           --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
           | tee -a "$OUT/onewarp_sparse.log" | grep -v "^-"
       done ;;
+    envelope-sparse)
+      # the other chunk shapes nvidia_hopper serves with the family: 2 KV heads, and 16 requests
+      # of 512 rows (8192 rows, KV 8K, graph replays; family against the table)
+      stage "sparse_prefill chunk: 2 KV heads, 16 requests"
+      timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind chunk --group-size 6,12 \
+        --kv-heads 2 --kv-len 8192 --total-q 8192 --graphs --providers table,h200 2>/dev/null \
+        | tee -a "$OUT/envelope_sparse.log" | grep -v "^-"
+      timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind chunk --group-size 6,12 \
+        --kv-len 8192,131072 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
+        --providers table,h200 2>/dev/null | tee -a "$OUT/envelope_sparse.log" | grep -v "^-" ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).

@@ -186,10 +186,10 @@ def test_tune_keeps_kv_points_apart_and_measured_serves_each(home: Path) -> None
 
 def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_on() -> None:
     """docs/tables/: the table `kreg tune` measured on the lent H200 (the "post the table" step),
-    loaded as a vendor plugin would: per KV length it selects the H200 family at 8192 rows, and
-    at 512 prefill rows (group 6) the table's config at KV 8K but the family at 32K (the point
-    one config could not serve); nothing for a workload without kv_len or on another Triton
-    version, each with the reason."""
+    loaded as a vendor plugin would: per KV length its own measured config (chunk group 6 at
+    8192 rows: the one-warp pretranslate config at KV 8K, the four-warp staged one at 128K;
+    prefill group 6 at 1024 rows: BLOCK_M 8 at 8K, 16 at 128K); nothing for a workload
+    without kv_len or on another Triton version, each with the reason."""
     from registry import load_table
 
     path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
@@ -211,14 +211,16 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
         lambda: [impls["measured.sparse_prefill"]])), "measured")
     wl = {"kind": "chunk", "topk": 2051, "head_dim": 256, "group_size": 6, "num_kv_heads": 1,
           "total_q": 8192, "num_requests": 1, "max_q": 8192, "dtype": "bfloat16"}
+    got = {}
     for kv in (8192, 131072):
         d = reg.select("sparse_prefill", {**wl, "kv_len": kv}, facts)
         assert d.implementation == "measured.sparse_prefill"
-        assert d.config["BLOCK_M"] == 8 and d.config["CHUNK_MODE"] == "pretranslate"
-    pre = {**wl, "kind": "prefill", "total_q": 512, "max_q": 512}
+        got[kv] = (d.config["BLOCK_M"], d.config["num_warps"], d.config["CHUNK_MODE"])
+    assert got == {8192: (16, 1, "pretranslate"), 131072: (8, 4, "staged")}
+    pre = {**wl, "kind": "prefill", "total_q": 1024, "max_q": 1024}
     at_8k = reg.select("sparse_prefill", {**pre, "kv_len": 8192}, facts).config
-    at_32k = reg.select("sparse_prefill", {**pre, "kv_len": 32768}, facts).config
-    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (16, 32) and at_32k["BLOCK_M"] == 8
+    at_128k = reg.select("sparse_prefill", {**pre, "kv_len": 131072}, facts).config
+    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (8, 16) and at_128k["BLOCK_M"] == 16
     none = reg.select("sparse_prefill", wl, facts)      # no kv_len: not served by the table
     assert none.implementation == "reference.sparse_prefill"
     assert "kv_len" in none.explain(verbose=True)

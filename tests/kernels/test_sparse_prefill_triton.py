@@ -461,3 +461,23 @@ def test_bench_command_cpu_smoke():
         "--providers", "geometry=16x16", "--baseline", "reference", "--total-q", "3",
         "--kv-len", "40", "--topk", "20", "--head-dim", "16", "--dtype", "float32"])
     assert bad.exit_code != 0 and "BMxBNxWxS" in bad.output
+
+
+def test_tuner_space_has_every_family_config_and_no_chunk_mode_for_prefill():
+    # the tuner times the H200 family (both kinds' configs) at every point; a prefill point gets
+    # them without CHUNK_MODE, which prefill rows ignore (labels say what actually runs)
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=6, total_q=8192)
+        case.extra["space"] = "tiny"
+        cands = {lab: cfg for lab, cfg, _ in tuning.candidates(case, None) if cfg is not None}
+        fam = {k: v for k, v in H200_CONFIGS[(kind, 6)].items()
+               if kind == "chunk" or k != "CHUNK_MODE"}
+        assert fam in cands.values()
+        if kind == "prefill":
+            assert not any("CHUNK_MODE" in cfg for cfg in cands.values())
+            assert not any(":pre" in lab or ":stage" in lab for lab in cands)
+        else:
+            assert any(cfg.get("CHUNK_MODE") == "staged" for cfg in cands.values())
