@@ -30,6 +30,30 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
 stage() { echo "=== $1 ($(date +%T))"; }
+# ab_cells NAME G6 G12 SED6 SED12: sparse_prefill provider lists G6 (group 6) and G12 (group
+# 12; empty: skipped) side by side, prefill then chunk, 8192 rows, KV 8K, graph replays, into
+# $OUT/NAME.log; SED6/SED12 turn a prefill list into its chunk list (e.g. s/:rev/:pre:rev/g).
+# sparse_gpu_tests NAME [EXTRA]: the sparse_prefill GPU tests into $OUT/NAME.log, with the
+# comma-separated geometries EXTRA as extra candidates (KREG_SP_EXTRA_GEOMETRIES)
+sparse_gpu_tests() {
+  KREG_SP_EXTRA_GEOMETRIES="${2:-}" timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/kernels/test_sparse_prefill_triton.py > "$OUT/$1.log" 2>&1
+  echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/$1.log"
+}
+ab_cells() {
+  local name=$1 kind g p
+  for kind in prefill chunk; do
+    stage "sparse_prefill $kind: $name"
+    for g in 6 12; do
+      if [ $g = 6 ]; then p=$2; else p=$3; fi
+      [ -n "$p" ] || continue
+      if [ $kind = chunk ]; then p=$(echo "$p" | sed "$([ $g = 6 ] && echo "$4" || echo "$5")"); fi
+      timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size $g \
+        --kv-len 8192 --total-q 8192 --graphs --providers "$p" 2>/dev/null \
+        | tee -a "$OUT/$name.log" | grep -v "^-"
+    done
+  done
+}
 GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
 GRID="$GRID --grid total_q=32,64,128,256,512,1024,2048,4096,8192 --grid space=tiny"
 IGRID="--grid rows=1,64,1024,4096 --grid keys=131072"
@@ -151,23 +175,12 @@ for step in "$@"; do
       # buffers; 7: three) against the family's single-buffered 32-key tiles, at the same
       # shared memory (8x16x4x5 and 8x32x4x2 both 37,504 B, 96 registers, cross-compiled with
       # Triton 3.6): each program then overlaps its next gather with its compute without
-      # losing resident programs (v5's deeper 32-key variants halved them). Prefill and
-      # chunk, 8192 rows, KV 8K, graph replays.
+      # losing resident programs (v5's deeper 32-key variants halved them).
       G6="table,h200,geometry=8x16x4x5:rev:split2:r96,geometry=8x16x4x5:rev:split2"
       G6="$G6,geometry=8x16x4x7:rev:split2:r96,geometry=8x16x2x5:rev:split2"
       G12="table,h200,geometry=16x16x2x5:rev:split2,geometry=16x16x2x5:rev:split2:r128"
       G12="$G12,geometry=16x16x1x5:rev:split2,geometry=16x16x4x5:rev:split2:r96"
-      for kind in prefill chunk; do
-        P6=$G6; P12=$G12
-        if [ $kind = chunk ]; then P6=$(echo "$G6" | sed 's/:rev/:pre:rev/g'); P12=$(echo "$G12" | sed 's/:rev/:pre:rev/g'); fi
-        stage "sparse_prefill $kind: double-buffered 16-key tiles"
-        timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/ab_sparse.log" | grep -v "^-"
-        timeout 150 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
-          | tee -a "$OUT/ab_sparse.log" | grep -v "^-"
-      done ;;
+      ab_cells ab_sparse "$G6" "$G12" 's/:rev/:pre:rev/g' 's/:rev/:pre:rev/g' ;;
     stage-sparse)
       # chunk: CHUNK_MODE=staged (each program translates its own row into a scratch before its
       # loop) against pretranslate (a separate kernel) at the family geometries; the
@@ -186,102 +199,57 @@ for step in "$@"; do
         --kv-len 8192 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
         --providers "table,h200,geometry=8x32x4x2:stage:rev:split2:r96,geometry=16x16x1x2:stage:rev:split2" \
         2>/dev/null | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
-      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_triton.py > "$OUT/stage_sparse_tests.log" 2>&1
-      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/stage_sparse_tests.log" ;;
+      sparse_gpu_tests stage_sparse_tests ;;
     lean-sparse)
-      # LEAN (int32 row offsets, K of invalid entries read unmasked from slot 0) and SPLIT_V=2
-      # (V gathered in the K halves' layout: one offset per row for K and V) against the
-      # family; prefill and chunk, groups 6 and 12, 8192 rows, KV 8K, graph replays; then the
-      # sparse GPU tests with the new variants as extra geometries.
+      # LEAN (then with int32 row offsets, K of invalid entries read unmasked from slot 0) and
+      # SPLIT_V=2 (V gathered in the K halves' layout: one offset per row for K and V) against
+      # the family, all four cells; then the sparse GPU tests with them as extra geometries.
       L6="table,h200,geometry=8x32x4x2:rev:split2:v2:lean,geometry=8x32x4x2:rev:split2:lean:r96"
       L6="$L6,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
       L6="$L6,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
       L12="table,h200,geometry=16x16x1x2:rev:split2:lean,geometry=16x16x1x2:rev:split2:v2:lean"
       L12="$L12,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
       L12="$L12,geometry=16x16x2x2:rev:split2:v2:lean,geometry=16x16x2x2:rev:split2:v2:lean:r128"
-      for kind in prefill chunk; do
-        P6=$L6; P12=$L12
-        if [ $kind = chunk ]; then
-          P6=$(echo "$L6" | sed 's/:rev/:stage:rev/g'); P12=$(echo "$L12" | sed 's/:rev/:pre:rev/g')
-          P6="$P6,geometry=8x32x4x2:pre:rev:split2:v2:lean"
-          P12="$P12,geometry=16x16x1x2:stage:rev:split2:lean"
-        fi
-        stage "sparse_prefill $kind: lean gathers"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/lean_sparse.log" | grep -v "^-"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
-          | tee -a "$OUT/lean_sparse.log" | grep -v "^-"
-      done
+      ab_cells lean_sparse "$L6" "$L12" \
+        's/:rev/:stage:rev/g; s/$/,geometry=8x32x4x2:pre:rev:split2:v2:lean/' \
+        's/:rev/:pre:rev/g; s/$/,geometry=16x16x1x2:stage:rev:split2:lean/'
       X="8x32x4x2:rev:split2:v2:lean,16x16x1x2:rev:split2:lean,16x16x1x2:rev:split2:v2:lean"
-      KREG_SP_EXTRA_GEOMETRIES="$X,8x32x4x2:stage:rev:split2:v2:lean" timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_triton.py > "$OUT/lean_sparse_tests.log" 2>&1
-      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/lean_sparse_tests.log" ;;
+      sparse_gpu_tests lean_sparse_tests "$X,8x32x4x2:stage:rev:split2:v2:lean" ;;
     lean2-sparse)
       # second round: LEAN (unmasked K) and OFFS32 (int32 row offsets) apart, register caps
-      # for six (group 6) or nine (group 12) resident programs; all four cells, 8192 rows, KV 8K
+      # for six (group 6) or nine (group 12) resident programs; all four cells
       M6="table,h200,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:r80"
       M6="$M6,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x32x4x2:rev:split2:v2:o32:r96"
       M6="$M6,geometry=8x32x4x2:rev:split2:v2:lean:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
-      M12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x16x1x2:rev:split2:v2:lean"
-      M12="$M12,geometry=16x16x1x2:rev:split2:v2:o32,geometry=16x16x1x2:rev:split2:v2:lean:o32:r224"
-      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r240,geometry=16x16x1x2:rev:split2:lean:o32:r224"
-      for kind in prefill chunk; do
-        P6=$M6; P12=$M12
-        if [ $kind = chunk ]; then
-          P6=$(echo "$M6" | sed 's/:rev/:stage:rev/g'); P12=$(echo "$M12" | sed 's/:rev/:pre:rev/g')
-        fi
-        stage "sparse_prefill $kind: lean gathers, round 2"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/lean2_sparse.log" | grep -v "^-"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
-          | tee -a "$OUT/lean2_sparse.log" | grep -v "^-"
-      done ;;
+      M12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean,geometry=16x16x1x2:rev:split2:v2:o32"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r224"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r240"
+      M12="$M12,geometry=16x16x1x2:rev:split2:lean:o32:r224"
+      ab_cells lean2_sparse "$M6" "$M12" 's/:rev/:stage:rev/g' 's/:rev/:pre:rev/g' ;;
     lazy-sparse)
       # LAZY_RESCALE (rescale the accumulator only when a row's max grew by > 2**8) on the
-      # best of lean2-sparse, and one-warp group-6 geometries; all four cells, 8192 rows, KV 8K
-      Z6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x32x4x2:rev:split2:v2:o32:lazy:r80"
-      Z6="$Z6,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy,geometry=8x16x1x2:rev:split2:v2:lean:o32:lazy"
+      # best of lean2-sparse, and one-warp group-6 geometries; all four cells
+      Z6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
+      Z6="$Z6,geometry=8x32x4x2:rev:split2:v2:o32:lazy:r80"
+      Z6="$Z6,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:lean:o32:lazy"
       Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:o32:lazy,geometry=8x16x2x2:rev:split2:v2:o32:lazy"
-      Z12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
-      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:o32:lazy,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy:r224"
-      for kind in prefill chunk; do
-        P6=$Z6; P12=$Z12
-        if [ $kind = chunk ]; then
-          P6=$(echo "$Z6" | sed 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g')
-          P12=$(echo "$Z12" | sed 's/:rev/:pre:rev/g')
-          P12="$P12,geometry=16x16x1x2:stage:rev:split2:v2:lean:o32:lazy"
-        fi
-        stage "sparse_prefill $kind: lazy rescale"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/lazy_sparse.log" | grep -v "^-"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 12 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P12" 2>/dev/null \
-          | tee -a "$OUT/lazy_sparse.log" | grep -v "^-"
-      done
+      Z12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:o32:lazy"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy:r224"
+      ab_cells lazy_sparse "$Z6" "$Z12" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' \
+        's/:rev/:pre:rev/g; s/$/,geometry=16x16x1x2:stage:rev:split2:v2:lean:o32:lazy/'
       X="8x32x4x2:rev:split2:v2:o32:lazy:r80,16x16x1x2:rev:split2:v2:lean:o32:lazy"
-      KREG_SP_EXTRA_GEOMETRIES="$X,16x16x1x2:stage:rev:split2:v2:lean:o32:lazy" timeout 200 \
-        python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_triton.py > "$OUT/lazy_sparse_tests.log" 2>&1
-      echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/lazy_sparse_tests.log" ;;
+      sparse_gpu_tests lazy_sparse_tests "$X,16x16x1x2:stage:rev:split2:v2:lean:o32:lazy" ;;
     onewarp-sparse)
       # group 6 on one warp (BLOCK_M 8, BLOCK_N 16) without LAZY_RESCALE, against the best
-      # four-warp geometry; prefill and chunk (staged), 8192 rows, KV 8K
-      W6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x16x1x2:rev:split2:v2:lean:o32"
-      W6="$W6,geometry=8x16x1x2:rev:split2:v2:o32,geometry=8x16x1x2:rev:split2:lean:o32"
-      for kind in prefill chunk; do
-        P6=$W6
-        [ $kind = chunk ] && P6=$(echo "$W6" | sed 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g')
-        stage "sparse_prefill $kind g6: one warp"
-        timeout 200 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/onewarp_sparse.log" | grep -v "^-"
-      done ;;
+      # four-warp geometry; prefill and chunk (staged)
+      W6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
+      W6="$W6,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x1x2:rev:split2:v2:o32"
+      W6="$W6,geometry=8x16x1x2:rev:split2:lean:o32"
+      ab_cells onewarp_sparse "$W6" "" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' "" ;;
     envelope-sparse)
       # the other chunk shapes nvidia_hopper serves with the family: 2 KV heads, and 16 requests
       # of 512 rows (8192 rows, KV 8K, graph replays; family against the table)
