@@ -192,6 +192,8 @@ def test_lengths_beyond_topk_and_negative_are_clamped():
     (6, 2, 2, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
                          "LAZY_RESCALE": 1}),
     (12, 1, 3, "pretranslate", {"LEAN": 1}),
+    (6, 2, 3, "fused", {"BLOCK_M": 8, "LEAN": 1, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2}),
+    (4, 1, 2, "fused", {"BLOCK_M": 4, "LEAN": 1, "OFFS32": 1}),
     (12, 2, 3, "staged", {"PREFETCH": 2}),
     (12, 2, 3, "fused", {"LAYOUT": "keys"}),
     (2, 2, 1, "fused", {"BLOCK_M": 2, "EVEN_TILES": 1}),
