@@ -15,7 +15,6 @@
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
 # onewarp-sparse (group 6 on one warp), envelope-sparse (chunk: 2 KV heads, 16 requests),
-# pvt-sparse (PV_TRANS for group 6 at three KV lengths),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -251,23 +250,6 @@ for step in "$@"; do
       W6="$W6,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x1x2:rev:split2:v2:o32"
       W6="$W6,geometry=8x16x1x2:rev:split2:lean:o32"
       ab_cells onewarp_sparse "$W6" "" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' "" ;;
-    pvt-sparse)
-      # PV_TRANS (O^T = V^T P^T: group 6's 8-row accumulator in half the registers) for group 6
-      # at KV 8K/32K/128K, prefill and chunk (staged), against the family and the 4-warp config
-      T6="table,h200,geometry=8x16x1x2:rev:split2:v2:lean:o32:pvt"
-      T6="$T6,geometry=8x16x1x2:rev:split2:v2:lean:o32:pvt:r200"
-      T6="$T6,geometry=8x32x2x2:rev:split2:v2:lean:o32:pvt,geometry=8x32x2x2:rev:split2:v2:lean:o32"
-      T6="$T6,geometry=8x32x4x2:rev:split2:v2:o32:r80"
-      for kind in prefill chunk; do
-        P6=$T6
-        [ $kind = chunk ] && P6=$(echo "$T6" | sed 's/:rev/:stage:rev/g')
-        stage "sparse_prefill $kind g6: PV_TRANS"
-        timeout 240 python3 benchmarks/bench_sparse_prefill.py --kind $kind --group-size 6 \
-          --kv-len 8192,32768,131072 --total-q 8192 --graphs --providers "$P6" 2>/dev/null \
-          | tee -a "$OUT/pvt_sparse.log" | grep -v "^-"
-      done
-      sparse_gpu_tests pvt_sparse_tests \
-        "8x16x1x2:rev:split2:v2:lean:o32:pvt,8x32x2x2:stage:rev:split2:v2:lean:o32:pvt" ;;
     envelope-sparse)
       # the other chunk shapes nvidia_hopper serves with the family: 2 KV heads, and 16 requests
       # of 512 rows (8192 rows, KV 8K, graph replays; family against the table)

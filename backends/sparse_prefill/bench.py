@@ -30,7 +30,7 @@ Providers (``--providers``, comma separated):
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``even``
   (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
-  (LAZY_RESCALE=1), ``pvt`` (PV_TRANS=1), ``rN`` (MAXNREG=N), e.g.
+  (LAZY_RESCALE=1), ``rN`` (MAXNREG=N), e.g.
   ``geometry=16x32x4x3:pre:r96``.
 * ``h200``: the measured H200 family (``plugins.nvidia_hopper.H200_PREFILL_CONFIGS``) for
   (kind, group), forced whatever the device.
@@ -146,8 +146,7 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "stage": ("CHUNK_MODE", "staged"), "fused": ("CHUNK_MODE", "fused"),
          "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
          "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
-         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1),
-         "pvt": ("PV_TRANS", 1)}
+         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1)}
 
 
 def parse_geometry(spec: str) -> dict[str, Any]:
@@ -173,7 +172,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
     for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "PV_TRANS"):
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("MAXNREG"):

@@ -57,10 +57,6 @@ OFFS32          0          1: row offsets in int32 where the wrapper proves they
 LAZY_RESCALE    0          1: the accumulator is rescaled only when some row's running max grew
                            by more than 2**8 since the last rescale (else p <= 2**8 against the
                            old max; exact, as acc and l share the reference). SPLIT_V=2 only.
-PV_TRANS        0          1: O accumulated transposed, O^T = V^T P^T ([D, BLOCK_M] halves): a
-                           group of up to 8 heads fills the MMA's n=8 side instead of half of
-                           its m=16 side, so the accumulator takes half the registers (BLOCK_M
-                           8); P's registers feed the product as they are. SPLIT_V=2 only.
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -90,14 +86,13 @@ REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
                                    "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
-                                   "OFFS32": 0, "LAZY_RESCALE": 0, "PV_TRANS": 0}
+                                   "OFFS32": 0, "LAZY_RESCALE": 0}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
                                         "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1),
-                                        "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1),
-                                        "PV_TRANS": (0, 1)}
+                                        "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1)}
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 _STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates per step
@@ -155,12 +150,9 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
                                 or var["PREFETCH"] or var["EVEN_TILES"]):
         raise ConfigError("SPLIT_V=2 gathers V in the layout of the SPLIT_QK=2 K halves: it "
                           "needs SPLIT_QK=2, LAYOUT='rows', PREFETCH=0 and EVEN_TILES=0")
-    for key in ("LAZY_RESCALE", "PV_TRANS"):
-        if var[key] and var["SPLIT_V"] != 2:
-            raise ConfigError(f"{key}=1 is implemented in the SPLIT_V=2 loop only: set "
-                              f"SPLIT_V=2 (with SPLIT_QK=2) or {key}=0")
-    if var["LAZY_RESCALE"] and var["PV_TRANS"]:
-        raise ConfigError("LAZY_RESCALE=1 and PV_TRANS=1 are not combined: set one of them to 0")
+    if var["LAZY_RESCALE"] and var["SPLIT_V"] != 2:
+        raise ConfigError("LAZY_RESCALE=1 is implemented in the SPLIT_V=2 loop only: set "
+                          "SPLIT_V=2 (with SPLIT_QK=2) or LAZY_RESCALE=0")
     for key in ("LEAN", "OFFS32"):
         if var[key] and (var["LAYOUT"] != "rows" or var["PREFETCH"]):
             raise ConfigError(f"{key}=1 applies to the LAYOUT='rows', PREFETCH=0 loop only: "
@@ -293,11 +285,10 @@ def _attend_tile_v2(q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start
                     h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
                     LEAN: tl.constexpr, OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr,
-                    DOT_PREC: tl.constexpr, LAZY: tl.constexpr, PV_T: tl.constexpr):
+                    DOT_PREC: tl.constexpr, LAZY: tl.constexpr):
     """One tile with K and V both gathered as head_dim halves (SPLIT_V=2, rows layout): every
     half-tile has the same layout, so each thread reads K and V from the same rows and each
-    row's offset is computed once (once for both tensors when their strides are equal).
-    PV_T: the accumulators are O^T halves, [D_PAD // 2, BLOCK_M], updated as V^T P^T."""
+    row's offset is computed once (once for both tensors when their strides are equal)."""
     j = start + tl.arange(0, BLOCK_N)
     slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
                            CHUNK, MASK_N)
@@ -333,15 +324,6 @@ def _attend_tile_v2(q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start
         acc = tl.dot(pv, v1, acc, input_precision=DOT_PREC)
         acc2 = tl.dot(pv, v2, acc2, input_precision=DOT_PREC)
         m_new = m_i
-    elif PV_T:
-        m_new = tl.maximum(m_i, m_tile)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pt = tl.trans(p.to(v1.dtype))  # [BLOCK_N, BLOCK_M]: the B operand of V^T P^T
-        acc = tl.dot(tl.trans(v1), pt, acc * alpha[None, :], input_precision=DOT_PREC)
-        acc2 = tl.dot(tl.trans(v2), pt, acc2 * alpha[None, :], input_precision=DOT_PREC)
     else:
         m_new = tl.maximum(m_i, m_tile)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -453,8 +435,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR,
                         REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
                         SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr, STAGE: tl.constexpr,
                         STAGE_BLOCK: tl.constexpr, SPLIT_V: tl.constexpr, LEAN: tl.constexpr,
-                        OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr, LAZY: tl.constexpr,
-                        PV_T: tl.constexpr):
+                        OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr, LAZY: tl.constexpr):
     """STAGE (chunk rows, with CHUNK=False for the loop): the program first writes its row's
     slots (-1 where invalid) to its own ``SCR[r, h]`` and then streams them like prefill
     indices."""
@@ -563,18 +544,14 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR,
                                          qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
                                          KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
     elif SPLIT_V == 2:
-        if PV_T:
-            acc = tl.zeros([D_PAD // 2, BLOCK_M], dtype=tl.float32)
-            acc2 = tl.zeros([D_PAD // 2, BLOCK_M], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
-            acc2 = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
         for start in range(0, n, BLOCK_N):
             m_i, l_i, acc, acc2 = _attend_tile_v2(
                 q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
                 page_size, max_pages, s_kt, s_vt, offs_h, h_mask, offs_h2, h_mask2, qk_scale,
                 BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True, LEAN, OFFS32, KV_SAME_STRIDE, DOT_PREC,
-                LAZY, PV_T)
+                LAZY)
     else:
         for start in range(0, n, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
@@ -584,14 +561,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR,
                                          KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     O_row = OUT + r64 * s_ot
-    if SPLIT_V == 2 and PV_T:
-        o_ptr = O_row + heads[None, :] * s_oh + offs_h[:, None]
-        tl.store(o_ptr, (acc / l_safe[None, :]).to(OUT.dtype.element_ty),
-                 mask=h_mask[:, None] & m_mask[None, :])
-        o_ptr = O_row + heads[None, :] * s_oh + offs_h2[:, None]
-        tl.store(o_ptr, (acc2 / l_safe[None, :]).to(OUT.dtype.element_ty),
-                 mask=h_mask2[:, None] & m_mask[None, :])
-    elif SPLIT_V == 2:
+    if SPLIT_V == 2:
         o_ptr = O_row + heads[:, None] * s_oh + offs_h[None, :]
         tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
                  mask=m_mask[:, None] & h_mask[None, :])
@@ -802,6 +772,5 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK, SPLIT_V=split_v,
         LEAN=bool(var["LEAN"]), OFFS32=offs32, KV_SAME_STRIDE=k.stride(0) == v.stride(0),
         LAZY=bool(var["LAZY_RESCALE"]) and split_v == 2,
-        PV_T=bool(var["PV_TRANS"]) and split_v == 2,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **_launch_extras(var, q))
     return out

@@ -102,10 +102,6 @@ def _check(q, k, v, idx, cfg, **kw):
     (6, 1, 40, 37, {**BASE, "BLOCK_M": 8, "OFFS32": 1, "SPLIT_QK": 2}),
     (6, 1, 40, 37, {**BASE, "BLOCK_M": 8, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2}),
     (6, 2, 40, 37, {**BASE, "BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1}),
-    (6, 2, 40, 37, {**BASE, "BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "PV_TRANS": 1,
-                    "LEAN": 1, "OFFS32": 1}),
-    (12, 1, 64, 70, {**BASE, "BLOCK_N": 32, "num_warps": 2, "SPLIT_QK": 2, "SPLIT_V": 2,
-                     "PV_TRANS": 1, "REVERSE_ROWS": 1}),
     (12, 1, 32, 70, {**BASE, "num_warps": 1, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1,
                      "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1}),
 ])
@@ -116,7 +112,6 @@ def test_prefill_float32(group, hkv, d, topk, cfg):
 
 
 @pytest.mark.parametrize("extra", [{"LEAN": 1, "OFFS32": 1}, {"OFFS32": 1},
-                                   {"LEAN": 1, "SPLIT_QK": 2, "SPLIT_V": 2, "PV_TRANS": 1},
                                    {"LEAN": 1, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2},
                                    {"SPLIT_QK": 2, "SPLIT_V": 2, "OFFS32": 1}])
 @pytest.mark.parametrize("fits", [True, False])
@@ -196,7 +191,6 @@ def test_lengths_beyond_topk_and_negative_are_clamped():
     (6, 1, 4, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "REVERSE_ROWS": 1}),
     (6, 2, 2, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
                          "LAZY_RESCALE": 1}),
-    (6, 1, 2, "staged", {"BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "PV_TRANS": 1}),
     (12, 1, 3, "pretranslate", {"LEAN": 1}),
     (6, 2, 3, "fused", {"BLOCK_M": 8, "LEAN": 1, "OFFS32": 1, "SPLIT_QK": 2, "SPLIT_V": 2}),
     (4, 1, 2, "fused", {"BLOCK_M": 4, "LEAN": 1, "OFFS32": 1}),
@@ -265,8 +259,6 @@ def test_block_m_below_group_is_config_error():
     ({**BASE, "LEAN": 1, "LAYOUT": "keys"}, "LEAN=1 applies"),
     ({**BASE, "OFFS32": 1, "PREFETCH": 1}, "OFFS32=1 applies"),
     ({**BASE, "LAZY_RESCALE": 1, "SPLIT_QK": 2}, "LAZY_RESCALE=1 is implemented"),
-    ({**BASE, "PV_TRANS": 1, "SPLIT_QK": 2}, "PV_TRANS=1 is implemented"),
-    ({**BASE, "PV_TRANS": 1, "LAZY_RESCALE": 1, "SPLIT_QK": 2, "SPLIT_V": 2}, "not combined"),
 ])
 def test_bad_configs(cfg, match):
     with pytest.raises(ConfigError, match=match):
