@@ -5,8 +5,9 @@
 Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12, 2 KV heads,
 1024 KV slots; chunk as 2 requests on 16-token pages (one page unmapped) with prefixes that are
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
-table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32) on both kinds and
-checks each output against the fp32 reference, so a run is also a correctness check.
+table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER) on
+both kinds and checks each output against the fp32 reference, so a run is also a correctness
+check.
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ def main() -> None:
             q, k, v, idx, kw = _inputs(kind, group, gen)
             ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
             cfgs = [sparse_prefill_table_config(group, 8192), H200_PREFILL_CONFIGS[(kind, group)]]
-            if kind == "chunk":  # the family's other chunk modes too
+            if kind == "chunk":  # the family's other chunk modes too, and slot ordering
                 cfgs += [{**cfgs[1], "CHUNK_MODE": m} for m in ("fused", "pretranslate", "staged")
                          if m != cfgs[1].get("CHUNK_MODE")]
+                cfgs.append({**cfgs[1], "CHUNK_MODE": "pretranslate", "SLOT_ORDER": 1})
+            else:  # slot ordering (the pre-pass, then the kernel on its output)
+                cfgs += [{**cfgs[1], "SLOT_ORDER": 1}, {**cfgs[1], "SLOT_ORDER": 2}]
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -99,8 +99,31 @@ REQUIREMENTS = (
 )
 
 
+# (kind, group_size) -> the KV length from which the family also orders each row's slots
+# (SLOT_ORDER=1: a pre-pass partitions every row's entries into 16 slot ranges, so the rows
+# running at the same time sweep the KV together and their gathers hit in L2). Measured at
+# 8192 rows (docs/notes/sparse_prefill.md, v14): prefill 1.27x -> 1.71x over the table at KV
+# 128K, 1.36x -> 1.43x at 64K; at 32K and 8K the KV fits in L2 and the pre-pass (0.18 ms) costs
+# more than it saves. The staged chunk config (group 6) cannot order slots (its entries are
+# positions until each program translates them).
+SLOT_ORDER_MIN_KV: dict[tuple[str, int], int] = {
+    ("prefill", 6): 65536, ("prefill", 12): 65536, ("chunk", 12): 65536,
+}
+
+
+def family_config(kind: str, group_size: int, kv_len: int | None) -> dict[str, Any]:
+    """The family's config for a (kind, group) the family measured, at ``kv_len`` KV slots
+    (None: unknown, no slot ordering)."""
+    key = (kind, group_size)
+    cfg = dict(H200_PREFILL_CONFIGS[key])
+    floor = SLOT_ORDER_MIN_KV.get(key)
+    if floor is not None and kv_len is not None and kv_len >= floor:
+        cfg["SLOT_ORDER"] = 1
+    return cfg
+
+
 def _config(f: DeviceFacts, w: Workload) -> dict[str, Any]:
-    return dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])  # type: ignore[attr-defined]
+    return family_config(w.kind, w.group_size, w.kv_len)  # type: ignore[attr-defined]
 
 
 @hookimpl
@@ -110,5 +133,5 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="H200-measured family: split K/V gathers, int32 offsets, "
-                                   "reversed rows"),
+                                   "reversed rows; slot-ordered rows from KV 64K"),
     ]

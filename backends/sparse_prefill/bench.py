@@ -30,10 +30,11 @@ Providers (``--providers``, comma separated):
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``even``
   (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
-  (LAZY_RESCALE=1), ``rN`` (MAXNREG=N), e.g.
+  (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``rN`` (MAXNREG=N), e.g.
   ``geometry=16x32x4x3:pre:r96``.
-* ``h200``: the measured H200 family (``plugins.nvidia_hopper.H200_PREFILL_CONFIGS``) for
-  (kind, group), forced whatever the device.
+* ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
+  case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K), forced
+  whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 
@@ -146,7 +147,8 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "stage": ("CHUNK_MODE", "staged"), "fused": ("CHUNK_MODE", "fused"),
          "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
          "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
-         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1)}
+         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1),
+         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2)}
 
 
 def parse_geometry(spec: str) -> dict[str, Any]:
@@ -172,7 +174,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
     for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE"):
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("MAXNREG"):
@@ -184,6 +186,7 @@ def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | No
     """-> (kind of provider, config or None). Kinds: reference, gather-sdpa, triton, registry."""
     from plugins.generic import sparse_prefill_table_config as table_config
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
+    from plugins.nvidia_hopper import family_config
 
     if name in _UNTIMED:
         return name, None
@@ -194,7 +197,8 @@ def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | No
         if cfg is None:
             raise click.BadParameter(f"h200: no measured config for ({case.kind}, "
                                      f"group {case.group_size}); measured: {sorted(H200_CONFIGS)}")
-        return "triton", dict(cfg)
+        return "triton", family_config(case.kind, case.group_size,
+                                       workload_of(case)["kv_len"])
     if name.startswith("geometry="):
         return "triton", parse_geometry(name.split("=", 1)[1])
     return "registry", None

@@ -104,6 +104,9 @@ def _check(q, k, v, idx, cfg, **kw):
     (6, 2, 40, 37, {**BASE, "BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1}),
     (12, 1, 32, 70, {**BASE, "num_warps": 1, "SPLIT_QK": 2, "SPLIT_V": 2, "LAZY_RESCALE": 1,
                      "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1}),
+    (6, 1, 40, 37, {**BASE, "SLOT_ORDER": 1}),
+    (12, 2, 32, 70, {**BASE, "num_warps": 1, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1,
+                     "OFFS32": 1, "REVERSE_ROWS": 1, "SLOT_ORDER": 2}),
 ])
 def test_prefill_float32(group, hkv, d, topk, cfg):
     q, k, v, idx, lengths = _prefill_case(group * 10 + hkv, group=group, hkv=hkv, d=d, topk=topk)
@@ -197,6 +200,9 @@ def test_lengths_beyond_topk_and_negative_are_clamped():
     (12, 2, 3, "staged", {"PREFETCH": 2}),
     (12, 2, 3, "fused", {"LAYOUT": "keys"}),
     (2, 2, 1, "fused", {"BLOCK_M": 2, "EVEN_TILES": 1}),
+    (12, 1, 3, "pretranslate", {"SLOT_ORDER": 1}),
+    (6, 2, 2, "pretranslate", {"BLOCK_M": 8, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1,
+                               "SLOT_ORDER": 2}),
 ])
 def test_chunk_float32(group, hkv, page_size, mode, extra):
     q, k, v, idx, kw = _chunk_case(group + page_size, group=group, hkv=hkv, page_size=page_size)
@@ -232,6 +238,62 @@ def test_chunk_causal_mask_hides_future_positions():
     assert torch.all(out == 0)
 
 
+# ------------------------------------------------------------------ slot ordering (CPU)
+
+
+def _ordered_like_a_stable_sort(idx, lens, num_slots, passes, out, cnt):
+    """``out``/``cnt`` against the definition: each row's valid entries (in range, inside
+    ``lengths``), stably sorted on the top ``4 * passes`` bits of the slot; -1 after them."""
+    topk = idx.shape[1]
+    n = torch.full((idx.shape[0],), topk) if lens is None else lens.long().clamp(0, topk)
+    ok = (torch.arange(topk)[None, :] < n[:, None]) & (idx >= 0) & (idx < num_slots)
+    shift = max(0, max(1, (num_slots - 1).bit_length()) - 4 * passes)
+    for r in range(idx.shape[0]):
+        kept = idx[r][ok[r]]
+        want = kept[torch.sort(kept >> shift, stable=True).indices]
+        assert cnt[r].item() == kept.numel()
+        assert torch.equal(out[r, :kept.numel()], want), r
+        assert torch.all(out[r, kept.numel():] == -1), r
+
+
+@pytest.mark.parametrize("num_slots,topk,passes,block,warps", [
+    (1000, 300, 1, 128, 1),     # 8-bit counters, three blocks a row
+    (131072, 700, 2, 256, 2),   # 16-bit counters, two passes (256 slot ranges)
+    (5, 37, 1, 64, 1),          # fewer slots than ranges
+    (1, 129, 2, 128, 2),        # a single slot: everything in range 0
+    (70000, 260, 1, 1024, 4),   # a row shorter than a block
+])
+def test_order_rows_is_a_stable_partition_by_slot(num_slots, topk, passes, block, warps):
+    from backends.sparse_prefill.triton_kernels import _order_rows
+
+    g = torch.Generator().manual_seed(num_slots + topk)
+    idx = torch.randint(-3, num_slots + 3, (6, topk), generator=g, dtype=torch.int32)
+    idx[0, : topk // 2] = num_slots // 2  # ties: equal slots keep their order
+    idx[1] = -1                           # nothing valid
+    idx[2, ::3] = 2**31 - 1               # far out of range
+    lens = torch.tensor([topk, topk, topk - 5, 0, -4, topk + 9], dtype=torch.int32)
+    for ln in (lens, None):
+        out, cnt = _order_rows(idx, ln, num_slots, passes, block=block, num_warps=warps)
+        _ordered_like_a_stable_sort(idx, ln, num_slots, passes, out, cnt)
+
+
+def test_slot_order_gives_the_unordered_result():
+    # the same entries in another order: equal up to float32 summation order
+    q, k, v, idx, lengths = _prefill_case(21, total_q=6, d=32, num_slots=200, topk=90)
+    plain, _ = _check(q, k, v, idx, BASE, lengths=lengths)
+    for order in (1, 2):
+        got, _ = _check(q, k, v, idx, {**BASE, "SLOT_ORDER": order}, lengths=lengths)
+        assert (got - plain).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["fused", "staged"])
+def test_slot_order_needs_translated_chunk_entries(mode):
+    q, k, v, idx, kw = _chunk_case(3)
+    with pytest.raises(ConfigError, match=r"SLOT_ORDER=1 orders KV slots.*'pretranslate'"):
+        sparse_prefill_triton(q, k, v, idx, config={**BASE, "CHUNK_MODE": mode,
+                                                    "SLOT_ORDER": 1}, **kw)
+
+
 # ------------------------------------------------------------------ configs and errors
 
 
@@ -259,6 +321,7 @@ def test_block_m_below_group_is_config_error():
     ({**BASE, "LEAN": 1, "LAYOUT": "keys"}, "LEAN=1 applies"),
     ({**BASE, "OFFS32": 1, "PREFETCH": 1}, "OFFS32=1 applies"),
     ({**BASE, "LAZY_RESCALE": 1, "SPLIT_QK": 2}, "LAZY_RESCALE=1 is implemented"),
+    ({**BASE, "SLOT_ORDER": 3}, "SLOT_ORDER"),
 ])
 def test_bad_configs(cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -417,7 +480,7 @@ def test_bench_geometry_round_trip():
     from backends.sparse_prefill.bench import format_geometry, parse_geometry
 
     for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:keys:even",
-                 "16x32x4x1:pf1"):
+                 "16x32x4x1:pf1", "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord2"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
     for cfg in H200_CONFIGS.values():
@@ -483,3 +546,20 @@ def test_tuner_space_has_every_family_config_and_no_chunk_mode_for_prefill():
             assert not any(":pre" in lab or ":stage" in lab for lab in cands)
         else:
             assert any(cfg.get("CHUNK_MODE") == "staged" for cfg in cands.values())
+
+
+def test_tuner_space_has_the_slot_ordered_family_where_it_can_run():
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import SLOT_ORDER_MIN_KV
+
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=12, total_q=8192, kv_len=131072)
+        case.extra["space"] = "tiny"
+        cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
+        ordered = [cfg for cfg in cands if cfg.get("SLOT_ORDER")]
+        want = {k: v for k, v in H200_CONFIGS[(kind, 12)].items()
+                if kind == "chunk" or k != "CHUNK_MODE"}
+        assert (kind, 12) in SLOT_ORDER_MIN_KV and {**want, "SLOT_ORDER": 1} in ordered
+        if kind == "chunk":  # only the pretranslate mode orders slots
+            assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in ordered)

@@ -6,7 +6,7 @@ import pytest
 
 import registry
 from plugins.generic import sparse_prefill_table_config
-from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, MIN_TOTAL_Q
+from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, MIN_TOTAL_Q, SLOT_ORDER_MIN_KV
 
 from unit_helpers import profile, seed_workload, setenv
 
@@ -65,3 +65,19 @@ def test_triton_floor() -> None:
     d = pick(seed_workload(), old)
     assert d.implementation != HOPPER
     assert "triton: 3.5.1, requires >= 3.6 [capability]" in d.explain()
+
+
+@pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
+def test_slot_order_from_its_measured_kv_length(kind: str, group: int) -> None:
+    """SLOT_ORDER=1 is added from SLOT_ORDER_MIN_KV on, never below it nor for an unknown KV
+    length, and never to the staged chunk config (its entries are positions)."""
+    floor = SLOT_ORDER_MIN_KV.get((kind, group))
+    base = H200_PREFILL_CONFIGS[(kind, group)]
+    for kv in (None, 8192, 32768, 65535, 65536, 131072, 1 << 20):
+        d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv))
+        assert d.implementation == HOPPER
+        on = floor is not None and kv is not None and kv >= floor
+        assert d.config == ({**base, "SLOT_ORDER": 1} if on else base), (kv, d.config)
+        assert "SLOT_ORDER" not in base
+    if base.get("CHUNK_MODE") == "staged":
+        assert floor is None
