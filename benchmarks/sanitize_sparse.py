@@ -53,7 +53,7 @@ def main() -> None:
     from backends.sparse_prefill.reference import sparse_prefill_reference
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
     from plugins.generic import sparse_prefill_table_config
-    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, H200_PREFILL_CONFIGS
 
     if not torch.cuda.is_available():
         sys.exit("sanitize_sparse.py needs a GPU")
@@ -67,9 +67,9 @@ def main() -> None:
             if kind == "chunk":  # the family's other chunk modes too, and slot ordering
                 cfgs += [{**cfgs[1], "CHUNK_MODE": m} for m in ("fused", "pretranslate", "staged")
                          if m != cfgs[1].get("CHUNK_MODE")]
-                cfgs.append({**cfgs[1], "CHUNK_MODE": "pretranslate", "SLOT_ORDER": 1})
-            else:  # slot ordering (the pre-pass, then the kernel on its output)
-                cfgs += [{**cfgs[1], "SLOT_ORDER": 1}, {**cfgs[1], "SLOT_ORDER": 2}]
+            else:  # two ordering passes (the long-KV config below runs one)
+                cfgs.append({**cfgs[1], "SLOT_ORDER": 2})
+            cfgs.append(H200_LONG_KV_CONFIGS[(kind, group)])  # the pre-pass, then the kernel
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -99,31 +99,46 @@ REQUIREMENTS = (
 )
 
 
-# (kind, group_size) -> the KV length from which the family also orders each row's slots
-# (SLOT_ORDER=1: a pre-pass partitions every row's entries into 16 slot ranges, so the rows
-# running at the same time sweep the KV together and their gathers hit in L2). Measured at
-# 8192 rows (docs/notes/sparse_prefill.md, v14): prefill 1.27x -> 1.71x over the table at KV
-# 128K, 1.36x -> 1.43x at 64K; at 32K and 8K the KV fits in L2 and the pre-pass (0.18 ms) costs
-# more than it saves. The staged chunk config (group 6) cannot order slots (its entries are
-# positions until each program translates them).
-SLOT_ORDER_MIN_KV: dict[tuple[str, int], int] = {
-    ("prefill", 6): 65536, ("prefill", 12): 65536, ("chunk", 12): 65536,
+# Long KV: from LONG_KV_FROM slots on (with at least LONG_KV_MIN_TOTAL_Q rows), the family
+# orders each row's slots first (SLOT_ORDER=1: a pre-pass partitions every row's entries into 16
+# slot ranges, so the rows running at the same time sweep the KV together and their gathers hit
+# in L2 instead of HBM). Chunk group 6 then runs the one-warp pretranslate loop (its staged
+# entries are positions until each program translates them, so they cannot be ordered).
+# Measured at 8192 rows (docs/notes/sparse_prefill.md, v14): over the table at KV 64K / 128K,
+# prefill 1.47x / 1.73-1.77x (1.33-1.37x / 1.27-1.29x unordered), chunk 1.67-1.69x / 1.86-1.89x;
+# at KV 32K the pre-pass (0.18 ms) costs what it saves, at 8K more.
+LONG_KV_FROM = 65536
+H200_LONG_KV_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "SLOT_ORDER": 1},
+    ("chunk", 6): {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2,
+                   "CHUNK_MODE": "pretranslate", "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1,
+                   "OFFS32": 1, "REVERSE_ROWS": 1, "SLOT_ORDER": 1},
+    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "SLOT_ORDER": 1},
+    ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "SLOT_ORDER": 1},
+}
+# (kind, group_size) -> the fewest rows from which the long-KV config is used. The CUDA-graph
+# sweep at KV 64K / 128K (256..8192 rows): it wins from 1024 rows (0.52-0.64x of the table's
+# time) and loses at 512 (up to 1.16x; the one-warp chunk config at 256-512 rows up to 1.35x,
+# where the staged group-6 config still wins).
+LONG_KV_MIN_TOTAL_Q: dict[tuple[str, int], int] = {
+    ("prefill", 6): 1024, ("prefill", 12): 1024, ("chunk", 6): 1024, ("chunk", 12): 1024,
 }
 
 
-def family_config(kind: str, group_size: int, kv_len: int | None) -> dict[str, Any]:
-    """The family's config for a (kind, group) the family measured, at ``kv_len`` KV slots
-    (None: unknown, no slot ordering)."""
+def family_config(kind: str, group_size: int, kv_len: int | None,
+                  total_q: int | None = None) -> dict[str, Any]:
+    """The family's config for a measured (kind, group) at ``kv_len`` KV slots and ``total_q``
+    rows (None: unknown; an unknown KV length gets the short-KV config)."""
     key = (kind, group_size)
-    cfg = dict(H200_PREFILL_CONFIGS[key])
-    floor = SLOT_ORDER_MIN_KV.get(key)
-    if floor is not None and kv_len is not None and kv_len >= floor:
-        cfg["SLOT_ORDER"] = 1
-    return cfg
+    if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
+            and (total_q is None or total_q >= LONG_KV_MIN_TOTAL_Q[key])):
+        return dict(H200_LONG_KV_CONFIGS[key])
+    return dict(H200_PREFILL_CONFIGS[key])
 
 
 def _config(f: DeviceFacts, w: Workload) -> dict[str, Any]:
-    return family_config(w.kind, w.group_size, w.kv_len)  # type: ignore[attr-defined]
+    return family_config(w.kind, w.group_size, w.kv_len,  # type: ignore[attr-defined]
+                         w.total_q)  # type: ignore[attr-defined]
 
 
 @hookimpl

@@ -198,7 +198,7 @@ def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | No
             raise click.BadParameter(f"h200: no measured config for ({case.kind}, "
                                      f"group {case.group_size}); measured: {sorted(H200_CONFIGS)}")
         return "triton", family_config(case.kind, case.group_size,
-                                       workload_of(case)["kv_len"])
+                                       workload_of(case)["kv_len"], case.total_q)
     if name.startswith("geometry="):
         return "triton", parse_geometry(name.split("=", 1)[1])
     return "registry", None

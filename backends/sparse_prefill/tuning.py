@@ -81,14 +81,14 @@ def baseline(case: Any) -> str:
 
 def _space(case: Any) -> list[dict[str, Any]]:
     from plugins.generic import sparse_prefill_table_config
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
-    from plugins.nvidia_hopper import SLOT_ORDER_MIN_KV
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
     g = case.group_size
     base = [sparse_prefill_table_config(g, case.total_q),
             *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values(),
-            *({**H200_CONFIGS[key], "SLOT_ORDER": 1} for key in SLOT_ORDER_MIN_KV)]
+            *H200_LONG_KV_CONFIGS.values()]
     variants: list[dict[str, Any]] = [{}]
     for cfg in H200_CONFIGS.values():
         var = {k: v for k, v in cfg.items()

@@ -55,19 +55,19 @@ def test_tuned_group_through_the_real_dispatch(kind: str, group: int) -> None:
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
 
-@pytest.mark.parametrize("kind,group", [("prefill", 6), ("prefill", 12), ("chunk", 12)])
+@pytest.mark.parametrize("kind", ["prefill", "chunk"])
+@pytest.mark.parametrize("group", [6, 12])
 def test_long_kv_launches_the_slot_ordered_family(kind: str, group: int) -> None:
-    # KV 64K (the policy's floor): the family runs with SLOT_ORDER=1, the result matches fp32
-    from plugins.nvidia_hopper import SLOT_ORDER_MIN_KV
+    # KV 64K and 1024 rows (the policy's floors): the long-KV config (SLOT_ORDER=1) launches
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, LONG_KV_FROM, LONG_KV_MIN_TOTAL_Q
 
-    kv = SLOT_ORDER_MIN_KV[(kind, group)]
-    case = BenchCase(kind=kind, group_size=group, kv_len=kv, total_q=1024)
+    case = BenchCase(kind=kind, group_size=group, kv_len=LONG_KV_FROM,
+                     total_q=LONG_KV_MIN_TOTAL_Q[(kind, group)])
     launches, out, ref = _run(case)
     assert len(launches) == 1
     if _is_h200():
         assert launches[0].implementation == "nvidia_hopper.sparse_prefill_tuned"
-        assert dict(launches[0].config) == {**H200_PREFILL_CONFIGS[(kind, group)],
-                                            "SLOT_ORDER": 1}
+        assert dict(launches[0].config) == H200_LONG_KV_CONFIGS[(kind, group)]
     assert torch.isfinite(out).all()
     assert (out.float() - ref).abs().max().item() <= 2e-2
 

@@ -548,18 +548,19 @@ def test_tuner_space_has_every_family_config_and_no_chunk_mode_for_prefill():
             assert any(cfg.get("CHUNK_MODE") == "staged" for cfg in cands.values())
 
 
-def test_tuner_space_has_the_slot_ordered_family_where_it_can_run():
+def test_tuner_space_has_the_long_kv_family_where_it_can_run():
     from backends.sparse_prefill import tuning
     from backends.sparse_prefill.bench import BenchCase
-    from plugins.nvidia_hopper import SLOT_ORDER_MIN_KV
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS
 
     for kind in ("prefill", "chunk"):
-        case = BenchCase(kind=kind, group_size=12, total_q=8192, kv_len=131072)
-        case.extra["space"] = "tiny"
-        cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
-        ordered = [cfg for cfg in cands if cfg.get("SLOT_ORDER")]
-        want = {k: v for k, v in H200_CONFIGS[(kind, 12)].items()
-                if kind == "chunk" or k != "CHUNK_MODE"}
-        assert (kind, 12) in SLOT_ORDER_MIN_KV and {**want, "SLOT_ORDER": 1} in ordered
-        if kind == "chunk":  # only the pretranslate mode orders slots
-            assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in ordered)
+        for group in (6, 12):
+            case = BenchCase(kind=kind, group_size=group, total_q=8192, kv_len=131072)
+            case.extra["space"] = "tiny"
+            cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
+            want = {k: v for k, v in H200_LONG_KV_CONFIGS[(kind, group)].items()
+                    if kind == "chunk" or k != "CHUNK_MODE"}
+            assert want in cands
+            if kind == "chunk":  # only the pretranslate mode orders slots
+                assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in cands
+                           if cfg.get("SLOT_ORDER"))

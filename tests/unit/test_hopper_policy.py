@@ -6,7 +6,13 @@ import pytest
 
 import registry
 from plugins.generic import sparse_prefill_table_config
-from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, MIN_TOTAL_Q, SLOT_ORDER_MIN_KV
+from plugins.nvidia_hopper import (
+    H200_LONG_KV_CONFIGS,
+    H200_PREFILL_CONFIGS,
+    LONG_KV_FROM,
+    LONG_KV_MIN_TOTAL_Q,
+    MIN_TOTAL_Q,
+)
 
 from unit_helpers import profile, seed_workload, setenv
 
@@ -68,16 +74,21 @@ def test_triton_floor() -> None:
 
 
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
-def test_slot_order_from_its_measured_kv_length(kind: str, group: int) -> None:
-    """SLOT_ORDER=1 is added from SLOT_ORDER_MIN_KV on, never below it nor for an unknown KV
-    length, and never to the staged chunk config (its entries are positions)."""
-    floor = SLOT_ORDER_MIN_KV.get((kind, group))
-    base = H200_PREFILL_CONFIGS[(kind, group)]
-    for kv in (None, 8192, 32768, 65535, 65536, 131072, 1 << 20):
-        d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv))
-        assert d.implementation == HOPPER
-        on = floor is not None and kv is not None and kv >= floor
-        assert d.config == ({**base, "SLOT_ORDER": 1} if on else base), (kv, d.config)
-        assert "SLOT_ORDER" not in base
-    if base.get("CHUNK_MODE") == "staged":
-        assert floor is None
+def test_long_kv_config_from_its_measured_kv_length_and_rows(kind: str, group: int) -> None:
+    """The slot-ordered long-KV config from LONG_KV_FROM slots and LONG_KV_MIN_TOTAL_Q rows on;
+    the short-KV config below either floor and for an unknown KV length."""
+    short, long_ = H200_PREFILL_CONFIGS[(kind, group)], H200_LONG_KV_CONFIGS[(kind, group)]
+    assert long_["SLOT_ORDER"] == 1 and "SLOT_ORDER" not in short
+    if kind == "chunk":  # chunk entries are ordered after translation only
+        assert long_["CHUNK_MODE"] == "pretranslate"
+    rows = LONG_KV_MIN_TOTAL_Q[(kind, group)]
+    assert rows >= MIN_TOTAL_Q[(kind, group)]
+    for kv in (None, 8192, 32768, LONG_KV_FROM - 1, LONG_KV_FROM, 131072, 1 << 20):
+        for tq in (MIN_TOTAL_Q[(kind, group)], rows - 1, rows, 8192):
+            if tq < MIN_TOTAL_Q[(kind, group)]:
+                continue
+            d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
+                                   max_q=tq))
+            assert d.implementation == HOPPER
+            on = kv is not None and kv >= LONG_KV_FROM and tq >= rows
+            assert d.config == (long_ if on else short), (kv, tq, d.config)
