@@ -5,8 +5,10 @@ Gated the way the seed gates sm120: the exact device set the numbers come from (
 256, bf16, the rank shapes below) and, per (kind, group), the lowest measured total_q from which
 the family wins and is never more than 2% slower above (docs/BENCHMARKS.md, "sparse_prefill":
 the total_q sweep). Chunk batches additionally need the measured rows per request and the grid
-bound. Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives
-the envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
+bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
+``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first (``family_config``).
+Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
+envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
 
 from __future__ import annotations
