@@ -254,14 +254,24 @@ def test_entries_without_kv_len_serve_any_kv_len_until_per_kv_entries_exist() ->
 
 
 def test_nothing_changes_for_workloads_without_kv_len_and_no_store() -> None:
-    """The vendor plugins key on other fields only: a kv_len changes none of their answers."""
+    """Without a store a kv_len changes no answer, except nvidia_hopper's own long-KV config
+    (from LONG_KV_FROM slots and LONG_KV_MIN_TOTAL_Q rows): the same implementation, the
+    long-KV config instead of the short-KV one."""
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, LONG_KV_FROM, LONG_KV_MIN_TOTAL_Q
+
     for dev in ("h200", "rtx-pro-6000-blackwell-server", "h20", "mi355x"):
         for kind in ("prefill", "chunk"):
             for tq in (256, 1024, 8192):
                 base = seed_workload(kind=kind, total_q=tq, max_q=tq)
                 a = registry.select("sparse_prefill", base, dev)
-                b = registry.select("sparse_prefill", {**base, "kv_len": 131072}, dev)
-                assert (a.implementation, a.config) == (b.implementation, b.config)
+                kv = 131072
+                b = registry.select("sparse_prefill", {**base, "kv_len": kv}, dev)
+                assert a.implementation == b.implementation
+                long_kv = (dev == "h200" and a.implementation.startswith("nvidia_hopper.")
+                           and tq >= LONG_KV_MIN_TOTAL_Q[(kind, 6)] and kv >= LONG_KV_FROM)
+                want = H200_LONG_KV_CONFIGS[(kind, 6)] if long_kv else a.config
+                assert b.config == want, (dev, kind, tq)
+                assert dev != "h200" or tq < 1024 or long_kv  # the h200 case is exercised
 
 
 @pytest.fixture
