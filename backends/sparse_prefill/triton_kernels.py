@@ -65,8 +65,9 @@ SLOT_ORDER      0          1 or 2: before the attention kernel, a pre-pass reord
                            not depend on their order), but the programs running at the same time
                            then sweep the KV cache together instead of each touching all of it:
                            when the KV is larger than the L2 cache most gathers hit in L2.
-                           Costs two int32 [total_q, topk] scratch tensors and the pass (about
-                           one read and one write of the indices). Prefill, and chunk with
+                           Costs an int32 [total_q, topk] scratch tensor per pass and the
+                           passes (each reads the indices twice and writes them once; 0.18 ms
+                           at 8192 x 2051 on an H200). Prefill, and chunk with
                            CHUNK_MODE="pretranslate" (the translated slots are ordered).
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
