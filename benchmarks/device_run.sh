@@ -14,7 +14,8 @@
 # stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
-# onewarp-sparse (group 6 on one warp), envelope-sparse (chunk: 2 KV heads, 16 requests),
+# onewarp-sparse (group 6 on one warp), dense-sparse (DENSE thresholds, KV and total_q
+# sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads, 16 requests),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -289,6 +290,34 @@ for i in cols:
     if max(vals) >= 0.05: out.append((max(vals), hdr[i][34:-23], vals))
 for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'{v:7.2f}' for v in vals))
 " | tee "$OUT/ncu_sparse_stalls.log" ;;
+    dense-sparse)
+      # DENSE=N (dense tiles walk the KV blocks with per-slot counts, the rest gathers) against
+      # the table and the family: prefill, 8192 rows, KV 8K, thresholds N; then KV-length and
+      # total_q sweeps of DENSE6 / DENSE12 (graph replays)
+      F6=8x16x1x2:rev:split2:v2:lean:o32 F12=16x16x1x2:rev:split2:v2:lean:o32
+      D6="table,h200,geometry=$F6:dense1000000,geometry=$F6:dense250,geometry=$F6:dense370"
+      D6="$D6,geometry=$F6:dense500,geometry=$F6:dense370:dt128x64x8x2"
+      D12="table,h200,geometry=$F12:dense1000000,geometry=$F12:dense150"
+      D12="$D12,geometry=$F12:dense200,geometry=$F12:dense250,geometry=$F12:dense300"
+      for g in 6 12; do
+        stage "sparse_prefill prefill g$g: DENSE thresholds"
+        if [ $g = 6 ]; then p=$D6; else p=$D12; fi
+        timeout 300 python3 benchmarks/bench_sparse_prefill.py --kind prefill --group-size $g \
+          --kv-len 8192 --total-q 8192 --graphs --warmup 3 --iters 20 --providers "$p" \
+          2>&1 | tee -a "$OUT/dense_sparse.log" | grep -v "^-"
+      done
+      for g in 6 12; do
+        if [ $g = 6 ]; then p=$F6:${DENSE6:-dense370}; else p=$F12:${DENSE12:-dense200}; fi
+        stage "sparse_prefill prefill g$g: sweeps of $p"
+        timeout 300 python3 benchmarks/bench_sparse_prefill.py --kind prefill --group-size $g \
+          --kv-len 4096,16384,32768 --total-q 8192 --graphs --warmup 3 --iters 15 \
+          --providers "table,h200,geometry=$p" 2>&1 | tee -a "$OUT/dense_sweep.log" \
+          | grep -v "^-"
+        timeout 300 python3 benchmarks/bench_sparse_prefill.py --kind prefill --group-size $g \
+          --kv-len 8192 --total-q 512,1024,2048,4096 --graphs --warmup 3 --iters 15 \
+          --providers "table,h200,geometry=$p" 2>&1 | tee -a "$OUT/dense_sweep.log" \
+          | grep -v "^-"
+      done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

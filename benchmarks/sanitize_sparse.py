@@ -5,7 +5,7 @@
 Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12, 2 KV heads,
 1024 KV slots; chunk as 2 requests on 16-token pages (one page unmapped) with prefixes that are
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
-table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER) on
+table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER, DENSE) on
 both kinds and checks each output against the fp32 reference, so a run is also a correctness
 check.
 """
@@ -70,6 +70,9 @@ def main() -> None:
             else:  # two ordering passes (the long-KV config below runs one)
                 cfgs.append({**cfgs[1], "SLOT_ORDER": 2})
             cfgs.append(H200_LONG_KV_CONFIGS[(kind, group)])  # the pre-pass, then the kernel
+            # DENSE: every tile dense, and a threshold that leaves some tiles to the gathers
+            dense = {**cfgs[1], "CHUNK_MODE": "pretranslate"} if kind == "chunk" else cfgs[1]
+            cfgs += [{**dense, "DENSE": 10**6}, {**dense, "DENSE": 600}]
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -6,7 +6,9 @@ Gated the way the seed gates sm120: the exact device set the numbers come from (
 the family wins and is never more than 2% slower above (docs/BENCHMARKS.md, "sparse_prefill":
 the total_q sweep). Chunk batches additionally need the measured rows per request and the grid
 bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
-``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first (``family_config``).
+``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first; prefill up to
+``DENSE_MAX_KV`` slots with at least ``DENSE_MIN_TOTAL_Q`` rows computes the rows that select
+densely in their span by streaming K/V blocks (DENSE) (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
@@ -127,14 +129,37 @@ LONG_KV_MIN_TOTAL_Q: dict[tuple[str, int], int] = {
 }
 
 
+# Short prefix-free KV: rows whose selections are dense in their slot span (a causal prompt's
+# rows select most of what they see) are computed by DENSE tiles: the contiguous K/V blocks are
+# streamed once per tile of rows and scored on the tensor cores, the other rows gather as
+# before (DENSE=N: a tile of rows is dense when its slot span is at most N% of its mean valid
+# entries). Measured at 8192 rows, KV 8K, graph replays (docs/notes/sparse_prefill.md, v15):
+# group 6 at N=250 1.58-1.59x over the table (the family alone 1.30-1.31x; N=200 and all tiles
+# dense were within 1%), group 12 at N=200 1.34x (N=150 1.32x, 250 1.26x, all dense 0.94x: 12
+# heads double the dense MMA work); KV 4K, group 6: 1.97x. Not used below 8192 rows (at 1024-4096
+# rows with a prefix the dense tiles lost up to 3x) or past KV 8K (nothing is dense there, and the
+# statistics pass costs ~2%). A DENSE call holds an int32 scratch of ceil(kv_len / 2) words a row
+# (128 MiB at 8192 x 8192; at most 256 MiB, rows are done in chunks).
+DENSE_MAX_KV = 8192
+DENSE_MIN_TOTAL_Q = 8192
+H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "DENSE": 250},
+    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "DENSE": 200},
+}
+
+
 def family_config(kind: str, group_size: int, kv_len: int | None,
                   total_q: int | None = None) -> dict[str, Any]:
     """The family's config for a measured (kind, group) at ``kv_len`` KV slots and ``total_q``
-    rows (None: unknown; an unknown KV length gets the short-KV config)."""
+    rows (None: unknown; an unknown KV length gets the short-KV config, and dense tiles need
+    both known)."""
     key = (kind, group_size)
     if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
             and (total_q is None or total_q >= LONG_KV_MIN_TOTAL_Q[key])):
         return dict(H200_LONG_KV_CONFIGS[key])
+    if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
+            and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q):
+        return dict(H200_DENSE_CONFIGS[key])
     return dict(H200_PREFILL_CONFIGS[key])
 
 
@@ -150,5 +175,6 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="H200-measured family: split K/V gathers, int32 offsets, "
-                                   "reversed rows; slot-ordered rows from KV 64K"),
+                                   "reversed rows; dense tiles for short prefill (KV <= 8K), "
+                                   "slot-ordered rows from KV 64K"),
     ]

@@ -30,8 +30,8 @@ Providers (``--providers``, comma separated):
   (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``even``
   (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
-  (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``rN`` (MAXNREG=N), e.g.
-  ``geometry=16x32x4x3:pre:r96``.
+  (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
+  (DENSE_TILE), ``rN`` (MAXNREG=N), e.g. ``geometry=16x32x4x3:pre:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
   case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K), forced
   whatever the device.
@@ -160,6 +160,12 @@ def parse_geometry(spec: str) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
                                    map(int, parts), strict=True))
     for o in opts:
+        if o.startswith("dense") and o[5:].isdigit():
+            cfg["DENSE"] = int(o[5:])
+            continue
+        if o.startswith("dt") and len(o[2:].split("x")) == 4:
+            cfg["DENSE_TILE"] = o[2:]
+            continue
         if o[:1] == "r" and o[1:].isdigit():
             cfg["MAXNREG"] = int(o[1:])
             continue
@@ -174,9 +180,13 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
     for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER"):
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER", "DENSE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
+    if cfg.get("DENSE"):
+        s += f":dense{cfg['DENSE']}"
+        if cfg.get("DENSE_TILE", "128x32x8x3") != "128x32x8x3":
+            s += f":dt{cfg['DENSE_TILE']}"
     if cfg.get("MAXNREG"):
         s += f":r{cfg['MAXNREG']}"
     return s

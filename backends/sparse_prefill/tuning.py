@@ -81,14 +81,14 @@ def baseline(case: Any) -> str:
 
 def _space(case: Any) -> list[dict[str, Any]]:
     from plugins.generic import sparse_prefill_table_config
-    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_LONG_KV_CONFIGS
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
     g = case.group_size
     base = [sparse_prefill_table_config(g, case.total_q),
             *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values(),
-            *H200_LONG_KV_CONFIGS.values()]
+            *H200_LONG_KV_CONFIGS.values(), *H200_DENSE_CONFIGS.values()]
     variants: list[dict[str, Any]] = [{}]
     for cfg in H200_CONFIGS.values():
         var = {k: v for k, v in cfg.items()
@@ -109,8 +109,9 @@ def _space(case: Any) -> list[dict[str, Any]]:
     for cfg in base + grid:
         if case.kind == "prefill":   # the chunk translation mode does nothing for prefill rows
             cfg = {k: v for k, v in cfg.items() if k != "CHUNK_MODE"}
-        elif cfg.get("SLOT_ORDER") and cfg.get("CHUNK_MODE") != "pretranslate":
-            continue  # chunk entries are positions until translated: nothing to order
+        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE"))
+              and cfg.get("CHUNK_MODE") != "pretranslate"):
+            continue  # chunk entries are positions until translated: nothing to order or count
         key = tuple(sorted(cfg.items()))
         if key not in seen:
             seen.add(key)

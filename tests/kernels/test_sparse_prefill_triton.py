@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
 from backends.sparse_prefill.triton_kernels import (  # noqa: E402
@@ -297,6 +297,122 @@ def test_slot_order_needs_translated_chunk_entries(mode):
 # ------------------------------------------------------------------ configs and errors
 
 
+# ------------------------------------------------------------------ DENSE (CPU)
+
+
+def _ramp_case(seed, *, total_q, group, hkv=1, d=32, num_slots=64, topk=24, reach=3,
+               dtype=torch.float16):
+    """Causal-like rows: row r selects ``topk`` entries among its first ``min(num_slots, 4 + reach
+    * r)`` slots (early rows are dense in their span, later ones sparse), plus the hazards:
+    duplicates, invalid entries, short and empty rows, an all-invalid row."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn((total_q, group * hkv, d), generator=g).to(dtype)
+    k = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    v = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    idx = torch.empty((total_q, topk), dtype=torch.int32)
+    for r in range(total_q):
+        vis = min(num_slots, 4 + reach * r)
+        idx[r] = torch.randint(0, vis, (topk,), generator=g, dtype=torch.int32)
+    idx[0, :5] = idx[0, 5]  # duplicates
+    bad = torch.rand((total_q, topk), generator=g) < 0.1
+    idx[bad] = torch.where(torch.rand(int(bad.sum()), generator=g) < 0.5, -3,
+                           num_slots + 5).to(torch.int32)
+    idx[total_q // 2] = -1  # all invalid -> zeros
+    lengths = torch.randint(topk // 2, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    lengths[1] = 0  # empty row
+    return q, k, v, idx, lengths
+
+
+def _dense_tiles(idx, lengths, num_slots, rp, span_pct):
+    """The tiles DENSE computes densely (the kernels' rule, in Python)."""
+    out = []
+    for t0 in range(0, idx.shape[0], rp):
+        slots, nv = [], 0
+        for r in range(t0, min(t0 + rp, idx.shape[0])):
+            row = idx[r, :max(0, min(int(lengths[r]), idx.shape[1]))]
+            ok = row[(row >= 0) & (row < num_slots)]
+            slots += ok.tolist()
+            nv += len(ok)
+        span = (max(slots) - min(slots) + 1) if slots else 0
+        out.append(span * rp * 100 <= nv * span_pct)
+    return out
+
+
+FAM6 = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "SPLIT_QK": 2,
+        "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1}
+
+
+@pytest.mark.parametrize("group,hkv,dtype,tile,span", [
+    (6, 1, torch.float16, "16x16x4x2", 10**6),  # every tile dense (TMA descriptors)
+    (6, 1, torch.float16, "16x32x4x2", 250),  # dense and gathered tiles in one call
+    (12, 2, torch.float32, "32x16x4x2", 200),  # pointer loads (fp32), 2 KV heads
+    (3, 2, torch.float16, "16x16x2x2", 400),  # group below the tile: padded heads
+])
+def test_dense_tiles_match_the_reference(group, hkv, dtype, tile, span):
+    q, k, v, idx, lengths = _ramp_case(5, total_q=24, group=group, hkv=hkv, dtype=dtype)
+    rp = int(tile.split("x")[0]) // triton.next_power_of_2(group)
+    tiles = _dense_tiles(idx, lengths, k.shape[0], rp, span)
+    if span < 10**6:
+        assert any(tiles) and not all(tiles), tiles  # the case exercises both paths
+    cfg = {**FAM6, "BLOCK_M": max(8, triton.next_power_of_2(group)), "DENSE": span,
+           "DENSE_TILE": tile}
+    _check(q, k, v, idx, cfg, lengths=lengths)
+
+
+def test_dense_kernel_writes_exactly_its_tiles_and_the_gathers_the_rest():
+    # The two halves of a DENSE call on a poisoned output: after the dense part only the dense
+    # tiles' rows are written (and right); the whole call writes every row once, right.
+    from backends.sparse_prefill import triton_kernels as tk
+
+    q, k, v, idx, lengths = _ramp_case(6, total_q=20, group=6, dtype=torch.float16)
+    var = {**tk.DEFAULT_VARIANT, **FAM6, "DENSE": 250, "DENSE_TILE": "16x16x4x2"}
+    tiles = _dense_tiles(idx, lengths, k.shape[0], 2, 250)
+    assert any(tiles) and not all(tiles)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
+    out = torch.full_like(q, float("nan"))
+    tk._dense(q, k, v, idx, lengths, True, out, q.shape[2] ** -0.5 * tk._LOG2E, var, None, 32)
+    for t, dense in enumerate(tiles):
+        rows = slice(2 * t, 2 * t + 2)
+        if dense:
+            assert (out[rows].double() - ref[rows]).abs().max() <= error_bound(q.dtype)
+        else:
+            assert out[rows].isnan().all(), f"tile {t} is the gathering kernel's"
+    _check(q, k, v, idx, {**FAM6, "DENSE": 250, "DENSE_TILE": "16x16x4x2"}, lengths=lengths)
+
+
+def test_dense_rows_in_chunks_of_the_scratch_budget(monkeypatch):
+    # a scratch budget of a few rows: the counts are done chunk by chunk, same result
+    from backends.sparse_prefill import triton_kernels as tk
+
+    q, k, v, idx, lengths = _ramp_case(7, total_q=22, group=6, num_slots=50)
+    monkeypatch.setattr(tk, "_DENSE_SCRATCH_BYTES", 4 * 25 * 5)  # 5 rows of 25 words -> 4
+    _check(q, k, v, idx, {**FAM6, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, lengths=lengths)
+
+
+def test_dense_never_reads_slots_outside_every_span():
+    # NaN in the slots no row of the call selects, outside every tile's span: never read
+    q, k, v, idx, lengths = _ramp_case(8, total_q=12, group=6, num_slots=80, reach=2)
+    k[60:], v[60:] = float("nan"), float("nan")
+    idx[idx >= 60] = -1
+    _check(q, k, v, idx, {**FAM6, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, lengths=lengths)
+
+
+def test_dense_chunk_needs_translated_entries_and_runs_pretranslated():
+    q, k, v, idx, kw = _chunk_case(9, dtype=torch.float16)
+    dense = {**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}
+    for mode in ("fused", "staged"):
+        with pytest.raises(ConfigError, match=r"DENSE=1000000 walks KV slots.*'pretranslate'"):
+            sparse_prefill_triton(q, k, v, idx, config={**dense, "CHUNK_MODE": mode}, **kw)
+    _check(q, k, v, idx, {**dense, "CHUNK_MODE": "pretranslate"}, **kw)
+
+
+def test_dense_top_k_past_16_bit_counts_is_config_error():
+    q, k, v, _, _ = _prefill_case(1, total_q=2, d=16)
+    idx = torch.zeros((2, 65536), dtype=torch.int32)
+    with pytest.raises(ConfigError, match="top-k <= 65535"):
+        sparse_prefill_triton(q, k, v, idx, config={**BASE, "DENSE": 200})
+
+
 def test_block_m_below_group_is_config_error():
     with pytest.raises(ConfigError, match=r"BLOCK_M=8 is below group_size=12.*use 16"):
         validate_config({**BASE, "BLOCK_M": 8}, 12, 256)
@@ -322,6 +438,14 @@ def test_block_m_below_group_is_config_error():
     ({**BASE, "OFFS32": 1, "PREFETCH": 1}, "OFFS32=1 applies"),
     ({**BASE, "LAZY_RESCALE": 1, "SPLIT_QK": 2}, "LAZY_RESCALE=1 is implemented"),
     ({**BASE, "SLOT_ORDER": 3}, "SLOT_ORDER"),
+    ({**BASE, "DENSE": -1}, "DENSE=-1: expected 0"),
+    ({**BASE, "DENSE": True}, "DENSE=True"),
+    ({**BASE, "DENSE": 200, "SLOT_ORDER": 1}, "DENSE and SLOT_ORDER"),
+    ({**BASE, "DENSE": 200, "DENSE_TILE": "128x32x8"}, "expected 'BMxBNxWxS'"),
+    ({**BASE, "DENSE": 200, "DENSE_TILE": "96x32x8x3"}, "BM=96 must be a power of two"),
+    ({**BASE, "DENSE": 200, "DENSE_TILE": "8x32x8x3"}, "BM=8 must be a power of two >= 16"),
+    ({**BASE, "DENSE": 200, "DENSE_TILE": "128x8x8x3"}, "BN=8"),
+    ({**BASE, "DENSE": 200, "DENSE_TILE": "128x32x6x3"}, "warps=6"),
 ])
 def test_bad_configs(cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -330,10 +454,12 @@ def test_bad_configs(cfg, match):
 
 def test_all_shipped_configs_validate():
     # Every config a policy can hand the kernel is valid for its group (validate_config raises).
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_LONG_KV_CONFIGS
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
-    for (_, group), cfg in H200_CONFIGS.items():
-        validate_config(cfg, group, 256)
+    for table in (H200_CONFIGS, H200_LONG_KV_CONFIGS, H200_DENSE_CONFIGS):
+        for (_, group), cfg in table.items():
+            validate_config(cfg, group, 256)
     for group, cfg in SM120_PREFILL_CONFIGS.items():
         validate_config(cfg, group, 256)
     for group in (1, 6, 12, 16, 17):
@@ -426,6 +552,10 @@ def _gpu_configs(kind, group):
     cfgs = [table_config(group, 8192), table_config(group, 256)]
     if (kind, group) in H200_CONFIGS:
         cfgs.append(H200_CONFIGS[(kind, group)])
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS
+
+    if (kind, group) in H200_DENSE_CONFIGS:  # dense and gathered tiles of the 2560-row ramp
+        cfgs.append(H200_DENSE_CONFIGS[(kind, group)])
     for spec in filter(None, os.environ.get("KREG_SP_EXTRA_GEOMETRIES", "").split(",")):
         cfg = parse_geometry(spec)
         if cfg["BLOCK_M"] >= group:
@@ -480,11 +610,15 @@ def test_bench_geometry_round_trip():
     from backends.sparse_prefill.bench import format_geometry, parse_geometry
 
     for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:keys:even",
-                 "16x32x4x1:pf1", "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord2"):
+                 "16x32x4x1:pf1", "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord2",
+                 "8x16x1x2:rev:dense250", "16x16x1x2:dense200:dt128x64x8x2"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
-    for cfg in H200_CONFIGS.values():
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS
+
+    for cfg in (*H200_CONFIGS.values(), *H200_DENSE_CONFIGS.values()):
         assert parse_geometry(format_geometry(cfg)) == cfg
+    assert parse_geometry("8x16x1x2:dense250")["DENSE"] == 250
 
 
 def test_bench_inputs_follow_the_affine_walk():
@@ -546,6 +680,22 @@ def test_tuner_space_has_every_family_config_and_no_chunk_mode_for_prefill():
             assert not any(":pre" in lab or ":stage" in lab for lab in cands)
         else:
             assert any(cfg.get("CHUNK_MODE") == "staged" for cfg in cands.values())
+
+
+def test_tuner_space_has_the_dense_family_for_prefill_and_pretranslated_chunk_only():
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS
+
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=12, total_q=8192, kv_len=8192)
+        case.extra["space"] = "tiny"
+        cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
+        if kind == "prefill":
+            assert H200_DENSE_CONFIGS[("prefill", 12)] in cands
+        else:
+            assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in cands
+                       if cfg.get("DENSE"))
 
 
 def test_tuner_space_has_the_long_kv_family_where_it_can_run():

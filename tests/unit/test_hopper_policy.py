@@ -7,6 +7,9 @@ import pytest
 import registry
 from plugins.generic import sparse_prefill_table_config
 from plugins.nvidia_hopper import (
+    DENSE_MAX_KV,
+    DENSE_MIN_TOTAL_Q,
+    H200_DENSE_CONFIGS,
     H200_LONG_KV_CONFIGS,
     H200_PREFILL_CONFIGS,
     LONG_KV_FROM,
@@ -91,4 +94,24 @@ def test_long_kv_config_from_its_measured_kv_length_and_rows(kind: str, group: i
                                    max_q=tq))
             assert d.implementation == HOPPER
             on = kv is not None and kv >= LONG_KV_FROM and tq >= rows
-            assert d.config == (long_ if on else short), (kv, tq, d.config)
+            if on or "DENSE" not in d.config:  # dense tiles: the test below
+                assert d.config == (long_ if on else short), (kv, tq, d.config)
+
+
+@pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
+def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group: int) -> None:
+    """Dense tiles for prefill up to DENSE_MAX_KV slots from DENSE_MIN_TOTAL_Q rows; never for
+    chunk, an unknown KV length, fewer rows, or longer KV (the short- or long-KV config)."""
+    short = H200_PREFILL_CONFIGS[(kind, group)]
+    for kv in (None, 2048, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768, LONG_KV_FROM):
+        for tq in (MIN_TOTAL_Q[(kind, group)], DENSE_MIN_TOTAL_Q - 1, DENSE_MIN_TOTAL_Q, 16384):
+            d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
+                                   max_q=tq))
+            assert d.implementation == HOPPER
+            on = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
+                  and tq >= DENSE_MIN_TOTAL_Q)
+            if on:
+                assert d.config == H200_DENSE_CONFIGS[(kind, group)]
+                assert d.config == {**short, "DENSE": d.config["DENSE"]} and d.config["DENSE"] > 0
+            else:
+                assert "DENSE" not in d.config, (kv, tq, d.config)
