@@ -144,7 +144,7 @@ DENSE_MAX_KV = 8192
 DENSE_MIN_TOTAL_Q = 8192
 H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "DENSE": 250},
-    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "DENSE": 200},
+    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "DENSE": 150},
 }
 
 
