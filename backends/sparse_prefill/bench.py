@@ -163,7 +163,7 @@ def parse_geometry(spec: str) -> dict[str, Any]:
         if o.startswith("dense") and o[5:].isdigit():
             cfg["DENSE"] = int(o[5:])
             continue
-        if o.startswith("dt") and len(o[2:].split("x")) == 4:
+        if o.startswith("dt") and len(o[2:].split("x")) in (4, 5):
             cfg["DENSE_TILE"] = o[2:]
             continue
         if o[:1] == "r" and o[1:].isdigit():

@@ -71,8 +71,9 @@ SLOT_ORDER      0          1 or 2: before the attention kernel, a pre-pass reord
                            CHUNK_MODE="pretranslate" (the translated slots are ordered).
 DENSE           0          N > 0: rows whose selections are dense in their slot span are
                            computed by walking the KV blocks instead of gathering entries. The
-                           rows are taken in tiles of ``RP = BM // GP`` (DENSE_TILE's BM, GP =
-                           group_size rounded up to a power of two). A tile is dense when the
+                           rows are taken in tiles of ``RP = BM // HP`` (DENSE_TILE's BM and
+                           HP: by default group_size rounded up to a power of two, i.e. one
+                           program takes the whole group). A tile is dense when the
                            slots between the least and the greatest one its rows select number
                            at most N percent of its rows' mean count of valid entries (e.g. a
                            causal prompt's first rows, which select all they see). For those
@@ -81,15 +82,18 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            2) words a row, bounded by ``_DENSE_SCRATCH_BYTES``: rows are done in
                            chunks), then one program per tile streams the contiguous K/V blocks
                            of the span (TMA descriptors for 16-bit K/V whose strides allow it)
-                           once for all RP x group query lines and scores them on the tensor
+                           once for its RP x HP query lines and scores them on the tensor
                            cores; a line's weight of slot s is ``count * exp(score)`` (0 where
                            unselected). The gathering kernel, with the rest of the config, does
                            the other tiles. Unselected slots inside a dense tile's span are read:
                            a non-finite V value there reaches the tile's outputs (0 x NaN), where
                            the gathering loop would not read it. Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
-DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS``: query lines per program (a
-                           power of two >= 16 and >= GP), slots per step, warps, stages.
+DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
+                           power of two >= 16 and >= HP), slots per step, warps, stages, and
+                           optionally HP, the query heads a program takes (a power of two; 0 or
+                           absent: the group rounded up; below the group, ceil(group / HP)
+                           programs share a tile's K/V blocks through L2).
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -228,21 +232,36 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
 
 
 def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
-    """DENSE_TILE ``BMxBNxWxS`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
+    """DENSE_TILE ``BMxBNxWxS[xHP]`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
     parts = spec.lower().split("x") if isinstance(spec, str) else []
-    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3'")
-    bm, bn, nw, ns = map(int, parts)
-    gp = triton.next_power_of_2(group_size)
-    if not _is_pow2(bm) or bm < max(16, gp):
+    if len(parts) not in (4, 5) or not all(p.isdigit() for p in parts) or \
+            not all(int(p) > 0 for p in parts[:4]):
+        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3', or "
+                          f"'BMxBNxWxSxHP' with HP query heads a program")
+    bm, bn, nw, ns = map(int, parts[:4])
+    hp = _dense_heads(spec, group_size)
+    if not _is_pow2(bm) or bm < max(16, hp):
         raise ConfigError(f"DENSE_TILE={spec!r}: BM={bm} must be a power of two >= "
-                          f"{max(16, gp)} (the MMA's M side, holding whole rows of "
-                          f"{gp} padded heads for group {group_size})")
+                          f"{max(16, hp)} (the MMA's M side, holding whole rows of {hp} "
+                          f"heads for group {group_size})")
     if not _is_pow2(bn) or bn < 16:
         raise ConfigError(f"DENSE_TILE={spec!r}: BN={bn} must be a power of two >= 16")
     if not _is_pow2(nw) or nw > 32:
         raise ConfigError(f"DENSE_TILE={spec!r}: warps={nw} must be a power of two <= 32")
     return bm, bn, nw, ns
+
+
+def _dense_heads(spec: str, group_size: int) -> int:
+    """Query heads one DENSE program takes: DENSE_TILE's HP (a power of two), or, when it is
+    absent or 0, the whole group rounded up to a power of two (padded lines masked)."""
+    parts = spec.lower().split("x")
+    hp = int(parts[4]) if len(parts) == 5 else 0
+    if hp == 0:
+        return int(triton.next_power_of_2(group_size))
+    if not _is_pow2(hp):
+        raise ConfigError(f"DENSE_TILE={spec!r}: HP={hp} must be 0 (the whole group) or a "
+                          f"power of two")
+    return hp
 
 
 def _variant(config: dict[str, Any]) -> dict[str, Any]:
@@ -811,29 +830,31 @@ def _count_slots(IDX, LENS, LO, HI, NV, CNT, num_slots, topk, row0, total_q, den
 def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group, total_q,
                row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, GP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
+               BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
                DESC: tl.constexpr, DOT_PREC: tl.constexpr):
-    """DENSE: the ``RP = BLOCK_M // GP`` rows of one tile (of the chunk ``row0 .. row0 +
-    nrows``) and all heads of KV head ``program_id(1)``: line m is row ``m // GP``, head
-    ``m % GP`` (``GP``: the group rounded up to a power of two; lines of heads past the group
-    are masked). Streams the KV blocks between the least and the greatest slot the rows select,
-    through TMA descriptors ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of
-    slot s is ``count * exp2(score)``: its score plus ``log2(count)``, -inf where the count is
-    0. Tiles that ``_dense_tile`` leaves to the gathering kernel do nothing."""
-    RP: tl.constexpr = BLOCK_M // GP
+    """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
+    nrows``) and ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)``, its
+    ``program_id(1) % ceil(group / HP)``-th ``HP`` query heads: line m is row ``m // HP``, head
+    ``m % HP`` of those (lines of heads past the group are masked). Streams the KV blocks
+    between the least and the greatest slot the rows select, through TMA descriptors
+    ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is ``count *
+    exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0. Tiles that
+    ``_dense_tile`` leaves to the gathering kernel do nothing."""
+    RP: tl.constexpr = BLOCK_M // HP
     pid = tl.program_id(0)
     ntiles = tl.cdiv(nrows, RP)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
         tile = ntiles - 1 - pid
     else:
         tile = pid
-    h = tl.program_id(1)
+    chunks = tl.cdiv(group, HP)
+    h = tl.program_id(1) // chunks
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
-    ri = tile * RP + offs_m // GP  # row within the chunk
-    hh = offs_m % GP
+    ri = tile * RP + offs_m // HP  # row within the chunk
+    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP  # head within the group
     m_ok = (hh < group) & (ri < nrows)
     rr = tile * RP + tl.arange(0, RP)
     r_ok = rr < nrows
@@ -861,7 +882,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group
         inr = (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None])
         w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
         cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
-        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, GP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
         c = tl.where(m_ok[:, None], c, 0)
         if DESC:
             k = KD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
@@ -1020,8 +1041,8 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         raise ConfigError(f"DENSE counts a slot's multiplicity in 16 bits, so top-k <= 65535 "
                           f"(got {topk}): use DENSE=0")
     bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
-    gp = triton.next_power_of_2(group)
-    rp = bm // gp
+    hp = _dense_heads(var["DENSE_TILE"], group)
+    rp = bm // hp
     span = int(var["DENSE"])
     dev = q.device
     lo = torch.empty((total_q,), device=dev, dtype=torch.int32)
@@ -1045,11 +1066,11 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, num_slots, topk, row0, total_q, span,
                                idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
                                BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
-        _dense_fwd[(triton.cdiv(nrows, rp), hkv)](
+        _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
             q, k, v, kd, vd, cnt, lo, hi, nv, out, qk_scale, num_slots, group, total_q, row0,
             nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, GP=gp,
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
             num_warps=nw, num_stages=ns)  # MAXNREG is the gathering kernel's, not this one's
     return lo, hi, nv, rp, span
