@@ -87,19 +87,15 @@ def main() -> None:
     ap.add_argument("--tile", default="128x32x8x3")
     ap.add_argument("--iters", type=int, default=15)
     a = ap.parse_args()
-    import torch
-    import triton
+    from backends.sparse_prefill.bench import probe_grid, probe_header
 
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-          f"{triton.__version__}; prefill, 8192 rows, top-k 2051, head_dim 256, bf16; graph "
-          f"replays, ms (x = table / provider)")
+    print(probe_header("graph replays, ms (x = table / provider)"))
     dense = [int(x) for x in a.dense.split(",")]
-    for kv in (int(x) for x in a.kv.split(",")):
-        for g in (int(x) for x in a.groups.split(",")):
-            res = run_case(kv, g, dense, a.tile, a.iters)
-            print(f"\nKV {kv}, group {g}")
-            for name, ms in res.items():
-                print(f"  {name:48s} {ms:8.4f}  x {res['table'] / ms:5.2f}")
+    for kv, g in probe_grid(a.kv, a.groups):
+        res = run_case(kv, g, dense, a.tile, a.iters)
+        print(f"\nKV {kv}, group {g}")
+        for name, ms in res.items():
+            print(f"  {name:48s} {ms:8.4f}  x {res['table'] / ms:5.2f}")
 
 
 if __name__ == "__main__":

@@ -74,19 +74,16 @@ def main() -> None:
     ap.add_argument("--shapes", default="16x1,32x1,16x2,32x2,32x4,64x4,64x8")
     ap.add_argument("--iters", type=int, default=15)
     a = ap.parse_args()
-    import torch
+    from backends.sparse_prefill.bench import probe_grid, probe_header
 
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-          f"{triton.__version__}; prefill, 8192 rows, top-k 2051, head_dim 256, bf16; graph "
-          f"replays, ms")
-    for kv in (int(x) for x in a.kv.split(",")):
-        for g in (int(x) for x in a.groups.split(",")):
-            res = run_case(kv, g, a.shapes.split(","), a.iters)
-            floor = min(ms for n, ms in res.items() if n.startswith("gather only"))
-            print(f"\nKV {kv}, group {g}: table / 1.3 = {res['table'] / 1.3:.4f} ms; the "
-                  f"fastest gather-only time is {floor / (res['table'] / 1.3):.1%} of it")
-            for name, ms in res.items():
-                print(f"  {name:28s} {ms:8.4f}  floor/x {floor / ms:6.1%}")
+    print(probe_header("graph replays, ms"))
+    for kv, g in probe_grid(a.kv, a.groups):
+        res = run_case(kv, g, a.shapes.split(","), a.iters)
+        floor = min(ms for n, ms in res.items() if n.startswith("gather only"))
+        print(f"\nKV {kv}, group {g}: table / 1.3 = {res['table'] / 1.3:.4f} ms; the fastest "
+              f"gather-only time is {floor / (res['table'] / 1.3):.1%} of it")
+        for name, ms in res.items():
+            print(f"  {name:28s} {ms:8.4f}  floor/x {floor / ms:6.1%}")
 
 
 if __name__ == "__main__":

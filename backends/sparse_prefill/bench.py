@@ -151,6 +151,20 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2)}
 
 
+def probe_header(timing: str) -> str:
+    """The first line of a ``benchmarks/probe_*`` report: device, versions, the seed shape."""
+    import torch
+    import triton
+
+    return (f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+            f"{triton.__version__}; prefill, 8192 rows, top-k 2051, head_dim 256, bf16; {timing}")
+
+
+def probe_grid(kv: str, groups: str) -> list[tuple[int, int]]:
+    """``--kv`` and ``--groups`` comma lists of a probe -> its (KV length, group) cases."""
+    return [(int(x), int(g)) for x in kv.split(",") for g in groups.split(",")]
+
+
 def parse_geometry(spec: str) -> dict[str, Any]:
     """``BMxBNxWxS[:opt...]`` -> config dict (see the module doc for the options)."""
     head, *opts = spec.split(":")
