@@ -73,6 +73,23 @@ def test_long_kv_launches_the_slot_ordered_family(kind: str, group: int) -> None
 
 
 @pytest.mark.parametrize("group", [6, 12])
+def test_short_prefill_launches_the_dense_family(group: int) -> None:
+    # prefill at KV 8K and 8192 rows (the policy's bounds): the dense config (DENSE) launches;
+    # the causal ramp has dense tiles (its first rows) and gathered ones
+    from plugins.nvidia_hopper import DENSE_MAX_KV, DENSE_MIN_TOTAL_Q, H200_DENSE_CONFIGS
+
+    case = BenchCase(kind="prefill", group_size=group, kv_len=DENSE_MAX_KV,
+                     total_q=DENSE_MIN_TOTAL_Q)
+    launches, out, ref = _run(case)
+    assert len(launches) == 1
+    if _is_h200():
+        assert launches[0].implementation == "nvidia_hopper.sparse_prefill_tuned"
+        assert dict(launches[0].config) == H200_DENSE_CONFIGS[("prefill", group)]
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max().item() <= 2e-2
+
+
+@pytest.mark.parametrize("group", [6, 12])
 def test_below_the_crossover_the_table_launches(group: int) -> None:
     case = BenchCase(kind="chunk", group_size=group, kv_len=4096, total_q=128)
     launches, out, ref = _run(case)
