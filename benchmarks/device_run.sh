@@ -15,7 +15,8 @@
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
 # onewarp-sparse (group 6 on one warp), dense-sparse (DENSE thresholds, KV and total_q
-# sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads, 16 requests),
+# sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads,
+# 16 requests),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -307,7 +308,7 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
           2>&1 | tee -a "$OUT/dense_sparse.log" | grep -v "^-"
       done
       for g in 6 12; do
-        if [ $g = 6 ]; then p=$F6:${DENSE6:-dense370}; else p=$F12:${DENSE12:-dense200}; fi
+        if [ $g = 6 ]; then p=$F6:${DENSE6:-dense370}; else p=$F12:${DENSE12:-dense150}; fi
         stage "sparse_prefill prefill g$g: sweeps of $p"
         timeout 300 python3 benchmarks/bench_sparse_prefill.py --kind prefill --group-size $g \
           --kv-len 4096,16384,32768 --total-q 8192 --graphs --warmup 3 --iters 15 \

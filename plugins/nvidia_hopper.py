@@ -134,9 +134,11 @@ LONG_KV_MIN_TOTAL_Q: dict[tuple[str, int], int] = {
 # streamed once per tile of rows and scored on the tensor cores, the other rows gather as
 # before (DENSE=N: a tile of rows is dense when its slot span is at most N% of its mean valid
 # entries). Measured at 8192 rows, KV 8K, graph replays (docs/notes/sparse_prefill.md, v15):
-# group 6 at N=250 1.58-1.59x over the table (the family alone 1.30-1.31x; N=200 and all tiles
-# dense were within 1%), group 12 at N=200 1.34x (N=150 1.32x, 250 1.26x, all dense 0.94x: 12
-# heads double the dense MMA work); KV 4K, group 6: 1.97x. Not used below 8192 rows (at 1024-4096
+# group 6 at N=250 1.57-1.61x over the table (the family alone 1.29-1.31x; N=200 and all tiles
+# dense were within 1%), group 12 at N=150 1.32x (N=200 1.33-1.34x at KV 8K but 0.84x of the
+# family at KV 4K, where its rows past 4096 have span / entries = 2.0 and went dense; 250 1.26x,
+# all dense 0.94x: 12 heads pad to 16 lines and double the dense MMA work); KV 2K / 4K: group 6
+# 2.73x / 2.03x, group 12 1.83x / 1.33x. Not used below 8192 rows (at 1024-4096
 # rows with a prefix the dense tiles lost up to 3x) or past KV 8K (nothing is dense there, and the
 # statistics pass costs ~2%). A DENSE call holds an int32 scratch of ceil(kv_len / 2) words a row
 # (128 MiB at 8192 x 8192; at most 256 MiB, rows are done in chunks).

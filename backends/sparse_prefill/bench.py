@@ -194,7 +194,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
     for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER", "DENSE"):
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):
