@@ -17,8 +17,11 @@ run whose buckets coincide (grid axes the workload cannot see, such as sparse_pr
 ``space``; its KV length was one until the workload gained ``kv_len``) merge into one entry: its
 config is the candidate with the smallest worst ratio to each point's fastest (minimax regret
 over those points), its ``timings_ms`` the mean over them of the candidates measured at every
-one. A candidate that fails to compile or run is scored as failed, not fatal; one past the op's
-error bound makes the run exit non-zero.
+one. The baseline keeps the entry unless a candidate beats it by more than ``min_gain`` (a
+worst ratio more than that much lower): a win inside timing noise would serve a config the
+table does as well, and could serve a slower one (the selection-regret run catches exactly
+that on ~0.1 ms kernels). A candidate that fails to compile or run is scored as failed, not
+fatal; one past the op's error bound makes the run exit non-zero.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from registry._spec import load_object
 from registry._store import DeviceIdentity, Software, TuningEntry, TuningStore, utc_now
 from registry.errors import ConfigError
 
-__all__ = ["PointResult", "load_tuner", "tune"]
+__all__ = ["DEFAULT_MIN_GAIN", "PointResult", "load_tuner", "tune"]
+
+DEFAULT_MIN_GAIN = 0.03
 
 
 @dataclass
@@ -44,8 +49,9 @@ class PointResult:
     status: str  # "measured", "skipped (in store)", "dry-run", "no valid candidate"
     candidates: list[tuple[str, dict[str, Any] | None, str]] = field(default_factory=list)
     timings: dict[str, dict[str, Any]] = field(default_factory=dict)
-    winner: str | None = None
+    winner: str | None = None      # the config written for this point
     baseline: str | None = None
+    fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
 
     @property
     def speedup(self) -> float | None:
@@ -80,7 +86,10 @@ def identity(facts: DeviceFacts) -> tuple[DeviceIdentity, Software]:
 def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: TuningStore,
          dry_run: bool = False, resume: bool = True, warmup: int = 5, iters: int = 30,
          on_point: Callable[[PointResult], None] | None = None,
-         command: str | None = None) -> list[PointResult]:
+         command: str | None = None, min_gain: float = DEFAULT_MIN_GAIN) -> list[PointResult]:
+    if not 0.0 <= min_gain < 1.0:
+        raise ConfigError(f"min_gain={min_gain}: expected a fraction in [0, 1), e.g. 0.03 for "
+                          f"3%")
     tuner = load_tuner(op)
     device, software = identity(facts)
     command = command or "kreg " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -108,10 +117,11 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
             res.timings = tuner.measure(case, valid, warmup=warmup, iters=iters)
             ok = {lab: t["ms"] for lab, t in res.timings.items() if t.get("ok") and t.get("ms")}
             if ok:
-                res.winner = min(ok, key=lambda lab: ok[lab])
+                res.fastest = min(ok, key=lambda lab: ok[lab])
+                res.winner = _merge([ok], res.baseline, min_gain)[0]
                 points = merged.setdefault(_bucket_key(bucket), [])
                 points.append(ok)
-                config_label, timings = _merge(points)
+                config_label, timings = _merge(points, res.baseline, min_gain)
                 store.put([TuningEntry(
                     op=op, family=tuner.FAMILY, device=device, software=software, bucket=bucket,
                     config=valid[config_label], timings_ms=timings, command=command,
@@ -124,20 +134,23 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
     return results
 
 
-def _merge(points: list[dict[str, float]]) -> tuple[str, dict[str, float]]:
-    """(minimax-regret label, mean ms) over the points of one bucket, among the labels that ran
-    at every point (a single point: its fastest, its timings)."""
-    if len(points) == 1:
-        only = points[0]
-        return min(only, key=only.__getitem__), dict(only)
+def _merge(points: list[dict[str, float]], baseline: str | None = None,
+           min_gain: float = 0.0) -> tuple[str, dict[str, float]]:
+    """(label, mean ms) over the points of one bucket, among the labels that ran at every point:
+    the minimax-regret label (the smallest worst ratio to each point's fastest), unless
+    ``baseline`` ran everywhere and that label's worst ratio is not more than ``min_gain``
+    below the baseline's; then the baseline. A single point: its fastest, its timings."""
     common = set(points[0]).intersection(*points[1:])
     if not common:   # nothing ran everywhere: the latest point decides
         last = points[-1]
-        return min(last, key=last.__getitem__), dict(last)
+        common, points = set(last), [last]
     best = [min(p.values()) for p in points]
     worst = {lab: max(p[lab] / b for p, b in zip(points, best, strict=True)) for lab in common}
     mean = {lab: sum(p[lab] for p in points) / len(points) for lab in common}
-    return min(common, key=lambda lab: (worst[lab], mean[lab])), mean
+    label = min(common, key=lambda lab: (worst[lab], mean[lab]))
+    if baseline in common and worst[baseline] <= worst[label] * (1.0 + min_gain):
+        label = baseline
+    return label, mean
 
 
 def _bucket_key(bucket: dict[str, Any]) -> str:

@@ -30,16 +30,25 @@ def _grid(items: tuple[str, ...]) -> dict[str, list[str]]:
 @click.option("--no-resume", is_flag=True, help="Measure points already in the store again.")
 @click.option("--warmup", default=5, show_default=True)
 @click.option("--iters", default=30, show_default=True)
+@click.option("--min-gain", "min_gain", type=float, default=None, metavar="FRACTION",
+              help="Keep the baseline (the table) unless a config beats it by more than this "
+                   "fraction  [default: 0.03]")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the crossover chart (time against the point per config) to a PNG.")
 @click.option("--json", "as_json", is_flag=True)
 def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup: int,
-         iters: int, plot: str | None, as_json: bool) -> None:
+         iters: int, min_gain: float | None, plot: str | None, as_json: bool) -> None:
     """Sweep OP's valid configs on this device; write each point's winner to the store."""
     import registry
-    from registry._tune import load_tuner
+    from registry._tune import DEFAULT_MIN_GAIN, load_tuner
     from registry._tune import tune as run_tune
     from registry.errors import KregError
+
+    min_gain = DEFAULT_MIN_GAIN if min_gain is None else min_gain
+    if not 0.0 <= min_gain < 1.0:
+        raise click.BadParameter(f"{min_gain} is not a fraction in [0, 1); e.g. 0.03 keeps the "
+                                 f"baseline unless a config is more than 3% faster",
+                                 param_hint="--min-gain")
 
     try:
         tuner = load_tuner(op)
@@ -51,12 +60,14 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
     import shlex
 
     command = "kreg tune " + shlex.join([op, *[f"--grid={g}" for g in grid],
-                                         f"--warmup={warmup}", f"--iters={iters}"])
+                                         f"--warmup={warmup}", f"--iters={iters}",
+                                         f"--min-gain={min_gain:g}"])
     click.echo(f"# tuning {op} on {facts.describe()}; store {store.path}", err=True)
     with click.progressbar(length=len(cases), label="points", file=sys.stderr) as bar:
         results = run_tune(op, _grid(grid), facts=facts, store=store, dry_run=dry_run,
                            resume=not no_resume, warmup=warmup, iters=iters,
-                           on_point=lambda r: bar.update(1), command=command)
+                           on_point=lambda r: bar.update(1), command=command,
+                           min_gain=min_gain)
     if as_json:
         click.echo(json.dumps([vars(r) for r in results], indent=2, default=str))
     else:
@@ -64,7 +75,13 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
             pruned = [f"{lab} ({note})" for lab, cfg, note in r.candidates if cfg is None]
             valid = [lab for lab, cfg, _ in r.candidates if cfg is not None]
             head = f"{r.label}: {r.status}"
-            if r.winner:
+            if r.winner and r.fastest and r.winner != r.fastest:
+                fast = r.timings[r.fastest]['ms']
+                head += (f"; kept the baseline {r.winner} {r.timings[r.winner]['ms']:.4f} ms: "
+                         f"the fastest, {r.fastest} {fast:.4f} ms, was only "
+                         f"{r.timings[r.winner]['ms'] / fast:.3f}x faster (--min-gain "
+                         f"{min_gain:g})")
+            elif r.winner:
                 sp = r.speedup
                 head += f"; winner {r.winner} {r.timings[r.winner]['ms']:.4f} ms"
                 if sp:

@@ -145,6 +145,65 @@ def test_points_of_one_bucket_merge_by_minimax_regret() -> None:
     assert _merge([{"x": 1.0}, {"y": 2.0}]) == ("y", {"y": 2.0})
 
 
+def test_merge_keeps_the_baseline_unless_a_config_wins_by_more_than_min_gain() -> None:
+    from registry._tune import _merge
+
+    point = {"table": 1.017, "fam": 1.0, "other": 1.5}
+    assert _merge([point], "table", 0.03)[0] == "table"     # 1.7% faster: inside the margin
+    assert _merge([point], "table", 0.01)[0] == "fam"       # past a 1% margin
+    assert _merge([point], "table", 0.0)[0] == "fam"
+    assert _merge([point], "absent", 0.5)[0] == "fam"       # no baseline measured: fastest
+    # Two points: fam's worst ratio 1.0, the table's 1.05 at the second point: past 3%.
+    assert _merge([point, {"table": 2.1, "fam": 2.0}], "table", 0.03)[0] == "fam"
+    assert _merge([point, {"table": 2.02, "fam": 2.0}], "table", 0.03)[0] == "table"
+
+
+def _fake_tuner(times: dict[str, float]) -> types.SimpleNamespace:
+    configs = {lab: {"label": lab} for lab in times}
+    return types.SimpleNamespace(
+        FAMILY="generic.sparse_prefill_table",
+        cases=lambda grid: ["p"], label=lambda case: "point p",
+        bucket=lambda case: {"total_q": 8},
+        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
+        baseline=lambda case: "table",
+        measure=lambda case, valid, warmup, iters: {
+            lab: {"ms": times[lab], "ok": True} for lab in valid})
+
+
+@pytest.mark.parametrize(("min_gain", "stored"), [(0.03, "table"), (0.01, "fam")])
+def test_tune_writes_the_baseline_when_the_win_is_inside_min_gain(
+        home: Path, monkeypatch: pytest.MonkeyPatch, min_gain: float, stored: str) -> None:
+    """The H200 regret run's failure: a config 1.7% faster at tune time measured 2.5% slower than
+    the table in the next window; with the 3% margin the entry keeps the table."""
+    from registry import _tune
+
+    monkeypatch.setattr(_tune, "load_tuner",
+                        lambda op: _fake_tuner({"table": 1.017, "fam": 1.0}))
+    (res,) = _tune.tune("sparse_prefill", {}, facts=registry.probe(), store=TuningStore(),
+                        min_gain=min_gain, command="test")
+    assert (res.winner, res.fastest) == (stored, "fam")
+    (entry,) = TuningStore().load()
+    assert entry.config == {"label": stored}
+    assert entry.timings_ms == {"table": 1.017, "fam": 1.0}
+
+
+def test_tune_cli_min_gain_is_checked_and_reported(home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry import _tune
+
+    bad = CliRunner().invoke(cli.main, ["tune", "sparse_prefill", "--min-gain", "3"])
+    assert bad.exit_code != 0 and "--min-gain" in bad.output and "[0, 1)" in bad.output
+    assert TuningStore().load() == []
+    monkeypatch.setattr(_tune, "load_tuner",
+                        lambda op: _fake_tuner({"table": 1.017, "fam": 1.0}))
+    res = CliRunner().invoke(cli.main, ["tune", "sparse_prefill"])
+    assert res.exit_code == 0, res.output
+    assert ("kept the baseline table 1.0170 ms: the fastest, fam 1.0000 ms, was only 1.017x "
+            "faster (--min-gain 0.03)") in res.output
+    (entry,) = TuningStore().load()
+    assert entry.config == {"label": "table"} and "--min-gain=0.03" in entry.command
+
+
 def test_tune_keeps_kv_points_apart_and_measured_serves_each(home: Path) -> None:
     """Each KV length of the grid gets its own entry (the bucket has kv_len), and dispatch of
     a call at one KV length runs the config measured there (the floor between them)."""
@@ -187,9 +246,10 @@ def test_tune_keeps_kv_points_apart_and_measured_serves_each(home: Path) -> None
 def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_on() -> None:
     """docs/tables/: the table `kreg tune` measured on the lent H200 (the "post the table" step),
     loaded as a vendor plugin would: per KV length its own measured config (chunk group 6 at
-    8192 rows: the one-warp pretranslate config at KV 8K, the four-warp staged one at 128K;
-    prefill group 6 at 1024 rows: BLOCK_M 8 at 8K, 16 at 128K); nothing for a workload
-    without kv_len or on another Triton version, each with the reason."""
+    8192 rows: the four-warp staged config at KV 8K, the one-warp slot-ordered one at 128K;
+    prefill group 6: slot ordering at 128K only, the dense tiles at KV 8K and 8192 rows);
+    nothing for a workload without kv_len or on another Triton version, each with the
+    reason."""
     from registry import load_table
 
     path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
@@ -216,11 +276,15 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
         d = reg.select("sparse_prefill", {**wl, "kv_len": kv}, facts)
         assert d.implementation == "measured.sparse_prefill"
         got[kv] = (d.config["BLOCK_M"], d.config["num_warps"], d.config["CHUNK_MODE"])
-    assert got == {8192: (16, 1, "pretranslate"), 131072: (8, 4, "staged")}
+    assert got == {8192: (8, 4, "staged"), 131072: (8, 1, "pretranslate")}
     pre = {**wl, "kind": "prefill", "total_q": 1024, "max_q": 1024}
     at_8k = reg.select("sparse_prefill", {**pre, "kv_len": 8192}, facts).config
     at_128k = reg.select("sparse_prefill", {**pre, "kv_len": 131072}, facts).config
-    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (8, 16) and at_128k["BLOCK_M"] == 16
+    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (8, 16) and "SLOT_ORDER" not in at_8k
+    assert at_128k["SLOT_ORDER"] == 1
+    dense = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
+                                          "kv_len": 8192}, facts).config
+    assert dense["DENSE"] == 250 and "DENSE" not in at_8k
     none = reg.select("sparse_prefill", wl, facts)      # no kv_len: not served by the table
     assert none.implementation == "reference.sparse_prefill"
     assert "kv_len" in none.explain(verbose=True)
