@@ -201,7 +201,7 @@ def main() -> None:
         byt = 15.05e9 if kv == 8192 else 17.2e9
         print(f"\nKV {kv}, group 6: table / 1.3 = {res['table'] / 1.3:.4f} ms")
         for name, ms in res.items():
-            print(f"  {name:26s} {ms:8.4f} ms  {byt / ms / 1e12:5.2f} TB/s of gathered rows")
+            print(f"  {name:26s} {ms:8.4f} ms  {byt / ms / 1e9:5.2f} TB/s of gathered rows")
 
 
 if __name__ == "__main__":
