@@ -92,6 +92,20 @@ def _gather_tma_gl(KD, VD, IDX, LENS, OUT, topk, s_it, D: gl.constexpr, BN: gl.c
 
 
 @gluon.jit
+def _issue_cp(K, V, IDX_row, kbuf, vbuf, tile, ntiles, offs_n, offs_d, s_kt, BN: gl.constexpr,
+              D: gl.constexpr, NBUF: gl.constexpr):
+    """cp.async of tile ``tile``'s K and V rows into ring stage ``tile % NBUF`` (nothing past
+    the last tile), as one commit group."""
+    ok = (offs_n < BN) & (tile < ntiles)
+    t = gl.maximum(gl.load(IDX_row + tile * BN + offs_n, mask=ok, other=0), 0)
+    off = t[:, None] * s_kt + offs_d[None, :]
+    m = ok[:, None] & (offs_d < D)[None, :]
+    cp.async_copy_global_to_shared(kbuf.index(tile % NBUF), K + off, mask=m)
+    cp.async_copy_global_to_shared(vbuf.index(tile % NBUF), V + off, mask=m)
+    cp.commit_group()
+
+
+@gluon.jit
 def _gather_cp_gl(K, V, IDX, LENS, OUT, topk, s_it, s_kt, D: gl.constexpr, BN: gl.constexpr,
                   NBUF: gl.constexpr, num_warps: gl.constexpr):
     r = gl.program_id(0).to(gl.int64)
@@ -105,24 +119,11 @@ def _gather_cp_gl(K, V, IDX, LENS, OUT, topk, s_it, s_kt, D: gl.constexpr, BN: g
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     for i in gl.static_range(NBUF - 1):
-        ok0 = (offs_n < BN) & (i < ntiles)
-        t0 = gl.maximum(gl.load(IDX_row + i * BN + offs_n, mask=ok0, other=0), 0)
-        off0 = t0[:, None] * s_kt + offs_d[None, :]
-        m0 = ok0[:, None] & (offs_d < D)[None, :]
-        cp.async_copy_global_to_shared(kbuf.index(i), K + off0, mask=m0)
-        cp.async_copy_global_to_shared(vbuf.index(i), V + off0, mask=m0)
-        cp.commit_group()
+        _issue_cp(K, V, IDX_row, kbuf, vbuf, i, ntiles, offs_n, offs_d, s_kt, BN, D, NBUF)
     acc = gl.zeros([BN, D], gl.float32, layout)
     for t in range(ntiles):
-        nxt = t + NBUF - 1
-        ns = nxt % NBUF
-        ok = (offs_n < BN) & (nxt < ntiles)
-        ti = gl.maximum(gl.load(IDX_row + nxt * BN + offs_n, mask=ok, other=0), 0)
-        off = ti[:, None] * s_kt + offs_d[None, :]
-        m = ok[:, None] & (offs_d < D)[None, :]
-        cp.async_copy_global_to_shared(kbuf.index(ns), K + off, mask=m)
-        cp.async_copy_global_to_shared(vbuf.index(ns), V + off, mask=m)
-        cp.commit_group()
+        _issue_cp(K, V, IDX_row, kbuf, vbuf, t + NBUF - 1, ntiles, offs_n, offs_d, s_kt, BN, D,
+                  NBUF)
         cp.wait_group(NBUF - 1)
         gl.thread_barrier()
         s = t % NBUF
