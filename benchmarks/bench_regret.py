@@ -55,7 +55,7 @@ def main() -> int:
     bad = False
     for case in tuner.cases(grid):
         cands = {lab: cfg for lab, cfg, _ in tuner.candidates(case, facts) if cfg is not None}
-        base = tuner.baseline(case)
+        base = tuner.baseline(case, facts)
         entry = stored.get(repr(sorted(tuner.bucket(case).items())))
         if entry is not None:
             keep = sorted(entry.timings_ms, key=entry.timings_ms.__getitem__)[:args.top]

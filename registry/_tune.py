@@ -7,7 +7,8 @@ The op supplies a *tuner* module (``OpSpec.tuner``) with:
 * ``label(case)``, ``bucket(case) -> dict`` (the workload fields of the point);
 * ``candidates(case, facts) -> [(label, config | None, note)]`` — the valid config space, with
   invalid configs pruned (config None) and the reason in ``note``;
-* ``baseline(case) -> label`` — the config the device gets without tuning (the table);
+* ``baseline(case, facts) -> label`` — the config this device gets without tuning (the
+  table; the same label as that config's candidate, so the tuner can keep it);
 * ``measure(case, configs, warmup, iters) -> {label: {"ms", "ok", "error", "max_abs_err"}}`` —
   interleaved timing with the bench machinery, every candidate checked against the reference.
 
@@ -105,7 +106,7 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
         bucket = dict(tuner.bucket(case))
         res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
                           candidates=list(tuner.candidates(case, facts)),
-                          baseline=tuner.baseline(case))
+                          baseline=tuner.baseline(case, facts))
         valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
         if resume and _bucket_key(bucket) in done:
             res.status = "skipped (in store)"

@@ -60,10 +60,11 @@ def _fmt(cfg: dict[str, Any]) -> str:
             f"{f' b{bits}' if bits != 32 else ''}")
 
 
-def baseline(case: Any) -> str:
+def baseline(case: Any, facts: Any) -> str:
+    """The default config's label on this device (its SM count sizes the row split)."""
     from backends.indexer_topk.config import default_config
 
-    return _fmt(default_config(case.rows, case.keys, case.k))
+    return _fmt(default_config(case.rows, case.keys, case.k, facts.sm_count))
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:

@@ -73,7 +73,7 @@ def _fmt(cfg: dict[str, Any]) -> str:
     return str(format_geometry(cfg))
 
 
-def baseline(case: Any) -> str:
+def baseline(case: Any, facts: Any) -> str:
     from plugins.generic import sparse_prefill_table_config
 
     return _fmt(sparse_prefill_table_config(case.group_size, case.total_q))

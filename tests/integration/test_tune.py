@@ -165,7 +165,7 @@ def _fake_tuner(times: dict[str, float]) -> types.SimpleNamespace:
         cases=lambda grid: ["p"], label=lambda case: "point p",
         bucket=lambda case: {"total_q": 8},
         candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
-        baseline=lambda case: "table",
+        baseline=lambda case, facts: "table",
         measure=lambda case, valid, warmup, iters: {
             lab: {"ms": times[lab], "ok": True} for lab in valid})
 

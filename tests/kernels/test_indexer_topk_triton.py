@@ -651,7 +651,11 @@ def test_tuner_candidates_cover_both_paths():
     assert fused.count(0) == 1 and fused[0] == 1
     one = tuning.candidates(BenchCase(rows=1, keys=131072), SimpleNamespace(sm_count=132))
     assert one[0][1]["FUSED"] == 0 and sum(c["FUSED"] for _lab, c, _w in one) >= 3
-    assert tuning.baseline(case) == labels[0]
+    assert tuning.baseline(case, SimpleNamespace(sm_count=132)) == labels[0]
+    # On another device the baseline is that device's default, still the first candidate.
+    small = SimpleNamespace(sm_count=16)
+    assert tuning.baseline(BenchCase(rows=4, keys=131072), small) == \
+        tuning.candidates(BenchCase(rows=4, keys=131072), small)[0][0]
     for _lab, cfg, _why in cands:
         TK.validate_config(cfg, 2048, 131072)
     # Both widths of the group maxima, and at 64 rows both splits, each under its own label
