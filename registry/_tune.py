@@ -140,7 +140,8 @@ def _merge(points: list[dict[str, float]], baseline: str | None = None,
     """(label, mean ms) over the points of one bucket, among the labels that ran at every point:
     the minimax-regret label (the smallest worst ratio to each point's fastest), unless
     ``baseline`` ran everywhere and that label's worst ratio is not more than ``min_gain``
-    below the baseline's; then the baseline. A single point: its fastest, its timings."""
+    below the baseline's; then the baseline. A single point: its fastest (or the baseline by
+    that rule), its timings."""
     common = set(points[0]).intersection(*points[1:])
     if not common:   # nothing ran everywhere: the latest point decides
         last = points[-1]
