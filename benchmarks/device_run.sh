@@ -16,7 +16,7 @@
 # lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
 # onewarp-sparse (group 6 on one warp), dense-sparse (DENSE thresholds, KV and total_q
 # sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads,
-# 16 requests),
+# 16 requests), kv32k-sparse (prefill at KV 32K, 8192 rows: schedules around the family),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -291,6 +291,25 @@ for i in cols:
     if max(vals) >= 0.05: out.append((max(vals), hdr[i][34:-23], vals))
 for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'{v:7.2f}' for v in vals))
 " | tee "$OUT/ncu_sparse_stalls.log" ;;
+    kv32k-sparse)
+      stage "sparse_prefill prefill KV 32K: schedules around the family"
+      for g in 6 12; do
+        if [ "$g" = 6 ]; then
+          geos="8x32x1x2:rev:split2:v2:lean:o32 8x16x1x3:rev:split2:v2:lean:o32
+                8x16x2x2:rev:split2:v2:lean:o32 8x32x2x2:rev:split2:v2:lean:o32
+                16x16x1x2:rev:split2:v2:lean:o32 8x16x1x2:rev:split2:v2:o32
+                8x32x4x2:rev:split2:v2:o32:r80 8x16x1x2:split2:v2:lean:o32"
+        else
+          geos="16x16x1x3:rev:split2:v2:lean:o32 16x16x2x2:rev:split2:v2:lean:o32
+                16x32x1x2:rev:split2:v2:lean:o32 16x32x2x2:rev:split2:v2:lean:o32
+                16x16x1x2:rev:split2:v2:o32 16x32x4x2:rev:split2:v2:o32:r96"
+        fi
+        provs="table,h200"
+        for p in $geos; do provs="$provs,geometry=$p"; done
+        timeout 250 python3 benchmarks/bench_sparse_prefill.py --kind prefill --group-size $g \
+          --kv-len 32768 --total-q 8192 --graphs --warmup 3 --iters 15 --providers "$provs" \
+          2>&1 | tee -a "$OUT/kv32k_sweep.log" | grep -v "^-"
+      done ;;
     dense-sparse)
       # DENSE=N (dense tiles walk the KV blocks with per-slot counts, the rest gathers) against
       # the table and the family: prefill, 8192 rows, KV 8K, thresholds N; then KV-length and
