@@ -135,7 +135,8 @@ def _gather_cp_gl(K, V, IDX, LENS, OUT, topk, s_it, s_kt, D: gl.constexpr, BN: g
 
 _TRITON_TMA = ((1, 6, 1), (8, 3, 1), (8, 3, 2))                       # (U, stages, warps)
 _GLUON_TMA = ((16, 2, 1), (16, 3, 1), (16, 4, 1), (8, 4, 1), (32, 3, 2), (16, 6, 1))
-_GLUON_CP = ((16, 2, 1), (16, 3, 1), (16, 4, 1), (32, 3, 2), (32, 4, 4))  # (BN, NBUF, warps)
+_GLUON_CP = ((8, 2, 1), (8, 3, 1), (16, 2, 1), (16, 3, 1), (16, 4, 1), (16, 2, 2), (32, 2, 2),
+              (32, 3, 2), (32, 2, 4), (32, 4, 4))                        # (BN, NBUF, warps)
 
 
 def providers(kv: int, g: int) -> dict[str, Any]:
