@@ -1,12 +1,13 @@
 """Probe: a hand-written Gluon (Hopper) sparse_prefill kernel for prefill rows (prototype).
 
 One program a query row and KV head; the group's heads tile BM padded lines. K/V rows are
-gathered by cp.async into a 2-stage shared-memory ring of BN keys; S = Q K^T and O += P V run on
-``mma_v2`` with ``warps_per_cta = [1, W]``, so the warps split S's keys and O's head_dim (no
-product is computed twice); Q is read from shared memory; P goes to the A operand by a layout
-conversion. Invalid, negative and out-of-range entries and entries past ``lengths`` are masked
-(zero-filled copies, -inf scores). Checked against the fp32 reference and timed next to the
-table geometry and the H200 family (CUDA-graph replays, one window per case).
+gathered by cp.async into a shared-memory ring of 1 or 2 stages of BN keys; S = Q K^T and
+O += P V run on ``mma_v2`` with ``warps_per_cta = [1, W]``, so the warps split S's keys and O's
+head_dim (no product is computed twice); Q is the A operand from registers or from shared
+memory; P goes to the A operand by a layout conversion. Invalid, negative and out-of-range
+entries and entries past ``lengths`` are masked (zero-filled copies, -inf scores). Checked
+against the fp32 reference and timed next to the table geometry and the H200 family
+(CUDA-graph replays, one window per case).
 
     python benchmarks/probe_gluon_attention.py
 """
@@ -26,24 +27,45 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 
 @gluon.jit
-def _issue(K_h, V_h, IDX_row, kbuf, vbuf, tile, n, num_slots, s_kt, s_vt, offs_n, offs_d,
-           BN: gl.constexpr, D: gl.constexpr):
+def _tile_idx(IDX_row, tile, n, offs_n, BN: gl.constexpr):
+    """Tile ``tile``'s index entries (-1 past ``n``) and their positions."""
     j = tile * BN + offs_n
-    t = gl.load(IDX_row + j, mask=j < n, other=-1)
+    return gl.load(IDX_row + j, mask=j < n, other=-1), j
+
+
+@gluon.jit
+def _issue(K_h, V_h, kbuf, vbuf, t, j, tile, n, num_slots, s_kt, s_vt, offs_d, D: gl.constexpr,
+           OFFS32: gl.constexpr, NST: gl.constexpr, LEAN: gl.constexpr):
+    """cp.async of the K and V rows of entries ``t`` into ring stage ``tile % NST`` (V
+    zero-filled where invalid; K too unless LEAN, which reads row 0 there: its scores are
+    masked anyway), one commit group; returns which entries are valid."""
     ok = (t >= 0) & (t < num_slots) & (j < n)
-    slot = gl.where(ok, t, 0).to(gl.int64)
+    # OFFS32: the caller proved (num_slots - 1) * stride + D < 2**31
+    row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
     m = ok[:, None] & (offs_d < D)[None, :]
-    cp.async_copy_global_to_shared(kbuf.index(tile % 2), K_h + slot[:, None] * s_kt
-                                   + offs_d[None, :], mask=m)
-    cp.async_copy_global_to_shared(vbuf.index(tile % 2), V_h + slot[:, None] * s_vt
+    if LEAN:
+        cp.async_copy_global_to_shared(kbuf.index(tile % NST), K_h + (row * s_kt)[:, None]
+                                       + offs_d[None, :])
+    else:
+        cp.async_copy_global_to_shared(kbuf.index(tile % NST), K_h + (row * s_kt)[:, None]
+                                       + offs_d[None, :], mask=m)
+    cp.async_copy_global_to_shared(vbuf.index(tile % NST), V_h + (row * s_vt)[:, None]
                                    + offs_d[None, :], mask=m)
     cp.commit_group()
+    return ok
 
 
 @gluon.jit
 def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt, s_kh,
              s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-             num_warps: gl.constexpr):
+             Q_REGS: gl.constexpr, OFFS32: gl.constexpr, NST: gl.constexpr,
+             LEAN: gl.constexpr, PF: gl.constexpr, num_warps: gl.constexpr):
+    """Q_REGS: Q held as the A operand in registers (else read from shared memory each tile).
+    NST=2: each iteration waits for its tile, then issues the next one into the other stage (one
+    barrier a tile: every thread has finished reading that stage in the previous iteration).
+    NST=1: one stage (half the shared memory, so more programs an SM); the next tile is issued
+    after this one's products, behind a second barrier; PF: its index entries are loaded
+    before this tile's products, so the issue does not wait on them."""
     r = gl.program_id(0).to(gl.int64)
     h = gl.program_id(1)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps],
@@ -58,30 +80,39 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
     V_h = V + h.to(gl.int64) * s_vh
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    kbuf = gl.allocate_shared_memory(gl.bfloat16, [2, BN, D], sw)
-    vbuf = gl.allocate_shared_memory(gl.bfloat16, [2, BN, D], sw)
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
+    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
     ntiles = gl.cdiv(n, BN)
-    _issue(K_h, V_h, IDX_row, kbuf, vbuf, 0, n, num_slots, s_kt, s_vt, offs_n, offs_d, BN, D)
+    t0, j0 = _tile_idx(IDX_row, 0, n, offs_n, BN)
+    ok = _issue(K_h, V_h, kbuf, vbuf, t0, j0, 0, n, num_slots, s_kt, s_vt, offs_d, D, OFFS32,
+                NST, LEAN)
     offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
     heads = h * group + offs_m
     q = gl.load(Q + r * s_qt + heads[:, None] * s_qh + offs_d[None, :],
                 mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
-    qsm = gl.allocate_shared_memory(gl.bfloat16, [BM, D], sw, q)
+    if Q_REGS:
+        q_a = gl.convert_layout(q, a_op)
+    else:
+        qsm = gl.allocate_shared_memory(gl.bfloat16, [BM, D], sw, q)
     acc = gl.zeros([BM, D], gl.float32, mma)
     m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma))
-    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
     for tile in range(ntiles):
-        _issue(K_h, V_h, IDX_row, kbuf, vbuf, tile + 1, n, num_slots, s_kt, s_vt, offs_n,
-               offs_d, BN, D)
-        jc = tile * BN + cols
-        tc = gl.load(IDX_row + jc, mask=jc < n, other=-1)
-        okc = (tc >= 0) & (tc < num_slots) & (jc < n)
-        cp.wait_group(1)
+        if PF:
+            t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+        okc = gl.convert_layout(ok, gl.SliceLayout(0, mma))
+        cp.wait_group(0)
         gl.thread_barrier()
-        st = tile % 2
+        if NST == 2:
+            t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+            ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                        offs_d, D, OFFS32, NST, LEAN)
+        st = tile % NST
         kt = kbuf.index(st).permute([1, 0]).load(b_op)
-        s = mma_v2(qsm.load(a_op), kt, gl.zeros([BM, BN], gl.float32, mma))
+        if Q_REGS:
+            s = mma_v2(q_a, kt, gl.zeros([BM, BN], gl.float32, mma))
+        else:
+            s = mma_v2(qsm.load(a_op), kt, gl.zeros([BM, BN], gl.float32, mma))
         s = gl.where(okc[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -91,7 +122,12 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
         m_i = m_new
         pa = gl.convert_layout(p.to(gl.bfloat16), a_op)
         acc = mma_v2(pa, vbuf.index(st).load(b_op), acc * alpha[:, None])
-        gl.thread_barrier()
+        if NST == 1:
+            if not PF:
+                t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+            gl.thread_barrier()
+            ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                        offs_d, D, OFFS32, NST, LEAN)
     cp.wait_group(0)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -101,16 +137,21 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
     gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[:, None] & (od < D)[None, :])
 
 
-_SHAPES = ((16, 1), (16, 2), (16, 4), (32, 2), (32, 4))   # (BN, warps)
+# (BN, warps, Q_REGS, stages, LEAN, PF)
+_SHAPES = ((16, 1, 1, 1, 0, 0), (16, 1, 1, 1, 0, 1), (16, 1, 1, 1, 1, 0), (16, 1, 1, 1, 1, 1),
+           (16, 1, 0, 1, 1, 1), (16, 2, 0, 1, 1, 1), (16, 2, 0, 2, 1, 0), (32, 2, 0, 1, 1, 1))
 
 
-def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int) -> Any:
+def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
+           q_regs: int, nst: int, lean: int, pf: int) -> Any:
     g = q.shape[1] // k.shape[1]
     d = q.shape[2]
+    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
     return _attn_gl[(q.shape[0], k.shape[1])](
         q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=16, BN=bn, num_warps=w)
+        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=16, BN=bn, Q_REGS=q_regs,
+        OFFS32=offs32, NST=nst, LEAN=lean, PF=pf, num_warps=w)
 
 
 def main() -> None:
@@ -136,22 +177,24 @@ def main() -> None:
                 "table": partial(tk.sparse_prefill_triton, q, k, v, idx, config=table, **kw),
                 "family": partial(tk.sparse_prefill_triton, q, k, v, idx, config=fam, **kw)}
             errs = {}
-            for bn, w in _SHAPES:
+            for shape in _SHAPES:
+                bn, w, qr, nst, lean, pf = shape
                 out = torch.full_like(q, float("nan"))
-                name = f"gluon bn{bn} {w}w"
+                name = (f"gluon {bn}x{w}w s{nst}{' qreg' if qr else ''}{' lean' if lean else ''}"
+                        f"{' pf' if pf else ''}")
                 try:
-                    launch(q, k, v, idx, kw["lengths"], out, bn, w)
+                    launch(q, k, v, idx, kw["lengths"], out, *shape)
                     torch.cuda.synchronize()
                 except Exception as exc:  # a shape that does not build is reported
                     print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
                     continue
                 errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, bn, w)
+                fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, *shape)
             res = interleaved_median_ms(fns, warmup=3, iters=15, graphs=True)
             print(f"\nprefill g{g} KV {kv}, 8192 rows: table / 1.3 = {res['table'] / 1.3:.4f} ms")
             for name, ms in res.items():
                 err = f"err {errs[name]:.2e}" if name in errs else ""
-                print(f"  {name:18s} {ms:8.4f} ms  {res['table'] / ms:5.3f}x  {err}")
+                print(f"  {name:30s} {ms:8.4f} ms  {res['table'] / ms:5.3f}x  {err}")
 
 
 if __name__ == "__main__":
