@@ -137,9 +137,92 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
     gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[:, None] & (od < D)[None, :])
 
 
-# (BN, warps, Q_REGS, stages, LEAN, PF)
-_SHAPES = ((16, 1, 1, 1, 0, 0), (16, 1, 1, 1, 0, 1), (16, 1, 1, 1, 1, 0), (16, 1, 1, 1, 1, 1),
-           (16, 1, 0, 1, 1, 1), (16, 2, 0, 1, 1, 1), (16, 2, 0, 2, 1, 0), (32, 2, 0, 1, 1, 1))
+@gluon.jit
+def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt,
+               s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+               BN: gl.constexpr, OFFS32: gl.constexpr, NST: gl.constexpr,
+               num_warps: gl.constexpr):
+    """The transposed products: S^T = K Q^T and O^T = V^T P^T, so the lines sit on the MMA's
+    n side (BM = 8 for groups of up to 8 heads: the accumulator is [D, 8], half of the 16-line
+    one) and the warps split head_dim; K is the A operand from shared memory, V^T through a
+    transposed view of it, Q^T the B operand in registers. Ring and issue order as in
+    ``_attn_gl``."""
+    r = gl.program_id(0).to(gl.int64)
+    h = gl.program_id(1)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+    b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
+    IDX_row = IDX + r * s_it
+    K_h = K + h.to(gl.int64) * s_kh
+    V_h = V + h.to(gl.int64) * s_vh
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
+    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
+    ntiles = gl.cdiv(n, BN)
+    t0, j0 = _tile_idx(IDX_row, 0, n, offs_n, BN)
+    ok = _issue(K_h, V_h, kbuf, vbuf, t0, j0, 0, n, num_slots, s_kt, s_vt, offs_d, D, OFFS32,
+                NST, False)
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+    heads = h * group + offs_m
+    q = gl.load(Q + r * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
+    qt_b = gl.convert_layout(gl.permute(q, [1, 0]), b_op)
+    acc = gl.zeros([D, BM], gl.float32, mma)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
+    for tile in range(ntiles):
+        okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
+        cp.wait_group(0)
+        gl.thread_barrier()
+        if NST == 2:
+            t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+            ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                        offs_d, D, OFFS32, NST, False)
+        st = tile % NST
+        s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
+        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pb = gl.convert_layout(p.to(gl.bfloat16), b_op)
+        acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
+        if NST == 1:
+            t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+            gl.thread_barrier()
+            ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                        offs_d, D, OFFS32, NST, False)
+    cp.wait_group(0)
+    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[None, :]
+    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
+    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
+    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+
+
+# (BN, warps, Q_REGS, stages, LEAN, PF); _TRANS: the transposed kernel's (BN, warps, stages)
+_SHAPES = ((16, 1, 1, 1, 0, 0), (16, 2, 0, 1, 1, 1))
+_TRANS = ((16, 1, 1), (32, 2, 1), (16, 2, 1), (16, 4, 1), (32, 4, 1))
+
+
+def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
+             nst: int) -> Any:
+    g = q.shape[1] // k.shape[1]
+    d = q.shape[2]
+    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
+    return _attn_gl_t[(q.shape[0], k.shape[1])](
+        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
+        OFFS32=offs32, NST=nst, num_warps=w)
 
 
 def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
@@ -190,6 +273,17 @@ def main() -> None:
                     continue
                 errs[name] = (out.float() - ref).abs().max().item()
                 fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, *shape)
+            for shape_t in _TRANS:
+                out = torch.full_like(q, float("nan"))
+                name = f"gluon-T {shape_t[0]}x{shape_t[1]}w s{shape_t[2]}"
+                try:
+                    launch_t(q, k, v, idx, kw["lengths"], out, *shape_t)
+                    torch.cuda.synchronize()
+                except Exception as exc:  # a shape that does not build is reported
+                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
+                    continue
+                errs[name] = (out.float() - ref).abs().max().item()
+                fns[name] = partial(launch_t, q, k, v, idx, kw["lengths"], out, *shape_t)
             res = interleaved_median_ms(fns, warmup=3, iters=15, graphs=True)
             print(f"\nprefill g{g} KV {kv}, 8192 rows: table / 1.3 = {res['table'] / 1.3:.4f} ms")
             for name, ms in res.items():
