@@ -140,17 +140,25 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
 @gluon.jit
 def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt,
                s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
-               BN: gl.constexpr, OFFS32: gl.constexpr, NST: gl.constexpr,
+               BN: gl.constexpr, OFFS32: gl.constexpr, NST: gl.constexpr, WN: gl.constexpr,
                num_warps: gl.constexpr):
     """The transposed products: S^T = K Q^T and O^T = V^T P^T, so the lines sit on the MMA's
     n side (BM = 8 for groups of up to 8 heads: the accumulator is [D, 8], half of the 16-line
     one) and the warps split head_dim; K is the A operand from shared memory, V^T through a
-    transposed view of it, Q^T the B operand in registers. Ring and issue order as in
-    ``_attn_gl``."""
+    transposed view of it, Q^T the B operand in registers. WN: the warps split the lines
+    instead (each warp scores every key for its 8 lines, no exchange between warps; for
+    16-line groups; cross-compiled for sm_90 in session 10, 168 registers at 16 keys and two
+    warps, not yet run on a GPU). Ring and issue order as in ``_attn_gl``."""
     r = gl.program_id(0).to(gl.int64)
     h = gl.program_id(1)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, 8])
+    if WN:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                      warps_per_cta=[1, num_warps],
+                                                      instr_shape=[16, 8])
+    else:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
@@ -210,11 +218,11 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
 
 # (BN, warps, Q_REGS, stages, LEAN, PF); _TRANS: the transposed kernel's (BN, warps, stages)
 _SHAPES = ((16, 1, 1, 1, 0, 0), (16, 2, 0, 1, 1, 1))
-_TRANS = ((16, 1, 1), (32, 2, 1), (16, 2, 1), (16, 4, 1), (32, 4, 1))
+_TRANS = ((16, 1, 1, 0), (32, 2, 1, 0), (16, 2, 1, 0), (16, 2, 1, 1), (32, 2, 1, 1))  # + WN
 
 
 def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
-             nst: int) -> Any:
+             nst: int, wn: int) -> Any:
     g = q.shape[1] // k.shape[1]
     d = q.shape[2]
     offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
@@ -222,7 +230,7 @@ def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: 
         q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
-        OFFS32=offs32, NST=nst, num_warps=w)
+        OFFS32=offs32, NST=nst, WN=wn, num_warps=w)
 
 
 def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
@@ -274,8 +282,11 @@ def main() -> None:
                 errs[name] = (out.float() - ref).abs().max().item()
                 fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, *shape)
             for shape_t in _TRANS:
+                if shape_t[3] and g <= 8:
+                    continue   # 8 lines cannot be split over warps
                 out = torch.full_like(q, float("nan"))
-                name = f"gluon-T {shape_t[0]}x{shape_t[1]}w s{shape_t[2]}"
+                bn, w, nst, wn = shape_t
+                name = f"gluon-T {bn}x{w}w s{nst}{' wn' if wn else ''}"
                 try:
                     launch_t(q, k, v, idx, kw["lengths"], out, *shape_t)
                     torch.cuda.synchronize()
