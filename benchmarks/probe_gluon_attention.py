@@ -24,6 +24,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+)
 
 
 @gluon.jit
@@ -158,20 +163,14 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
     """The transposed products: S^T = K Q^T and O^T = V^T P^T, so the lines sit on the MMA's
     n side (BM = 8 for groups of up to 8 heads: the accumulator is [D, 8], half of the 16-line
     one) and the warps split head_dim; K is the A operand from shared memory, V^T through a
-    transposed view of it, Q^T the B operand in registers. WN: the warps split the lines
-    instead (each warp scores every key for its 8 lines, no exchange between warps; for
-    16-line groups; cross-compiled for sm_90 in session 10, 168 registers at 16 keys and two
-    warps, not yet run on a GPU). Ring and issue order as in ``_attn_gl``."""
+    transposed view of it, Q^T the B operand in registers. WN: how many warps split the lines
+    (2 for 16-line groups, each warp then owns 8 of them); the other num_warps // WN warps split
+    the keys of S^T and head_dim of O^T. Ring and issue order as in ``_attn_gl``."""
     r = gl.program_id(0).to(gl.int64)
     h = gl.program_id(1)
-    if WN:
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                      warps_per_cta=[1, num_warps],
-                                                      instr_shape=[16, 8])
-    else:
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                      warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, 8])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                  warps_per_cta=[num_warps // WN, WN],
+                                                  instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
@@ -221,9 +220,197 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
     gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
 
 
+@gluon.jit
+def _attn_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt,
+             s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+             BN: gl.constexpr, OFFS32: gl.constexpr, num_warps: gl.constexpr):
+    """The transposed products on wgmma (one warpgroup, BN = 64 keys a tile): S^T = K Q^T with
+    K and Q^T from shared memory, O^T = V^T P^T with V^T a transposed view of the V tile and P^T
+    written to shared memory; the accumulator [D, BM] is 32 registers a thread at 16 lines.
+    K and V of a tile are separate cp.async groups: the next K is issued as soon as S^T is
+    done (overlapping the softmax and P V), the next V after P V."""
+    r = gl.program_id(0).to(gl.int64)
+    h = gl.program_id(1)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BM, 16])
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [BN, D], sw)
+    vbuf = gl.allocate_shared_memory(gl.bfloat16, [BN, D], sw)
+    pbuf = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], sw)
+    n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
+    IDX_row = IDX + r * s_it
+    K_h = K + h.to(gl.int64) * s_kh
+    V_h = V + h.to(gl.int64) * s_vh
+    t0, j0 = _tile_idx(IDX_row, 0, n, offs_n, BN)
+    ok = (t0 >= 0) & (t0 < num_slots) & (j0 < n)
+    row = gl.where(ok, t0, 0) if OFFS32 else gl.where(ok, t0, 0).to(gl.int64)
+    m2 = ok[:, None] & (offs_d < D)[None, :]
+    cp.async_copy_global_to_shared(kbuf, K_h + (row * s_kt)[:, None] + offs_d[None, :], mask=m2)
+    cp.commit_group()
+    cp.async_copy_global_to_shared(vbuf, V_h + (row * s_vt)[:, None] + offs_d[None, :], mask=m2)
+    cp.commit_group()
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+    q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
+    qbuf = gl.allocate_shared_memory(gl.bfloat16, [BM, D], sw, q)
+    ntiles = gl.cdiv(n, BN)
+    acc = gl.zeros([D, BM], gl.float32, mma)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
+    for tile in range(ntiles):
+        okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
+        cp.wait_group(1)            # K of this tile (V may still be in flight)
+        gl.thread_barrier()
+        fence_async_shared()
+        s = warpgroup_mma(kbuf, qbuf.permute((1, 0)), gl.zeros([BN, BM], gl.float32, mma),
+                          use_acc=False)
+        gl.thread_barrier()         # every warp is done with the K tile
+        t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
+        ok = (t_n >= 0) & (t_n < num_slots) & (j_n < n)
+        row = gl.where(ok, t_n, 0) if OFFS32 else gl.where(ok, t_n, 0).to(gl.int64)
+        m2 = ok[:, None] & (offs_d < D)[None, :]
+        cp.async_copy_global_to_shared(kbuf, K_h + (row * s_kt)[:, None] + offs_d[None, :],
+                                       mask=m2)
+        cp.commit_group()
+        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pbuf.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
+        cp.wait_group(1)            # V of this tile
+        gl.thread_barrier()
+        fence_async_shared()
+        acc = warpgroup_mma(vbuf.permute((1, 0)), pbuf.permute((1, 0)), acc * alpha[None, :])
+        gl.thread_barrier()         # every warp is done with the V tile and P
+        cp.async_copy_global_to_shared(vbuf, V_h + (row * s_vt)[:, None] + offs_d[None, :],
+                                       mask=m2)
+        cp.commit_group()
+    cp.wait_group(0)
+    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[None, :]
+    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
+    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
+    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+
+
+@gluon.jit
+def _ws_producer(K, V, IDX, LENS, kbuf, vbuf, full, empty, r, h, num_slots, topk, s_kt, s_kh,
+                 s_vt, s_vh, s_it, D: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                 OFFS32: gl.constexpr):
+    """The gather warp: for each tile, waits until the consumer freed its ring stage, then
+    issues the K and V rows by cp.async (zero-filled where invalid) and has the stage's full
+    barrier arrive when its copies land (one arrival per producer thread)."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 1], [1, 0])
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
+    IDX_row = IDX + r * s_it
+    K_h = K + h.to(gl.int64) * s_kh
+    V_h = V + h.to(gl.int64) * s_vh
+    for tile in range(gl.cdiv(n, BN)):
+        st = tile % NS
+        mbarrier.wait(empty.index(st), ((tile // NS) & 1) ^ 1)
+        t, j = _tile_idx(IDX_row, tile, n, offs_n, BN)
+        ok = (t >= 0) & (t < num_slots) & (j < n)
+        row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
+        m2 = ok[:, None] & (offs_d < D)[None, :]
+        cp.async_copy_global_to_shared(kbuf.index(st), K_h + (row * s_kt)[:, None]
+                                       + offs_d[None, :], mask=m2)
+        cp.async_copy_global_to_shared(vbuf.index(st), V_h + (row * s_vt)[:, None]
+                                       + offs_d[None, :], mask=m2)
+        cp.mbarrier_arrive(full.index(st), increment_count=False)
+
+
+@gluon.jit
+def _ws_consumer(Q, IDX, LENS, OUT, kbuf, vbuf, full, empty, r, h, qk_scale, num_slots, topk,
+                 group, s_qt, s_qh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr, NS: gl.constexpr, WN: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """The math warps: the transposed products of ``_attn_gl_t`` on the ring stage the
+    producer filled; the stage is handed back (empty barrier) once its K and V are in
+    registers."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                  warps_per_cta=[num_warps // WN, WN],
+                                                  instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+    b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+    offs_k = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
+    IDX_row = IDX + r * s_it
+    q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
+    qt_b = gl.convert_layout(gl.permute(q, [1, 0]), b_op)
+    acc = gl.zeros([D, BM], gl.float32, mma)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
+    for tile in range(gl.cdiv(n, BN)):
+        st = tile % NS
+        t, j = _tile_idx(IDX_row, tile, n, offs_k, BN)
+        okr = (t >= 0) & (t < num_slots) & (j < n)
+        mbarrier.wait(full.index(st), (tile // NS) & 1)
+        kt = kbuf.index(st).load(a_op)
+        vt = vbuf.index(st).permute([1, 0]).load(a_op)
+        mbarrier.arrive(empty.index(st), count=1)
+        s = mma_v2(kt, qt_b, gl.zeros([BN, BM], gl.float32, mma))
+        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pb = gl.convert_layout(p.to(gl.bfloat16), b_op)
+        acc = mma_v2(vt, pb, acc * alpha[None, :])
+    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[None, :]
+    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
+    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
+    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+
+
+@gluon.jit
+def _attn_ws(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt,
+             s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+             BN: gl.constexpr, NS: gl.constexpr, WN: gl.constexpr, OFFS32: gl.constexpr,
+             PREGS: gl.constexpr, num_warps: gl.constexpr):
+    """Warp-specialized: one gather warp keeps an NS-stage ring of BN keys full (mbarriers,
+    cp.async arrivals), the num_warps math warps consume it."""
+    r = gl.program_id(0).to(gl.int64)
+    h = gl.program_id(1)
+    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, D], sw)
+    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, D], sw)
+    full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NS):
+        mbarrier.init(full.index(i), count=32)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_consumer, (Q, IDX, LENS, OUT, kbuf, vbuf, full, empty, r, h, qk_scale, num_slots,
+                        topk, group, s_qt, s_qh, s_it, s_ot, s_oh, D, BM, BN, NS, WN,
+                        num_warps)),
+        (_ws_producer, (K, V, IDX, LENS, kbuf, vbuf, full, empty, r, h, num_slots, topk, s_kt,
+                        s_kh, s_vt, s_vh, s_it, D, BN, NS, OFFS32))], [1], [PREGS])
+
+
 # (BN, warps, Q_REGS, stages, LEAN, PF); _TRANS: the transposed kernel's (BN, warps, stages)
-_SHAPES = ((16, 1, 1, 1, 0, 0), (16, 2, 0, 1, 1, 1))
-_TRANS = ((16, 1, 1, 0), (32, 2, 1, 0), (16, 2, 1, 0), (16, 2, 1, 1), (32, 2, 1, 1))  # + WN
+_SHAPES = ((16, 1, 1, 1, 0, 0),)
+# (BN, warps, stages, WN): WN = 2 splits 16 lines over two warps (groups over 8 heads only)
+_TRANS = ((16, 2, 1, 1), (32, 2, 1, 2))
+# (BN, stages, math warps, WN, maxnreg)
+_WS = ((32, 2, 4, 2, 128), (32, 3, 4, 2, 128), (32, 2, 4, 2, 96), (16, 4, 4, 2, 128),
+       (32, 2, 4, 1, 128), (32, 3, 4, 1, 96))
 
 
 def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
@@ -236,6 +423,29 @@ def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
         OFFS32=offs32, NST=nst, WN=wn, num_warps=w)
+
+
+def launch_wg(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int) -> Any:
+    g = q.shape[1] // k.shape[1]
+    d = q.shape[2]
+    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
+    return _attn_wg[(q.shape[0], k.shape[1])](
+        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
+        OFFS32=offs32, num_warps=4)
+
+
+def launch_ws(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, ns: int,
+              w: int, wn: int, maxnreg: int, pregs: int = 40) -> Any:
+    g = q.shape[1] // k.shape[1]
+    d = q.shape[2]
+    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
+    return _attn_ws[(q.shape[0], k.shape[1])](
+        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn, NS=ns,
+        WN=wn, OFFS32=offs32, PREGS=pregs, num_warps=w, maxnreg=maxnreg)
 
 
 def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
@@ -287,11 +497,11 @@ def main() -> None:
                 errs[name] = (out.float() - ref).abs().max().item()
                 fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, *shape)
             for shape_t in _TRANS:
-                if shape_t[3] and g <= 8:
+                if shape_t[3] > 1 and g <= 8:
                     continue   # 8 lines cannot be split over warps
                 out = torch.full_like(q, float("nan"))
                 bn, w, nst, wn = shape_t
-                name = f"gluon-T {bn}x{w}w s{nst}{' wn' if wn else ''}"
+                name = f"gluon-T {bn}x{w}w s{nst} wn{wn}"
                 try:
                     launch_t(q, k, v, idx, kw["lengths"], out, *shape_t)
                     torch.cuda.synchronize()
@@ -300,6 +510,30 @@ def main() -> None:
                     continue
                 errs[name] = (out.float() - ref).abs().max().item()
                 fns[name] = partial(launch_t, q, k, v, idx, kw["lengths"], out, *shape_t)
+            for shape_w in _WS:
+                if shape_w[3] > 1 and g <= 8:
+                    continue
+                out = torch.full_like(q, float("nan"))
+                name = "gluon-WS {}x{}st {}w wn{} r{}".format(*shape_w)
+                try:
+                    launch_ws(q, k, v, idx, kw["lengths"], out, *shape_w)
+                    torch.cuda.synchronize()
+                except Exception as exc:  # a shape that does not build is reported
+                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
+                    continue
+                errs[name] = (out.float() - ref).abs().max().item()
+                fns[name] = partial(launch_ws, q, k, v, idx, kw["lengths"], out, *shape_w)
+            for bn in (64,):
+                out = torch.full_like(q, float("nan"))
+                name = f"gluon-WG {bn}x4w"
+                try:
+                    launch_wg(q, k, v, idx, kw["lengths"], out, bn)
+                    torch.cuda.synchronize()
+                except Exception as exc:  # a shape that does not build is reported
+                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
+                    continue
+                errs[name] = (out.float() - ref).abs().max().item()
+                fns[name] = partial(launch_wg, q, k, v, idx, kw["lengths"], out, bn)
             res = interleaved_median_ms(fns, warmup=3, iters=15, graphs=True)
             print(f"\nprefill g{g} KV {kv}, 8192 rows: table / 1.3 = {res['table'] / 1.3:.4f} ms")
             for name, ms in res.items():

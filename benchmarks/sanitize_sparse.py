@@ -5,7 +5,8 @@
 Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12, 2 KV heads,
 1024 KV slots; chunk as 2 requests on 16-token pages (one page unmapped) with prefixes that are
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
-table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER, DENSE) on
+table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER, DENSE)
+and the Gluon kernel (ENGINE=gluon) on
 both kinds and checks each output against the fp32 reference, so a run is also a correctness
 check.
 """
@@ -73,6 +74,13 @@ def main() -> None:
             # DENSE: every tile dense, and a threshold that leaves some tiles to the gathers
             dense = {**cfgs[1], "CHUNK_MODE": "pretranslate"} if kind == "chunk" else cfgs[1]
             cfgs += [{**dense, "DENSE": 10**6}, {**dense, "DENSE": 600}]
+            # ENGINE=gluon (chunk rows pretranslated): the shipped ring, two stages of 32
+            # keys, int64 offsets, slot ordering
+            gl = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 2,
+                  "num_stages": 1, "ENGINE": "gluon", "OFFS32": 1,
+                  **({"CHUNK_MODE": "pretranslate"} if kind == "chunk" else {})}
+            cfgs += [gl, {**gl, "BLOCK_N": 32, "num_stages": 2}, {**gl, "OFFS32": 0},
+                     {**gl, "SLOT_ORDER": 1}]
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -31,7 +31,8 @@ Providers (``--providers``, comma separated):
   (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
   (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
-  (DENSE_TILE), ``rN`` (MAXNREG=N), e.g. ``geometry=16x32x4x3:pre:r96``.
+  (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
+  lines, S its ring stages), e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
   case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K), forced
   whatever the device.
@@ -148,7 +149,7 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
          "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
          "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1),
-         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2)}
+         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2), "gl": ("ENGINE", "gluon")}
 
 
 def probe_header(timing: str) -> str:
@@ -194,7 +195,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
     for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER"):
+                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER", "ENGINE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):

@@ -99,6 +99,13 @@ MAXNREG         0          registers per thread cap passed to the compiler (``ma
                            for its gathered tile, so throughput follows the number of programs
                            resident per SM, which registers and shared memory bound. Ignored by
                            the interpreter and on backends without the option.
+ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_kernels.py``):
+                           transposed products, warps splitting head_dim, a cp.async ring.
+                           BLOCK_M is its query lines (8 or 16), BLOCK_N keys a stage (16, 32
+                           or 64), num_warps 1, 2 or 4, num_stages 1 or 2 ring stages. Takes
+                           OFFS32, SLOT_ORDER and (chunk) CHUNK_MODE="pretranslate"; float16 /
+                           bfloat16, head_dim 64 / 128 / 256, NVIDIA sm_80+, not under the
+                           interpreter.
 ==============  =========  ==================================================================
 
 Public: :func:`sparse_prefill_triton`, :func:`error_bound`, :func:`validate_config`,
@@ -124,14 +131,17 @@ DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVE
                                    "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
                                    "OFFS32": 0, "LAZY_RESCALE": 0, "SLOT_ORDER": 0,
-                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3"}
+                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
                                         "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1),
                                         "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1),
-                                        "SLOT_ORDER": (0, 1, 2)}
+                                        "SLOT_ORDER": (0, 1, 2), "ENGINE": ("triton", "gluon")}
+# the keys ENGINE="gluon" takes besides the geometry (gluon_kernels.py); the others must stay at
+# their defaults
+_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE"})
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 _STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates per step
@@ -214,6 +224,9 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
+    if var["ENGINE"] == "gluon":
+        _validate_gluon(config, var, group_size, head_dim)
+        return
     if bm < group_size:
         fix = max(16, triton.next_power_of_2(group_size))
         raise ConfigError(f"BLOCK_M={bm} is below group_size={group_size}: one program tiles all "
@@ -229,6 +242,39 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         raise ConfigError(f"num_warps={nw}: expected a power of two <= 32")
     if head_dim < 1 or head_dim > _MAX_HEAD_DIM:
         raise ConfigError(f"head_dim={head_dim}: the sparse_prefill kernels support 1..256")
+
+
+def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int,
+                    head_dim: int) -> None:
+    """ENGINE="gluon"'s geometry: BLOCK_M query lines (8 or 16, the MMA's n side), BLOCK_N keys
+    a ring stage, num_warps splitting head_dim, num_stages ring stages."""
+    from backends.sparse_prefill.gluon_kernels import GLUON_HEAD_DIMS
+
+    other = sorted(k for k in config if k in DEFAULT_VARIANT and k not in _GLUON_KEYS
+                   and config[k] != DEFAULT_VARIANT[k])
+    if other:
+        raise ConfigError(f"ENGINE='gluon' does not take {', '.join(other)} (it takes the "
+                          f"geometry, OFFS32, SLOT_ORDER and CHUNK_MODE='pretranslate'): drop "
+                          f"them, or use ENGINE='triton'")
+    if var["CHUNK_MODE"] == "staged":
+        raise ConfigError("ENGINE='gluon' runs on slot ids: chunk rows need "
+                          "CHUNK_MODE='pretranslate' (got 'staged')")
+    bm, bn, nw, ns = (config[k] for k in REQUIRED_KEYS)
+    if bm not in (8, 16) or bm < group_size:
+        raise ConfigError(f"ENGINE='gluon': BLOCK_M={bm} must be 8 or 16 query lines and at "
+                          f"least group_size={group_size} (use "
+                          f"{8 if group_size <= 8 else 16}; groups over 16 need "
+                          f"ENGINE='triton')")
+    if bn not in (16, 32, 64):
+        raise ConfigError(f"ENGINE='gluon': BLOCK_N={bn} must be 16, 32 or 64 keys a stage")
+    if nw not in (1, 2, 4):
+        raise ConfigError(f"ENGINE='gluon': num_warps={nw} must be 1, 2 or 4 (they split "
+                          f"head_dim)")
+    if ns not in (1, 2):
+        raise ConfigError(f"ENGINE='gluon': num_stages={ns} must be 1 or 2 ring stages")
+    if head_dim not in GLUON_HEAD_DIMS:
+        raise ConfigError(f"ENGINE='gluon' takes head_dim in {GLUON_HEAD_DIMS} (got "
+                          f"{head_dim}): use ENGINE='triton'")
 
 
 def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
@@ -1160,6 +1206,15 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                               f"CHUNK_MODE='pretranslate' or SLOT_ORDER=0")
         idx, lens = _order_rows(idx, lens if has_lens else None, num_slots, var["SLOT_ORDER"])
         has_lens = True
+    if var["ENGINE"] == "gluon":
+        from backends.sparse_prefill.gluon_kernels import sparse_prefill_gluon
+
+        if chunk:
+            raise ConfigError(f"ENGINE='gluon' runs on slot ids: chunk rows need "
+                              f"CHUNK_MODE='pretranslate' (got {var['CHUNK_MODE']!r})")
+        offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0),
+                                                            v.stride(0), d)
+        return sparse_prefill_gluon(q, k, v, idx, lens, has_lens, out, scale, config, offs32)
     split_qk = 2 if (var["SPLIT_QK"] == 2 and d_pad >= 32) else 1
     split_v = 2 if (var["SPLIT_V"] == 2 and split_qk == 2) else 1
     offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0), v.stride(0),

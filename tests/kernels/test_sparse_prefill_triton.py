@@ -616,7 +616,8 @@ def test_bench_geometry_round_trip():
 
     for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:keys:even",
                  "16x32x4x1:pf1", "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord2",
-                 "8x16x1x2:rev:dense250", "16x16x1x2:dense200:dt128x64x8x2"):
+                 "8x16x1x2:rev:dense250", "16x16x1x2:dense200:dt128x64x8x2",
+                 "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
     from plugins.nvidia_hopper import H200_DENSE_CONFIGS

@@ -1,0 +1,199 @@
+"""A hand-written Gluon kernel for sparse_prefill (``ENGINE="gluon"`` in the config).
+
+Triton's compiler chooses how the Triton kernel (``triton_kernels.py``) gathers and multiplies;
+this kernel fixes the schedule by hand (Gluon is Triton's explicit-layout dialect, experimental
+in Triton 3.6):
+
+* **Transposed products.** S^T = K Q^T and O^T = V^T P^T, so the gathered K/V tile is the MMA's
+  M operand and the group's query heads sit on its n side, padded to ``BLOCK_M`` = 8 or 16 lines
+  (``mma_v2``'s n = 8; the plain orientation pads a group of 6 to 16 lines). The fp32
+  accumulator O^T is [head_dim, 8] for groups up to 8: half of the plain one.
+* **The warps split head_dim** (``warps_per_cta = [num_warps, 1]``): each warp accumulates its
+  share of O^T; S^T is small and each warp computes it whole (no exchange between warps).
+* **A cp.async ring** of ``num_stages`` (1 or 2) stages of ``BLOCK_N`` keys in shared memory:
+  the K and V rows of a tile's valid entries are gathered by ``cp.async`` (16 bytes a thread,
+  zero-filled where invalid), one commit group a tile. With one stage the next tile is issued
+  after this tile's products; with two, right after this tile has landed.
+* Q^T stays in registers as the B operand for the whole row.
+
+On the H200 at the seed's prefill shape (group 6, top-k 2051, head_dim 256, bf16, KV 16K-32K,
+8192 rows) it is about 4% faster than the Triton family: at 128 registers and 20 KB of shared
+memory a program (16 keys, 2 warps, 1 stage) eight programs share an SM, and the gather keeps
+more of them busy (docs/BENCHMARKS.md, "Session 11"). For groups of 9-16 heads the 16-line
+accumulator needs ~240 registers and the kernel is slower than the Triton family there.
+
+Scope (checked by :func:`check_gluon`): prefill rows (and chunk rows after
+``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256, a CUDA GPU of compute
+capability 8.0 or newer (``mma_v2`` and ``cp.async``), and not under ``TRITON_INTERPRET=1``
+(Gluon has no interpreter). Same contract as the Triton kernel: negative or out-of-range
+indices and entries past ``lengths`` are skipped and never read; a row with nothing valid gives
+zeros.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from registry.errors import ConfigError
+
+__all__ = ["GLUON_HEAD_DIMS", "check_gluon", "gluon_available", "sparse_prefill_gluon"]
+
+GLUON_HEAD_DIMS = (64, 128, 256)
+_LOG2E = 1.4426950408889634
+
+try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+except ImportError as exc:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
+else:
+    _IMPORT_ERROR = None
+    # the cp.async gather: ``async_copy_global_to_shared`` in Triton 3.5-3.6, renamed
+    # ``async_load`` later (the old name then raises)
+    _cp_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+    # the CTA barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` later
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+def gluon_available() -> str | None:
+    """None when Gluon's Ampere/Hopper ops import; else why not."""
+    return _IMPORT_ERROR
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile, n, num_slots, s_kt, s_vt, offs_n, offs_d,
+               BN: gl.constexpr, NST: gl.constexpr, OFFS32: gl.constexpr):
+        """cp.async of tile ``tile``'s K and V rows into ring stage ``tile % NST`` (zero-filled
+        where the entry is invalid: negative, out of range or past ``n``), one commit group;
+        returns which entries are valid."""
+        j = tile * BN + offs_n
+        t = gl.load(IDX_row + j, mask=j < n, other=-1)
+        ok = (t >= 0) & (t < num_slots) & (j < n)
+        # OFFS32: the wrapper proved (num_slots - 1) * stride + head_dim < 2**31
+        row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
+        m = ok[:, None] & (offs_d >= 0)[None, :]
+        _cp_load(kbuf.index(tile % NST), K_h + (row * s_kt)[:, None] + offs_d[None, :], mask=m)
+        _cp_load(vbuf.index(tile % NST), V_h + (row * s_vt)[:, None] + offs_d[None, :], mask=m)
+        cp.commit_group()
+        return ok
+
+    @gluon.jit
+    def _sparse_prefill_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
+                           s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr,
+                           BM: gl.constexpr, BN: gl.constexpr, NST: gl.constexpr,
+                           HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+                           num_warps: gl.constexpr):
+        """One program a (query row, KV head): the module doc's schedule."""
+        r = gl.program_id(0).to(gl.int64)
+        h = gl.program_id(1)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, 8])
+        a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+        b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
+        # 8 elements (16 bytes) a thread, a row's D / 8 threads side by side
+        TD: gl.constexpr = D // 8 if D < 256 else 32
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [num_warps, 1], [1, 0])
+        sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+        kbuf = gl.allocate_shared_memory(K.dtype.element_ty, [NST, BN, D], sw)
+        vbuf = gl.allocate_shared_memory(K.dtype.element_ty, [NST, BN, D], sw)
+        n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk) if HAS_LENS else topk
+        IDX_row = IDX + r * s_it
+        K_h = K + h.to(gl.int64) * s_kh
+        V_h = V + h.to(gl.int64) * s_vh
+        ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, 0, n, num_slots, s_kt, s_vt, offs_n, offs_d,
+                    BN, NST, OFFS32)
+        offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+        q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
+                    mask=(offs_m < group)[:, None] & (offs_d >= 0)[None, :], other=0.0)
+        qt_b = gl.convert_layout(gl.permute(q, [1, 0]), b_op)
+        acc = gl.zeros([D, BM], gl.float32, mma)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
+        for tile in range(gl.cdiv(n, BN)):
+            okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
+            cp.wait_group(0)
+            _barrier()
+            if NST == 2:  # the other stage was read in the previous iteration: refill it now
+                ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile + 1, n, num_slots, s_kt, s_vt,
+                            offs_n, offs_d, BN, NST, OFFS32)
+            st = tile % NST
+            s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
+            s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_i = l_i * alpha + gl.sum(p, 0)
+            m_i = m_new
+            pb = gl.convert_layout(p.to(K.dtype.element_ty), b_op)
+            acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
+            if NST == 1:  # every warp is done with the only stage before it is refilled
+                _barrier()
+                ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile + 1, n, num_slots, s_kt, s_vt,
+                            offs_n, offs_d, BN, NST, OFFS32)
+        cp.wait_group(0)
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[None, :]
+        od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
+        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
+        gl.store(optr, o.to(OUT.dtype.element_ty), mask=(om < group)[None, :] & (od >= 0)[:, None])
+
+
+def check_gluon(q: Any) -> None:
+    """Raise :class:`ConfigError` naming the fix when ``ENGINE="gluon"`` cannot run this call."""
+    import torch
+
+    fix = "use ENGINE='triton' (the default)"
+    if _IMPORT_ERROR is not None:
+        raise ConfigError(f"ENGINE='gluon' needs Triton's Gluon (Triton >= 3.6), which does not "
+                          f"import here ({_IMPORT_ERROR}): {fix}")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise ConfigError(f"ENGINE='gluon' does not run under TRITON_INTERPRET=1 (Gluon has no "
+                          f"interpreter): {fix}")
+    if q.device.type != "cuda" or getattr(torch.version, "hip", None):
+        raise ConfigError(f"ENGINE='gluon' runs on NVIDIA GPUs only (got a {q.device.type} "
+                          f"tensor): {fix}")
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap < (8, 0):
+        raise ConfigError(f"ENGINE='gluon' needs compute capability >= 8.0 (mma_v2, cp.async); "
+                          f"this GPU is {cap[0]}.{cap[1]}: {fix}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ConfigError(f"ENGINE='gluon' takes float16 or bfloat16 inputs (got {q.dtype}): "
+                          f"{fix}")
+    if q.shape[2] not in GLUON_HEAD_DIMS:
+        raise ConfigError(f"ENGINE='gluon' takes head_dim in {GLUON_HEAD_DIMS} (got "
+                          f"{q.shape[2]}): {fix}")
+
+
+def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
+                         scale: float, config: dict[str, Any], offs32: bool) -> Any:
+    """Launch the kernel on prefill rows (``idx`` slot ids; inputs checked by the Triton
+    wrapper, head_dim contiguous); ``out`` is written in place."""
+    check_gluon(q)
+    for name, t in (("k", k), ("v", v)):
+        # cp.async moves 16 bytes: Triton must see 16-byte aligned rows (a pointer and strides
+        # it specializes as multiples of 16)
+        if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16:
+            raise ConfigError(f"ENGINE='gluon' gathers 16-byte aligned rows: {name} needs a "
+                              f"16-byte aligned base and strides that are multiples of 16 "
+                              f"elements (got data_ptr % 16 = {t.data_ptr() % 16}, strides "
+                              f"{tuple(t.stride())}): pass {name}.contiguous() or use "
+                              f"ENGINE='triton'")
+    total_q, hq, d = q.shape
+    num_slots, hkv, _ = k.shape
+    _sparse_prefill_gl[(total_q, hkv)](
+        q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=config["BLOCK_M"],
+        BN=config["BLOCK_N"], NST=config["num_stages"], HAS_LENS=has_lens, OFFS32=offs32,
+        num_warps=config["num_warps"])
+    return out

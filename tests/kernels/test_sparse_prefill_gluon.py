@@ -1,0 +1,182 @@
+"""sparse_prefill's Gluon kernel (``ENGINE="gluon"``, backends/sparse_prefill/gluon_kernels.py).
+
+Gluon has no interpreter, so the kernel itself runs in the ``gpu`` tests only: every
+conformance case it can take, the nasty ones again at the seed's head dim and in 16 bits, and
+the seed shapes, each against the fp32 reference on an output poisoned with NaN first. On the
+CPU: the configs it refuses and the calls it refuses, each with the fix in the message.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from backends.sparse_prefill.conformance import CASES  # noqa: E402
+from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
+from backends.sparse_prefill.triton_kernels import (  # noqa: E402
+    error_bound,
+    sparse_prefill_triton,
+    validate_config,
+)
+from registry.errors import ConfigError  # noqa: E402
+
+GL = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "ENGINE": "gluon"}
+
+
+@pytest.mark.parametrize("cfg,group,d,match", [
+    ({**GL, "BLOCK_M": 32}, 6, 256, r"BLOCK_M=32 must be 8 or 16"),
+    (GL, 12, 256, r"at least group_size=12 \(use 16"),
+    ({**GL, "BLOCK_M": 16}, 17, 256, r"groups over 16 need ENGINE='triton'"),
+    ({**GL, "BLOCK_N": 128}, 6, 256, r"BLOCK_N=128 must be 16, 32 or 64"),
+    ({**GL, "num_warps": 8}, 6, 256, r"num_warps=8 must be 1, 2 or 4"),
+    ({**GL, "num_stages": 3}, 6, 256, r"num_stages=3 must be 1 or 2"),
+    ({**GL, "LEAN": 1, "SPLIT_QK": 2}, 6, 256, r"does not take LEAN, SPLIT_QK"),
+    ({**GL, "DENSE": 250}, 6, 256, r"does not take DENSE"),
+    ({**GL, "CHUNK_MODE": "staged"}, 6, 256, r"CHUNK_MODE='pretranslate' \(got 'staged'\)"),
+    (GL, 6, 80, r"head_dim in \(64, 128, 256\) \(got 80\): use ENGINE='triton'"),
+    ({**GL, "ENGINE": "cuda"}, 6, 256, r"ENGINE='cuda': expected one of"),
+])
+def test_gluon_config_errors(cfg, group, d, match):
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg, group, d)
+
+
+def test_gluon_configs_that_validate():
+    for bm, group in ((8, 1), (8, 8), (16, 9), (16, 16)):
+        for bn in (16, 32, 64):
+            for w in (1, 2, 4):
+                for st in (1, 2):
+                    validate_config({**GL, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w,
+                                     "num_stages": st, "OFFS32": 1, "SLOT_ORDER": 1,
+                                     "CHUNK_MODE": "pretranslate"}, group, 128)
+
+
+def _small(device="cpu", dtype=torch.float16):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 6, 64, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(32, 1, 64, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(32, 1, 64, generator=g).to(device=device, dtype=dtype)
+    idx = torch.randint(0, 32, (4, 8), generator=g, dtype=torch.int32).to(device)
+    return q, k, v, idx
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without "
+                    "a GPU (or under TRITON_INTERPRET=1)")
+def test_gluon_refuses_cpu_tensors_and_the_interpreter():
+    q, k, v, idx = _small()
+    with pytest.raises(ConfigError, match=r"ENGINE='gluon' .*use ENGINE='triton'"):
+        sparse_prefill_triton(q, k, v, idx, config=GL)
+
+
+def test_gluon_chunk_rows_need_pretranslation():
+    q, k, v, idx = _small()
+    chunk = {"kind": "chunk", "cu_seqlens_q": torch.tensor([0, 4], dtype=torch.int32),
+             "prefix_lens": torch.tensor([3], dtype=torch.int32),
+             "page_table": torch.arange(32, dtype=torch.int32)[None], "max_q": 4}
+    with pytest.raises(ConfigError, match=r"chunk rows need CHUNK_MODE='pretranslate' "
+                                          r"\(got 'fused'\)"):
+        sparse_prefill_triton(q, k, v, idx, config=GL, **chunk)
+
+
+# ------------------------------------------------------------------ GPU
+
+
+def _check(args, kwargs, cfg, dtype):
+    q, k, v, idx = args
+    ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kwargs)
+    poison = torch.full_like(q, float("nan"))
+    del poison  # the caching allocator hands this NaN block to the kernel's output
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kwargs)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all(), f"{cfg}: non-finite output"
+    err = (out.float() - ref).abs().max().item()
+    assert err <= error_bound(dtype), f"{cfg}: max abs err {err}"
+    return out, ref
+
+
+# (BLOCK_M lines, BLOCK_N keys, warps, stages): the shipped one first, then both line counts,
+# both ring depths, every stage size and warp count
+_GEOMS = ((8, 16, 2, 1), (8, 32, 4, 2), (8, 64, 1, 1), (16, 16, 2, 1), (16, 64, 1, 2))
+
+
+def _gluon_cases():
+    for case in CASES:
+        if case.name == "head_dim_80":
+            continue  # not a head dim the kernel takes (refused: test_gluon_config_errors)
+        for dtype in ("bfloat16", "float16"):
+            yield pytest.param(case, dtype, id=f"{case.name}-{dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,dtype", list(_gluon_cases()))
+def test_gpu_gluon_conformance(case, dtype):
+    args, kwargs = case.make("cuda", getattr(torch, dtype), 11)
+    group = args[0].shape[1] // args[1].shape[1]
+    extra = {"CHUNK_MODE": "pretranslate"} if kwargs["kind"] == "chunk" else {}
+    for i, (bm, bn, w, st) in enumerate(_GEOMS):
+        if bm < group:
+            continue
+        for offs32 in (1, 0) if i == 0 else (1,):  # int64 row offsets on the shipped one
+            cfg = {**GL, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st,
+                   "OFFS32": offs32, **extra}
+            _check(args, kwargs, cfg, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_gluon_nasty_rows(d):
+    # invalid and duplicate entries, ties, lengths 0 / past topk / negative, a row with nothing
+    # valid, NaN in unselected slots (never read), top-k not a multiple of any stage
+    g = torch.Generator().manual_seed(d)
+    total_q, slots, topk = 40, 300, 133
+    q = torch.randn(total_q, 6, d, generator=g).bfloat16().cuda()
+    k = torch.randn(slots, 1, d, generator=g).bfloat16().cuda()
+    v = torch.randn(slots, 1, d, generator=g).bfloat16().cuda()
+    k[0], v[0] = 1.0, 2.0  # slot 0 ties with itself everywhere it is selected
+    k[-20:], v[-20:] = float("nan"), float("nan")  # never selected
+    idx = torch.randint(0, slots - 20, (total_q, topk), generator=g, dtype=torch.int32)
+    idx[:, ::9] = 0
+    idx[1, :] = -1
+    idx[2, ::2] = -(2**31)
+    idx[3, 1::2] = slots + 7
+    idx[4, :] = 2**31 - 1
+    idx[5, :40] = idx[5, 40:80]  # duplicates
+    lengths = torch.randint(0, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    lengths[6], lengths[7], lengths[8], lengths[9] = 0, topk + 50, -3, 1
+    args = (q, k, v, idx.cuda())
+    kwargs = {"kind": "prefill", "lengths": lengths.cuda()}
+    for bm, bn, w, st in _GEOMS:
+        if d < 16 * w:
+            continue
+        out, _ = _check(args, kwargs, {**GL, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w,
+                                       "num_stages": st, "OFFS32": 1}, "bfloat16")
+        for r in (1, 4, 6, 8):  # nothing valid: zeros, never NaN
+            assert (out[r] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["prefill", "chunk"])
+@pytest.mark.parametrize("group,hkv", [(6, 1), (12, 2)])
+def test_gpu_gluon_seed_shapes(kind, group, hkv):
+    # bf16 at the seed's shape (2560 rows, top-k 2051, head_dim 256); the H200 family's Gluon
+    # config for group 6, the 16-line kernel for group 12; chunk rows pretranslated
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+
+    inp = make_inputs(BenchCase(kind=kind, group_size=group, kv_heads=hkv, kv_len=16384,
+                                total_q=2560), "cuda")
+    cfg = {**GL, "BLOCK_M": 8 if group <= 8 else 16, "OFFS32": 1}
+    if kind == "chunk":
+        cfg["CHUNK_MODE"] = "pretranslate"
+    for slot_order in (0, 1):
+        _check((inp["q"], inp["k"], inp["v"], inp["indices"]), inp["kwargs"],
+               {**cfg, "SLOT_ORDER": slot_order}, "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_refuses_unaligned_rows_with_the_fix():
+    q, _, _, idx = _small("cuda", torch.bfloat16)
+    kk = torch.zeros(33 * 64 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(33, 1, 64)
+    with pytest.raises(ConfigError, match=r"k needs a 16-byte aligned base .*k.contiguous\(\)"):
+        sparse_prefill_triton(q, kk, kk, idx, config=GL)
