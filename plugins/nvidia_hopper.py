@@ -8,7 +8,9 @@ the total_q sweep). Chunk batches additionally need the measured rows per reques
 bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
 ``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first; prefill up to
 ``DENSE_MAX_KV`` slots with at least ``DENSE_MIN_TOTAL_Q`` rows computes the rows that select
-densely in their span by streaming K/V blocks (DENSE) (``family_config``).
+densely in their span by streaming K/V blocks (DENSE); prefill group 6 between the two, from
+``GLUON_MIN_TOTAL_Q`` rows and on Triton 3.6, runs the Gluon kernel (ENGINE="gluon")
+(``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry import DeviceFacts, Implementation, Workload, hookimpl
+from registry._versions import parse_version
 from registry.requirements import (
     ENVELOPE,
     arch_in,
@@ -150,15 +153,49 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
+# Mid KV (above DENSE_MAX_KV, below LONG_KV_FROM), prefill group 6, from GLUON_MIN_TOTAL_Q
+# rows: the hand-scheduled Gluon kernel (ENGINE="gluon", backends/sparse_prefill/gluon_kernels.py:
+# transposed products so the 6 heads pad to 8 lines, two warps splitting head_dim, one 16-key
+# cp.async stage; 128 registers and 20 KB a program, 8 programs an SM). Measured at KV 16K / 32K
+# (docs/BENCHMARKS.md, "Session 11"): at 8192 rows 1.5-4% faster than the Triton family (1.27-1.31x
+# over the table), at 4096 rows 0.4-1.2%, at 1024-2048 rows up to 4% slower (so not used there).
+# Gluon is Triton's experimental dialect (its API changed after 3.6): the config is used only on
+# the Triton release it was measured on (GLUON_TRITON); on any other the Triton family runs.
+# Group 12 stays on the Triton family: its 16 lines need ~255 registers in this kernel (0.92x of
+# the table).
+GLUON_TRITON = (3, 6)
+GLUON_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 4096}
+H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
+                     "ENGINE": "gluon", "OFFS32": 1},
+}
+
+
+def gluon_triton(triton_version: str | None) -> bool:
+    """Whether ``triton_version`` is the release the Gluon configs were measured on."""
+    if not triton_version:
+        return False
+    try:
+        return parse_version(triton_version)[:2] == GLUON_TRITON
+    except ValueError:
+        return False
+
+
 def family_config(kind: str, group_size: int, kv_len: int | None,
-                  total_q: int | None = None) -> dict[str, Any]:
+                  total_q: int | None = None,
+                  triton_version: str | None = None) -> dict[str, Any]:
     """The family's config for a measured (kind, group) at ``kv_len`` KV slots and ``total_q``
-    rows (None: unknown; an unknown KV length gets the short-KV config, and dense tiles need
-    both known)."""
+    rows (None: unknown; an unknown KV length gets the short-KV config, and dense tiles and the
+    Gluon kernel need both known) under Triton ``triton_version`` (the Gluon kernel needs
+    :data:`GLUON_TRITON`; None: not used)."""
     key = (kind, group_size)
     if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
             and (total_q is None or total_q >= LONG_KV_MIN_TOTAL_Q[key])):
         return dict(H200_LONG_KV_CONFIGS[key])
+    if (kv_len is not None and DENSE_MAX_KV < kv_len < LONG_KV_FROM
+            and key in H200_GLUON_CONFIGS and total_q is not None
+            and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
+        return dict(H200_GLUON_CONFIGS[key])
     if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
             and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q):
         return dict(H200_DENSE_CONFIGS[key])
@@ -167,7 +204,7 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
 
 def _config(f: DeviceFacts, w: Workload) -> dict[str, Any]:
     return family_config(w.kind, w.group_size, w.kv_len,  # type: ignore[attr-defined]
-                         w.total_q)  # type: ignore[attr-defined]
+                         w.total_q, f.triton_version)  # type: ignore[attr-defined]
 
 
 @hookimpl
@@ -178,5 +215,6 @@ def kreg_implementations() -> list[Implementation]:
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
+                                   "the Gluon kernel for group-6 prefill between, "
                                    "slot-ordered rows from KV 64K"),
     ]

@@ -34,8 +34,8 @@ Providers (``--providers``, comma separated):
   (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
   lines, S its ring stages), e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
-  case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K), forced
-  whatever the device.
+  case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K, the Gluon
+  kernel for group-6 prefill at KV 16K-32K on Triton 3.6), forced whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 
@@ -222,8 +222,11 @@ def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | No
         if cfg is None:
             raise click.BadParameter(f"h200: no measured config for ({case.kind}, "
                                      f"group {case.group_size}); measured: {sorted(H200_CONFIGS)}")
+        import triton
+
         return "triton", family_config(case.kind, case.group_size,
-                                       workload_of(case)["kv_len"], case.total_q)
+                                       workload_of(case)["kv_len"], case.total_q,
+                                       triton.__version__)
     if name.startswith("geometry="):
         return "triton", parse_geometry(name.split("=", 1)[1])
     return "registry", None

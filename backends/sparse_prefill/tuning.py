@@ -81,14 +81,19 @@ def baseline(case: Any, facts: Any) -> str:
 
 def _space(case: Any) -> list[dict[str, Any]]:
     from plugins.generic import sparse_prefill_table_config
-    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_LONG_KV_CONFIGS
+    from plugins.nvidia_hopper import (
+        H200_DENSE_CONFIGS,
+        H200_GLUON_CONFIGS,
+        H200_LONG_KV_CONFIGS,
+    )
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
     g = case.group_size
     base = [sparse_prefill_table_config(g, case.total_q),
             *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values(),
-            *H200_LONG_KV_CONFIGS.values(), *H200_DENSE_CONFIGS.values()]
+            *H200_LONG_KV_CONFIGS.values(), *H200_DENSE_CONFIGS.values(),
+            *H200_GLUON_CONFIGS.values()]
     variants: list[dict[str, Any]] = [{}]
     for cfg in H200_CONFIGS.values():
         var = {k: v for k, v in cfg.items()
@@ -109,14 +114,21 @@ def _space(case: Any) -> list[dict[str, Any]]:
     for cfg in base + grid:
         if case.kind == "prefill":   # the chunk translation mode does nothing for prefill rows
             cfg = {k: v for k, v in cfg.items() if k != "CHUNK_MODE"}
-        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE"))
+        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE") or cfg.get("ENGINE") == "gluon")
               and cfg.get("CHUNK_MODE") != "pretranslate"):
             continue  # chunk entries are positions until translated: nothing to order or count
+            # (and the Gluon kernel takes slot ids)
         key = tuple(sorted(cfg.items()))
         if key not in seen:
             seen.add(key)
             out.append(dict(cfg))
     return out
+
+
+def _sm80_plus(facts: Any) -> bool:
+    arch = str(facts.arch)
+    return (facts.vendor == "nvidia" and arch.startswith("sm_") and arch[3:].isdigit()
+            and int(arch[3:]) >= 80)
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
@@ -129,6 +141,10 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
             validate_config(cfg, case.group_size, case.head_dim)
         except ConfigError as exc:
             out.append((_fmt(cfg), None, str(exc)))
+            continue
+        if cfg.get("ENGINE") == "gluon" and facts is not None and not _sm80_plus(facts):
+            out.append((_fmt(cfg), None, f"ENGINE='gluon' runs on NVIDIA sm_80+ only (this "
+                                         f"is {facts.vendor} {facts.arch})"))
             continue
         out.append((_fmt(cfg), cfg, ""))
     return out

@@ -89,6 +89,28 @@ def test_short_prefill_launches_the_dense_family(group: int) -> None:
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
 
+@pytest.mark.parametrize("kv", [16384, 32768])
+def test_mid_kv_group_6_prefill_launches_the_gluon_kernel(kv: int) -> None:
+    # prefill group 6 between the dense and the long-KV bands, at the Gluon floor of rows: on
+    # the H200 with Triton 3.6 the Gluon kernel (ENGINE=gluon) launches, and is correct
+    import triton
+
+    from plugins.nvidia_hopper import GLUON_MIN_TOTAL_Q, H200_GLUON_CONFIGS, gluon_triton
+
+    case = BenchCase(kind="prefill", group_size=6, kv_len=kv,
+                     total_q=GLUON_MIN_TOTAL_Q[("prefill", 6)])
+    launches, out, ref = _run(case)
+    assert len(launches) == 1
+    if _is_h200() and gluon_triton(triton.__version__):
+        assert launches[0].implementation == "nvidia_hopper.sparse_prefill_tuned"
+        assert dict(launches[0].config) == H200_GLUON_CONFIGS[("prefill", 6)]
+    else:
+        want = registry.select("sparse_prefill", workload_of(case))
+        assert dict(launches[0].config) == want.config
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max().item() <= 2e-2
+
+
 @pytest.mark.parametrize("group", [6, 12])
 def test_below_the_crossover_the_table_launches(group: int) -> None:
     case = BenchCase(kind="chunk", group_size=group, kv_len=4096, total_q=128)

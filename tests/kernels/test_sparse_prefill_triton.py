@@ -459,10 +459,14 @@ def test_bad_configs(cfg, match):
 
 def test_all_shipped_configs_validate():
     # Every config a policy can hand the kernel is valid for its group (validate_config raises).
-    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_LONG_KV_CONFIGS
+    from plugins.nvidia_hopper import (
+        H200_DENSE_CONFIGS,
+        H200_GLUON_CONFIGS,
+        H200_LONG_KV_CONFIGS,
+    )
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
-    for table in (H200_CONFIGS, H200_LONG_KV_CONFIGS, H200_DENSE_CONFIGS):
+    for table in (H200_CONFIGS, H200_LONG_KV_CONFIGS, H200_DENSE_CONFIGS, H200_GLUON_CONFIGS):
         for (_, group), cfg in table.items():
             validate_config(cfg, group, 256)
     for group, cfg in SM120_PREFILL_CONFIGS.items():
@@ -620,9 +624,10 @@ def test_bench_geometry_round_trip():
                  "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
-    from plugins.nvidia_hopper import H200_DENSE_CONFIGS
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_GLUON_CONFIGS
 
-    for cfg in (*H200_CONFIGS.values(), *H200_DENSE_CONFIGS.values()):
+    for cfg in (*H200_CONFIGS.values(), *H200_DENSE_CONFIGS.values(),
+                *H200_GLUON_CONFIGS.values()):
         assert parse_geometry(format_geometry(cfg)) == cfg
     assert parse_geometry("8x16x1x2:dense250")["DENSE"] == 250
 
@@ -720,3 +725,27 @@ def test_tuner_space_has_the_long_kv_family_where_it_can_run():
             if kind == "chunk":  # only the pretranslate mode orders slots
                 assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in cands
                            if cfg.get("SLOT_ORDER"))
+
+
+def test_tuner_space_has_the_gluon_family_for_prefill_on_nvidia_only():
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_GLUON_CONFIGS
+    from registry import profiles
+
+    gl = H200_GLUON_CONFIGS[("prefill", 6)]
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=32768)
+        case.extra["space"] = "tiny"
+        cands = {lab: (cfg, why) for lab, cfg, why in tuning.candidates(case, None)}
+        gls = [cfg for cfg, _ in cands.values() if cfg and cfg.get("ENGINE") == "gluon"]
+        # chunk entries are positions: the Gluon kernel takes them pretranslated only
+        assert gls == ([gl] if kind == "prefill" else [])
+    case = BenchCase(kind="prefill", group_size=6, total_q=8192, kv_len=32768)
+    case.extra["space"] = "tiny"
+    for dev, runs in (("h200", True), ("mi300x", False), ("rtx-5090", True)):
+        out = {lab: (cfg, why) for lab, cfg, why in tuning.candidates(case, profiles()[dev])}
+        (cfg, why), = [v for lab, v in out.items() if ":gl" in lab]
+        assert (cfg is not None) == runs, (dev, why)
+        if not runs:
+            assert "NVIDIA sm_80+ only" in why

@@ -9,7 +9,9 @@ from plugins.generic import sparse_prefill_table_config
 from plugins.nvidia_hopper import (
     DENSE_MAX_KV,
     DENSE_MIN_TOTAL_Q,
+    GLUON_MIN_TOTAL_Q,
     H200_DENSE_CONFIGS,
+    H200_GLUON_CONFIGS,
     H200_LONG_KV_CONFIGS,
     H200_PREFILL_CONFIGS,
     LONG_KV_FROM,
@@ -94,7 +96,8 @@ def test_long_kv_config_from_its_measured_kv_length_and_rows(kind: str, group: i
                                    max_q=tq))
             assert d.implementation == HOPPER
             on = kv is not None and kv >= LONG_KV_FROM and tq >= rows
-            if on or "DENSE" not in d.config:  # dense tiles: the test below
+            # dense tiles and the Gluon kernel: the tests below
+            if on or ("DENSE" not in d.config and "ENGINE" not in d.config):
                 assert d.config == (long_ if on else short), (kv, tq, d.config)
 
 
@@ -115,3 +118,33 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
                 assert d.config == {**short, "DENSE": d.config["DENSE"]} and d.config["DENSE"] > 0
             else:
                 assert "DENSE" not in d.config, (kv, tq, d.config)
+
+
+@pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
+def test_gluon_config_for_mid_kv_group_6_prefill_on_triton_3_6(kind: str, group: int) -> None:
+    """The Gluon kernel for prefill group 6 strictly between DENSE_MAX_KV and LONG_KV_FROM slots
+    from GLUON_MIN_TOTAL_Q rows, on the Triton release it was measured on; every other cell,
+    fewer rows, an unknown KV length and any other Triton keep the Triton configs."""
+    gl = H200_GLUON_CONFIGS.get((kind, group))
+    for triton in ("3.6.0", "3.6.1", "3.7.1", "3.5.1"):
+        dev = profile("h200", triton_version=triton)
+        for kv in (None, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768, LONG_KV_FROM - 1, LONG_KV_FROM):
+            for tq in (MIN_TOTAL_Q[(kind, group)], 4095, 4096, 8192, 16384):
+                d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
+                                       max_q=tq), dev)
+                if triton == "3.5.1":  # below the family's Triton floor
+                    assert d.implementation != HOPPER
+                    continue
+                on = (gl is not None and triton.startswith("3.6.") and kv is not None
+                      and DENSE_MAX_KV < kv < LONG_KV_FROM
+                      and tq >= GLUON_MIN_TOTAL_Q[(kind, group)])
+                assert (d.config == gl) if on else (d.config.get("ENGINE") is None), \
+                    (triton, kv, tq, d.config)
+    assert sorted(H200_GLUON_CONFIGS) == [("prefill", 6)]
+
+
+def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> None:
+    wl = seed_workload(kind="prefill", group_size=6, kv_len=32768, total_q=8192, max_q=8192)
+    assert "ENGINE=gluon" in pick(wl).explain()
+    other = pick(wl, profile("h200", triton_version="3.7.1"))
+    assert other.implementation == HOPPER and "ENGINE" not in other.config
