@@ -66,13 +66,17 @@ def gluon_available() -> str | None:
 if _IMPORT_ERROR is None:
 
     @gluon.jit
-    def _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile, n, num_slots, s_kt, s_vt, offs_n, offs_d,
-               BN: gl.constexpr, NST: gl.constexpr, OFFS32: gl.constexpr):
-        """cp.async of tile ``tile``'s K and V rows into ring stage ``tile % NST`` (zero-filled
-        where the entry is invalid: negative, out of range or past ``n``), one commit group;
-        returns which entries are valid."""
+    def _tile_idx(IDX_row, tile, n, offs_n, BN: gl.constexpr):
+        """Tile ``tile``'s index entries (-1 past ``n``) and their positions in the row."""
         j = tile * BN + offs_n
-        t = gl.load(IDX_row + j, mask=j < n, other=-1)
+        return gl.load(IDX_row + j, mask=j < n, other=-1), j
+
+    @gluon.jit
+    def _issue(K_h, V_h, kbuf, vbuf, t, j, tile, n, num_slots, s_kt, s_vt, offs_d,
+               NST: gl.constexpr, OFFS32: gl.constexpr):
+        """cp.async of the K and V rows of entries ``t`` (tile ``tile``) into ring stage
+        ``tile % NST``, zero-filled where the entry is invalid (negative, out of range or past
+        ``n``), one commit group; returns which entries are valid."""
         ok = (t >= 0) & (t < num_slots) & (j < n)
         # OFFS32: the wrapper proved (num_slots - 1) * stride + head_dim < 2**31
         row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
@@ -108,8 +112,9 @@ if _IMPORT_ERROR is None:
         IDX_row = IDX + r * s_it
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
-        ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, 0, n, num_slots, s_kt, s_vt, offs_n, offs_d,
-                    BN, NST, OFFS32)
+        t0, j0 = _tile_idx(IDX_row, 0, n, offs_n, BN)
+        ok = _issue(K_h, V_h, kbuf, vbuf, t0, j0, 0, n, num_slots, s_kt, s_vt, offs_d, NST,
+                    OFFS32)
         offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
         q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
                     mask=(offs_m < group)[:, None] & (offs_d >= 0)[None, :], other=0.0)
@@ -119,11 +124,13 @@ if _IMPORT_ERROR is None:
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
         for tile in range(gl.cdiv(n, BN)):
             okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
+            if NST == 2:  # the next tile's entries load while this tile lands
+                t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
             cp.wait_group(0)
             _barrier()
             if NST == 2:  # the other stage was read in the previous iteration: refill it now
-                ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile + 1, n, num_slots, s_kt, s_vt,
-                            offs_n, offs_d, BN, NST, OFFS32)
+                ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                            offs_d, NST, OFFS32)
             st = tile % NST
             s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
             s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
@@ -135,10 +142,13 @@ if _IMPORT_ERROR is None:
             m_i = m_new
             pb = gl.convert_layout(p.to(K.dtype.element_ty), b_op)
             acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
-            if NST == 1:  # every warp is done with the only stage before it is refilled
+            if NST == 1:
+                # the next tile's entries load before the barrier (their latency overlaps the
+                # wait); every warp is done with the only stage before it is refilled
+                t_n, j_n = _tile_idx(IDX_row, tile + 1, n, offs_n, BN)
                 _barrier()
-                ok = _issue(K_h, V_h, kbuf, vbuf, IDX_row, tile + 1, n, num_slots, s_kt, s_vt,
-                            offs_n, offs_d, BN, NST, OFFS32)
+                ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
+                            offs_d, NST, OFFS32)
         cp.wait_group(0)
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_safe[None, :]
