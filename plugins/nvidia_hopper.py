@@ -8,9 +8,9 @@ the total_q sweep). Chunk batches additionally need the measured rows per reques
 bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
 ``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first; prefill up to
 ``DENSE_MAX_KV`` slots with at least ``DENSE_MIN_TOTAL_Q`` rows computes the rows that select
-densely in their span by streaming K/V blocks (DENSE); prefill group 6 between the two, from
-``GLUON_MIN_TOTAL_Q`` rows and on Triton 3.6, runs the Gluon kernel (ENGINE="gluon")
-(``family_config``).
+densely in their span by streaming K/V blocks (DENSE); prefill group 6 from ``GLUON_MIN_KV`` to
+below ``LONG_KV_FROM`` slots (where DENSE does not apply), from ``GLUON_MIN_TOTAL_Q`` rows and on
+Triton 3.6, runs the Gluon kernel (ENGINE="gluon") (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
@@ -153,18 +153,22 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
-# Mid KV (above DENSE_MAX_KV, below LONG_KV_FROM), prefill group 6, from GLUON_MIN_TOTAL_Q
-# rows: the hand-scheduled Gluon kernel (ENGINE="gluon", backends/sparse_prefill/gluon_kernels.py:
-# transposed products so the 6 heads pad to 8 lines, two warps splitting head_dim, one 16-key
-# cp.async stage; 128 registers and 20 KB a program, 8 programs an SM). Measured at KV 16K / 32K
-# (docs/BENCHMARKS.md, "Session 11"): at 8192 rows 1.5-4% faster than the Triton family (1.27-1.31x
-# over the table), at 4096 rows 0.4-1.2%, at 1024-2048 rows up to 4% slower (so not used there).
+# From GLUON_MIN_KV to below LONG_KV_FROM slots (where the dense tiles do not apply), prefill group
+# 6 from GLUON_MIN_TOTAL_Q rows: the hand-scheduled Gluon kernel (ENGINE="gluon",
+# backends/sparse_prefill/gluon_kernels.py: transposed products so the 6 heads pad to 8 lines, two
+# warps splitting head_dim, one 16-key cp.async stage; 128 registers and 20 KB a program, 8
+# programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 32..8192 rows
+# (docs/BENCHMARKS.md, "Session 11"): 1.8-4.4% faster than the Triton family from 2048 rows
+# (1.29-1.31x over the table at 4096-8192 rows), 0.6-1.7% at 1024 (within the windows' spread, so
+# not used there); below 1024 rows both lose to the table. Capping its registers to fit 9-10
+# programs an SM made it slower.
 # Gluon is Triton's experimental dialect (its API changed after 3.6): the config is used only on
 # the Triton release it was measured on (GLUON_TRITON); on any other the Triton family runs.
-# Group 12 stays on the Triton family: its 16 lines need ~255 registers in this kernel (0.92x of
+# Group 12 stays on the Triton family: its 16 lines need ~255 registers in this kernel (0.94x of
 # the table).
+GLUON_MIN_KV = 8192
 GLUON_TRITON = (3, 6)
-GLUON_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 4096}
+GLUON_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 2048}
 H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     ("prefill", 6): {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
                      "ENGINE": "gluon", "OFFS32": 1},
@@ -192,13 +196,13 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
             and (total_q is None or total_q >= LONG_KV_MIN_TOTAL_Q[key])):
         return dict(H200_LONG_KV_CONFIGS[key])
-    if (kv_len is not None and DENSE_MAX_KV < kv_len < LONG_KV_FROM
-            and key in H200_GLUON_CONFIGS and total_q is not None
-            and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
-        return dict(H200_GLUON_CONFIGS[key])
     if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
             and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q):
         return dict(H200_DENSE_CONFIGS[key])
+    if (kv_len is not None and GLUON_MIN_KV <= kv_len < LONG_KV_FROM
+            and key in H200_GLUON_CONFIGS and total_q is not None
+            and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
+        return dict(H200_GLUON_CONFIGS[key])
     return dict(H200_PREFILL_CONFIGS[key])
 
 
@@ -215,6 +219,6 @@ def kreg_implementations() -> list[Implementation]:
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
-                                   "the Gluon kernel for group-6 prefill between, "
+                                   "the Gluon kernel for group-6 prefill at KV 8K-64K, "
                                    "slot-ordered rows from KV 64K"),
     ]

@@ -89,10 +89,11 @@ def test_short_prefill_launches_the_dense_family(group: int) -> None:
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
 
-@pytest.mark.parametrize("kv", [16384, 32768])
+@pytest.mark.parametrize("kv", [8192, 16384, 32768])
 def test_mid_kv_group_6_prefill_launches_the_gluon_kernel(kv: int) -> None:
-    # prefill group 6 between the dense and the long-KV bands, at the Gluon floor of rows: on
-    # the H200 with Triton 3.6 the Gluon kernel (ENGINE=gluon) launches, and is correct
+    # prefill group 6 from KV 8K below the long-KV band, at the Gluon floor of rows (below the
+    # dense tiles' floor): on the H200 with Triton 3.6 the Gluon kernel (ENGINE=gluon) launches,
+    # and is correct
     import triton
 
     from plugins.nvidia_hopper import GLUON_MIN_TOTAL_Q, H200_GLUON_CONFIGS, gluon_triton

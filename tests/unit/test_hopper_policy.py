@@ -9,6 +9,7 @@ from plugins.generic import sparse_prefill_table_config
 from plugins.nvidia_hopper import (
     DENSE_MAX_KV,
     DENSE_MIN_TOTAL_Q,
+    GLUON_MIN_KV,
     GLUON_MIN_TOTAL_Q,
     H200_DENSE_CONFIGS,
     H200_GLUON_CONFIGS,
@@ -122,21 +123,26 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
 
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
 def test_gluon_config_for_mid_kv_group_6_prefill_on_triton_3_6(kind: str, group: int) -> None:
-    """The Gluon kernel for prefill group 6 strictly between DENSE_MAX_KV and LONG_KV_FROM slots
-    from GLUON_MIN_TOTAL_Q rows, on the Triton release it was measured on; every other cell,
-    fewer rows, an unknown KV length and any other Triton keep the Triton configs."""
+    """The Gluon kernel for prefill group 6 from GLUON_MIN_KV to below LONG_KV_FROM slots from
+    GLUON_MIN_TOTAL_Q rows, on the Triton release it was measured on, where the dense tiles do
+    not apply; every other cell, fewer rows, an unknown KV length and any other Triton keep the
+    Triton configs."""
     gl = H200_GLUON_CONFIGS.get((kind, group))
     for triton in ("3.6.0", "3.6.1", "3.7.1", "3.5.1"):
         dev = profile("h200", triton_version=triton)
-        for kv in (None, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768, LONG_KV_FROM - 1, LONG_KV_FROM):
-            for tq in (MIN_TOTAL_Q[(kind, group)], 4095, 4096, 8192, 16384):
+        for kv in (None, GLUON_MIN_KV - 1, GLUON_MIN_KV, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768,
+                   LONG_KV_FROM - 1, LONG_KV_FROM):
+            for tq in (MIN_TOTAL_Q[(kind, group)], 2047, 2048, DENSE_MIN_TOTAL_Q - 1,
+                       DENSE_MIN_TOTAL_Q, 16384):
                 d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
                                        max_q=tq), dev)
                 if triton == "3.5.1":  # below the family's Triton floor
                     assert d.implementation != HOPPER
                     continue
+                dense = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
+                         and tq >= DENSE_MIN_TOTAL_Q)
                 on = (gl is not None and triton.startswith("3.6.") and kv is not None
-                      and DENSE_MAX_KV < kv < LONG_KV_FROM
+                      and GLUON_MIN_KV <= kv < LONG_KV_FROM and not dense
                       and tq >= GLUON_MIN_TOTAL_Q[(kind, group)])
                 assert (d.config == gl) if on else (d.config.get("ENGINE") is None), \
                     (triton, kv, tq, d.config)
