@@ -1,15 +1,24 @@
-"""Probe: a hand-written Gluon (Hopper) sparse_prefill kernel for prefill rows (prototype).
+"""Probe: hand-written Gluon (Hopper) sparse_prefill kernels for prefill rows (prototypes).
 
-One program a query row and KV head; the group's heads tile BM padded lines. K/V rows are
-gathered by cp.async into a shared-memory ring of 1 or 2 stages of BN keys; S = Q K^T and
-O += P V run on ``mma_v2`` with ``warps_per_cta = [1, W]``, so the warps split S's keys and O's
-head_dim (no product is computed twice); Q is the A operand from registers or from shared
-memory; P goes to the A operand by a layout conversion. Invalid, negative and out-of-range
-entries and entries past ``lengths`` are masked (zero-filled copies, -inf scores). Checked
-against the fp32 reference and timed next to the table geometry and the H200 family
-(CUDA-graph replays, one window per case).
+One program a query row and KV head; the group's heads tile BM padded lines; K/V rows gathered
+by cp.async into shared memory; every variant masks invalid, negative and out-of-range entries
+and entries past ``lengths`` (zero-filled copies, -inf scores). Variant families
+(``--variants``):
 
-    python benchmarks/probe_gluon_attention.py
+* ``plain`` (``_attn_gl``): S = Q K^T and O += P V on ``mma_v2``, warps split S's keys and O's
+  head_dim; Q from registers or shared memory.
+* ``T`` (``_attn_gl_t``): the transposed products S^T = K Q^T, O^T = V^T P^T (the lines on the
+  MMA's n side); WN warps split the lines, the others head_dim. WN = 1 with 16 keys and 2 warps
+  is the product kernel, ``backends/sparse_prefill/gluon_kernels.py`` (ENGINE="gluon").
+* ``WS`` (``_attn_ws``): warp-specialized, a cp.async producer warp filling an mbarrier ring.
+* ``WG`` (``_attn_wg``): the transposed products on wgmma, one warpgroup, 64-key tiles.
+* ``SD`` (``_attn_sd``): split head_dim with a cross-warp sum of S^T (batched ``mma_v2``).
+
+Each checked against the fp32 reference and timed next to the table geometry and the Triton
+family (CUDA-graph replays, one window per case). Results: docs/BENCHMARKS.md, "Session 11".
+
+    python benchmarks/probe_gluon_attention.py [--kv 32768,8192] [--groups 6,12]
+        [--variants plain,T,WS,WG,SD]
 """
 from __future__ import annotations
 
@@ -482,20 +491,21 @@ def _attn_sd(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
     gl.store(optr, o.to(gl.bfloat16), mask=(mo < group)[None, None, :] & (ocol >= 0))
 
 
-# (BN, warps, Q_REGS, stages, LEAN, PF); _TRANS: the transposed kernel's (BN, warps, stages)
-_SHAPES = ((16, 1, 1, 1, 0, 0),)
-# (BN, warps, stages, WN): WN = 2 splits 16 lines over two warps (groups over 8 heads only)
-# (BN, warps, stages, WN[, maxnreg]): 104 registers do not spill (9 programs an SM), 96 spill
-# 80 bytes (10 programs)
-_TRANS = ((16, 2, 1, 1), (16, 2, 1, 1, 112), (16, 2, 1, 1, 104), (16, 2, 1, 1, 96),
-          (32, 2, 1, 1, 104))
-# (BN, stages, math warps, WN, maxnreg)
-# measured in session 11: 2.4-2.7x slower than the family (one program an SM, spills)
-_WS: tuple[tuple[int, int, int, int, int], ...] = ()
-_WG: tuple[int, ...] = ()  # (64,): wgmma, measured in session 11 (group 12: 0.95x of the table)
-# split head_dim (BN, warps)
-# measured in session 11: 2-7x slower than the family (the cross-warp sum of S^T)
-_SD: tuple[tuple[int, int], ...] = ()
+# The variants of each family, as run in sessions 10-11 (docs/BENCHMARKS.md, "Session 11"):
+# plain (BN, warps, Q_REGS, stages, LEAN, PF)
+_SHAPES = ((16, 1, 1, 1, 0, 0), (16, 2, 0, 1, 1, 1))
+# transposed (BN, warps, stages, WN[, maxnreg]): WN = 2 splits 16 lines over two warps (groups
+# over 8 heads only); at 16 keys and 2 warps 104 registers do not spill (9 programs an SM), 96
+# spill 80 bytes (10 programs); all caps were slower
+_TRANS = ((16, 2, 1, 1), (32, 2, 1, 1), (16, 4, 1, 1), (32, 4, 1, 1), (16, 2, 1, 2),
+          (32, 2, 1, 2), (16, 4, 1, 2), (32, 4, 1, 2), (16, 2, 1, 1, 112), (16, 2, 1, 1, 104),
+          (16, 2, 1, 1, 96))
+# warp-specialized (BN, stages, math warps, WN, maxnreg): 2.4-2.7x slower than the family
+_WS = ((32, 2, 4, 2, 128), (32, 3, 4, 2, 128), (16, 4, 4, 2, 128), (32, 2, 4, 1, 128))
+# wgmma (BN keys a tile; one warpgroup): group 6 1.97-1.99 ms, group 12 0.95x of the table
+_WG = (64,)
+# split head_dim with a cross-warp sum of S^T (BN, warps): 2-7x slower than the family
+_SD = ((16, 4), (32, 4), (16, 8))
 
 
 def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
@@ -556,96 +566,73 @@ def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: in
         OFFS32=offs32, NST=nst, LEAN=lean, PF=pf, num_warps=w)
 
 
+def _candidates(g: int, families: set[str]) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    """(name, launcher, its geometry arguments) of the selected variant families for group g."""
+    out: list[tuple[str, Any, tuple[Any, ...]]] = []
+    if "plain" in families:
+        for bn, w, qr, nst, lean, pf in _SHAPES:
+            out.append((f"gluon {bn}x{w}w s{nst}{' qreg' if qr else ''}"
+                        f"{' lean' if lean else ''}{' pf' if pf else ''}", launch,
+                        (bn, w, qr, nst, lean, pf)))
+    if "T" in families:
+        out += [(f"gluon-T {t[0]}x{t[1]}w s{t[2]} wn{t[3]} r{(*t, 0)[4]}", launch_t, t)
+                for t in _TRANS if not (t[3] > 1 and g <= 8)]  # 8 lines: one warp column
+    if "WS" in families:
+        out += [("gluon-WS {}x{}st {}w wn{} r{}".format(*t), launch_ws, t)
+                for t in _WS if not (t[3] > 1 and g <= 8)]
+    if "WG" in families:
+        out += [(f"gluon-WG {bn}x4w", launch_wg, (bn,)) for bn in _WG]
+    if "SD" in families:
+        out += [(f"gluon-SD {bn}x{w}w", launch_sd, (bn, w)) for bn, w in _SD]
+    return out
+
+
 def main() -> None:
+    import argparse
+
     import torch
 
     from backends.sparse_prefill import triton_kernels as tk
-    from backends.sparse_prefill.bench import BenchCase, make_inputs, probe_header
+    from backends.sparse_prefill.bench import BenchCase, make_inputs, probe_grid, probe_header
     from backends.sparse_prefill.reference import sparse_prefill_reference
     from plugins.generic import sparse_prefill_table_config
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS
     from registry._timing import interleaved_median_ms
 
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kv", default="32768", help="KV lengths (comma list)")
+    ap.add_argument("--groups", default="6,12", help="group sizes (comma list)")
+    ap.add_argument("--variants", default="plain,T",
+                    help="variant families: plain, T, WS, WG, SD (comma list)")
+    args = ap.parse_args()
+    families = set(args.variants.split(","))
     print(probe_header("graph replays, ms; err = max |out - fp32 reference|"))
-    for kv in (32768, 16384):
-        for g in (6,):
-            x = make_inputs(BenchCase(kind="prefill", group_size=g, kv_len=kv, total_q=8192))
-            q, k, v, idx, kw = x["q"], x["k"], x["v"], x["indices"], x["kwargs"]
-            ref = sparse_prefill_reference(q, k, v, idx, lengths=kw["lengths"],
-                                           out_dtype=torch.float32)
-            table = sparse_prefill_table_config(g, 8192)
-            fam = H200_PREFILL_CONFIGS[("prefill", g)]
-            fns: dict[str, Any] = {
-                "table": partial(tk.sparse_prefill_triton, q, k, v, idx, config=table, **kw),
-                "family": partial(tk.sparse_prefill_triton, q, k, v, idx, config=fam, **kw)}
-            errs = {}
-            for shape in _SHAPES:
-                bn, w, qr, nst, lean, pf = shape
-                out = torch.full_like(q, float("nan"))
-                name = (f"gluon {bn}x{w}w s{nst}{' qreg' if qr else ''}{' lean' if lean else ''}"
-                        f"{' pf' if pf else ''}")
-                try:
-                    launch(q, k, v, idx, kw["lengths"], out, *shape)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a shape that does not build is reported
-                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
-                    continue
-                errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch, q, k, v, idx, kw["lengths"], out, *shape)
-            for shape_t in _TRANS:
-                if shape_t[3] > 1 and g <= 8:
-                    continue   # 8 lines cannot be split over warps
-                out = torch.full_like(q, float("nan"))
-                bn, w, nst, wn = shape_t[:4]
-                name = f"gluon-T {bn}x{w}w s{nst} wn{wn} r{(*shape_t, 0)[4]}"
-                try:
-                    launch_t(q, k, v, idx, kw["lengths"], out, *shape_t)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a shape that does not build is reported
-                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
-                    continue
-                errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch_t, q, k, v, idx, kw["lengths"], out, *shape_t)
-            for shape_w in _WS:
-                if shape_w[3] > 1 and g <= 8:
-                    continue
-                out = torch.full_like(q, float("nan"))
-                name = "gluon-WS {}x{}st {}w wn{} r{}".format(*shape_w)
-                try:
-                    launch_ws(q, k, v, idx, kw["lengths"], out, *shape_w)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a shape that does not build is reported
-                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
-                    continue
-                errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch_ws, q, k, v, idx, kw["lengths"], out, *shape_w)
-            for bn, w in _SD:
-                out = torch.full_like(q, float("nan"))
-                name = f"gluon-SD {bn}x{w}w"
-                try:
-                    launch_sd(q, k, v, idx, kw["lengths"], out, bn, w)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a shape that does not build is reported
-                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
-                    continue
-                errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch_sd, q, k, v, idx, kw["lengths"], out, bn, w)
-            for bn in _WG:
-                out = torch.full_like(q, float("nan"))
-                name = f"gluon-WG {bn}x4w"
-                try:
-                    launch_wg(q, k, v, idx, kw["lengths"], out, bn)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a shape that does not build is reported
-                    print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
-                    continue
-                errs[name] = (out.float() - ref).abs().max().item()
-                fns[name] = partial(launch_wg, q, k, v, idx, kw["lengths"], out, bn)
-            res = interleaved_median_ms(fns, warmup=3, iters=15, graphs=True)
-            print(f"\nprefill g{g} KV {kv}, 8192 rows: table / 1.3 = {res['table'] / 1.3:.4f} ms")
-            for name, ms in res.items():
-                err = f"err {errs[name]:.2e}" if name in errs else ""
-                print(f"  {name:30s} {ms:8.4f} ms  {res['table'] / ms:5.3f}x  {err}")
+    for kv, g in probe_grid(args.kv, args.groups):
+        x = make_inputs(BenchCase(kind="prefill", group_size=g, kv_len=kv, total_q=8192))
+        q, k, v, idx, kw = x["q"], x["k"], x["v"], x["indices"], x["kwargs"]
+        ref = sparse_prefill_reference(q, k, v, idx, lengths=kw["lengths"],
+                                       out_dtype=torch.float32)
+        table = sparse_prefill_table_config(g, 8192)
+        fam = H200_PREFILL_CONFIGS[("prefill", g)]
+        fns: dict[str, Any] = {
+            "table": partial(tk.sparse_prefill_triton, q, k, v, idx, config=table, **kw),
+            "family": partial(tk.sparse_prefill_triton, q, k, v, idx, config=fam, **kw)}
+        errs = {}
+        for name, launcher, geo in _candidates(g, families):
+            out = torch.full_like(q, float("nan"))
+            try:
+                launcher(q, k, v, idx, kw["lengths"], out, *geo)
+                torch.cuda.synchronize()
+            except Exception as exc:  # a shape that does not build is reported
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:600]}")
+                continue
+            errs[name] = (out.float() - ref).abs().max().item()
+            fns[name] = partial(launcher, q, k, v, idx, kw["lengths"], out, *geo)
+        res = interleaved_median_ms(fns, warmup=3, iters=15, graphs=True)
+        print(f"\nprefill g{g} KV {kv}, 8192 rows: table / 1.3 = {res['table'] / 1.3:.4f} ms")
+        for name, ms in res.items():
+            err = f"err {errs[name]:.2e}" if name in errs else ""
+            print(f"  {name:30s} {ms:8.4f} ms  {res['table'] / ms:5.3f}x  {err}")
 
 
 if __name__ == "__main__":
