@@ -39,6 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
+from backends.sparse_prefill.gluon_kernels import _softmax_step_t, _store_t
+
 
 @gluon.jit
 def _tile_idx(IDX_row, tile, n, offs_n, BN: gl.constexpr):
@@ -206,13 +208,7 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
                         offs_d, D, OFFS32, NST, False)
         st = tile % NST
         s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
         pb = gl.convert_layout(p.to(gl.bfloat16), b_op)
         acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
         if NST == 1:
@@ -221,12 +217,7 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
             ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
                         offs_d, D, OFFS32, NST, False)
     cp.wait_group(0)
-    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[None, :]
-    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
-    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
-    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+    _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
 
 
 @gluon.jit
@@ -284,13 +275,7 @@ def _attn_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
         cp.async_copy_global_to_shared(kbuf, K_h + (row * s_kt)[:, None] + offs_d[None, :],
                                        mask=m2)
         cp.commit_group()
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
         pbuf.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
         cp.wait_group(1)            # V of this tile
         gl.thread_barrier()
@@ -301,12 +286,7 @@ def _attn_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
                                        mask=m2)
         cp.commit_group()
     cp.wait_group(0)
-    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[None, :]
-    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
-    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
-    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+    _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
 
 
 @gluon.jit
@@ -371,21 +351,10 @@ def _ws_consumer(Q, IDX, LENS, OUT, kbuf, vbuf, full, empty, r, h, qk_scale, num
         vt = vbuf.index(st).permute([1, 0]).load(a_op)
         mbarrier.arrive(empty.index(st), count=1)
         s = mma_v2(kt, qt_b, gl.zeros([BN, BM], gl.float32, mma))
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
         pb = gl.convert_layout(p.to(gl.bfloat16), b_op)
         acc = mma_v2(vt, pb, acc * alpha[None, :])
-    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[None, :]
-    od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
-    om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-    optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
-    gl.store(optr, o.to(gl.bfloat16), mask=(om < group)[None, :] & (od < D)[:, None])
+    _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
 
 
 @gluon.jit
@@ -470,13 +439,7 @@ def _attn_sd(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
         gl.thread_barrier()
         sp = mma_v2(kbuf.load(a_op), qt_b, gl.zeros([W, BN, BM], gl.float32, mma))
         s = gl.sum(sp, 0)
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
         p3 = gl.convert_layout(gl.broadcast(gl.expand_dims(p.to(gl.bfloat16), 0),
                                             gl.full([W, 1, 1], 0, gl.bfloat16, mma))[0], b_op)
         acc = mma_v2(vbuf.permute([0, 2, 1]).load(a_op), p3,
@@ -508,62 +471,44 @@ _WG = (64,)
 _SD = ((16, 4), (32, 4), (16, 8))
 
 
-def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
-             nst: int, wn: int, maxnreg: int = 0) -> Any:
+def _launch(kernel: Any, q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any,
+            **meta: Any) -> Any:
+    """Launch a probe kernel: one program a (row, KV head), BM = the group padded to 8 or 16
+    lines unless given, int32 row offsets where they fit."""
     g = q.shape[1] // k.shape[1]
     d = q.shape[2]
+    meta.setdefault("BM", 8 if g <= 8 else 16)
     offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
-    return _attn_gl_t[(q.shape[0], k.shape[1])](
+    return kernel[(q.shape[0], k.shape[1])](
         q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
-        OFFS32=offs32, NST=nst, WN=wn, num_warps=w, **({"maxnreg": maxnreg} if maxnreg else {}))
+        idx.stride(0), out.stride(0), out.stride(1), D=d, OFFS32=offs32, **meta)
+
+
+def launch_t(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
+             nst: int, wn: int, maxnreg: int = 0) -> Any:
+    return _launch(_attn_gl_t, q, k, v, idx, lens, out, BN=bn, NST=nst, WN=wn, num_warps=w,
+                   **({"maxnreg": maxnreg} if maxnreg else {}))
 
 
 def launch_wg(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int) -> Any:
-    g = q.shape[1] // k.shape[1]
-    d = q.shape[2]
-    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
-    return _attn_wg[(q.shape[0], k.shape[1])](
-        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
-        OFFS32=offs32, num_warps=4)
+    return _launch(_attn_wg, q, k, v, idx, lens, out, BN=bn, num_warps=4)
 
 
 def launch_ws(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, ns: int,
               w: int, wn: int, maxnreg: int, pregs: int = 40) -> Any:
-    g = q.shape[1] // k.shape[1]
-    d = q.shape[2]
-    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
-    return _attn_ws[(q.shape[0], k.shape[1])](
-        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn, NS=ns,
-        WN=wn, OFFS32=offs32, PREGS=pregs, num_warps=w, maxnreg=maxnreg)
+    return _launch(_attn_ws, q, k, v, idx, lens, out, BN=bn, NS=ns, WN=wn, PREGS=pregs,
+                   num_warps=w, maxnreg=maxnreg)
 
 
 def launch_sd(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int) -> Any:
-    g = q.shape[1] // k.shape[1]
-    d = q.shape[2]
-    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
-    return _attn_sd[(q.shape[0], k.shape[1])](
-        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=8 if g <= 8 else 16, BN=bn,
-        OFFS32=offs32, num_warps=w)
+    return _launch(_attn_sd, q, k, v, idx, lens, out, BN=bn, num_warps=w)
 
 
 def launch(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int,
            q_regs: int, nst: int, lean: int, pf: int) -> Any:
-    g = q.shape[1] // k.shape[1]
-    d = q.shape[2]
-    offs32 = max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + d < 2**31
-    return _attn_gl[(q.shape[0], k.shape[1])](
-        q, k, v, idx, lens, out, d ** -0.5 * 1.4426950408889634, k.shape[0], idx.shape[1], g,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        idx.stride(0), out.stride(0), out.stride(1), D=d, BM=16, BN=bn, Q_REGS=q_regs,
-        OFFS32=offs32, NST=nst, LEAN=lean, PF=pf, num_warps=w)
+    return _launch(_attn_gl, q, k, v, idx, lens, out, BM=16, BN=bn, Q_REGS=q_regs, NST=nst,
+                   LEAN=lean, PF=pf, num_warps=w)
 
 
 def _candidates(g: int, families: set[str]) -> list[tuple[str, Any, tuple[Any, ...]]]:

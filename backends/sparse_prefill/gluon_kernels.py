@@ -87,6 +87,32 @@ if _IMPORT_ERROR is None:
         return ok
 
     @gluon.jit
+    def _softmax_step_t(s, okr, m_i, l_i, qk_scale):
+        """One online-softmax step on transposed scores ``s`` [keys, lines] (log2 domain after
+        ``qk_scale``): invalid keys (``okr`` False) get -inf; returns (p, the rescale factor of
+        the old accumulator, the new running max, the new running sum). A line with nothing
+        valid so far keeps max -inf, p 0 and sum 0 (never NaN)."""
+        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 0)
+
+    @gluon.jit
+    def _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+                 mma: gl.constexpr):
+        """O = (O^T / l)^T into row ``r``'s lines of KV head ``h`` (the ``group`` real ones of
+        ``BM``); a line with nothing valid (l = 0) stores zeros."""
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[None, :]
+        od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
+        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
+        gl.store(optr, o.to(OUT.dtype.element_ty),
+                 mask=(om < group)[None, :] & (od >= 0)[:, None])
+
+    @gluon.jit
     def _sparse_prefill_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
                            s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr,
                            BM: gl.constexpr, BN: gl.constexpr, NST: gl.constexpr,
@@ -133,13 +159,7 @@ if _IMPORT_ERROR is None:
                             offs_d, NST, OFFS32)
             st = tile % NST
             s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
-            s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_i = l_i * alpha + gl.sum(p, 0)
-            m_i = m_new
+            p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
             pb = gl.convert_layout(p.to(K.dtype.element_ty), b_op)
             acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
             if NST == 1:
@@ -150,12 +170,7 @@ if _IMPORT_ERROR is None:
                 ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
                             offs_d, NST, OFFS32)
         cp.wait_group(0)
-        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / l_safe[None, :]
-        od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
-        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
-        gl.store(optr, o.to(OUT.dtype.element_ty), mask=(om < group)[None, :] & (od >= 0)[:, None])
+        _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
 
 
 def check_gluon(q: Any) -> None:
