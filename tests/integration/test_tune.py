@@ -247,7 +247,8 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     """docs/tables/: the table `kreg tune` measured on the lent H200 (the "post the table" step),
     loaded as a vendor plugin would: per KV length its own measured config (chunk group 6 at
     8192 rows: the four-warp staged config at KV 8K, the one-warp slot-ordered one at 128K;
-    prefill group 6: slot ordering at 128K only, the dense tiles at KV 8K and 8192 rows);
+    prefill group 6: slot ordering at 128K only, the dense tiles at KV 8K and 8192 rows, the
+    Gluon kernel at KV 8K with 1024 rows and at 32K with 8192);
     nothing for a workload without kv_len or on another Triton version, each with the
     reason."""
     from registry import load_table
@@ -285,6 +286,9 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     dense = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
                                           "kv_len": 8192}, facts).config
     assert dense["DENSE"] == 250 and "DENSE" not in at_8k
+    mid = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
+                                        "kv_len": 32768}, facts).config
+    assert at_8k.get("ENGINE") == mid.get("ENGINE") == "gluon" and "ENGINE" not in at_128k
     none = reg.select("sparse_prefill", wl, facts)      # no kv_len: not served by the table
     assert none.implementation == "reference.sparse_prefill"
     assert "kv_len" in none.explain(verbose=True)
