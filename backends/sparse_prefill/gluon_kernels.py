@@ -20,7 +20,7 @@ On the H200 at the seed's prefill shape (group 6, top-k 2051, head_dim 256, bf16
 8192 rows) it is about 4% faster than the Triton family: at 128 registers and 20 KB of shared
 memory a program (16 keys, 2 warps, 1 stage) eight programs share an SM, and the gather keeps
 more of them busy (docs/BENCHMARKS.md, "Session 11"). For groups of 9-16 heads the 16-line
-accumulator needs ~240 registers and the kernel is slower than the Triton family there.
+accumulator needs ~255 registers and the kernel is slower than the Triton family there.
 
 Scope (checked by :func:`check_gluon`): prefill rows (and chunk rows after
 ``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256, a CUDA GPU of compute
@@ -37,7 +37,7 @@ from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["GLUON_HEAD_DIMS", "check_gluon", "gluon_available", "sparse_prefill_gluon"]
+__all__ = ["GLUON_HEAD_DIMS", "check_gluon", "sparse_prefill_gluon"]
 
 GLUON_HEAD_DIMS = (64, 128, 256)
 _LOG2E = 1.4426950408889634
@@ -56,11 +56,6 @@ else:
     _cp_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
     # the CTA barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` later
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-
-def gluon_available() -> str | None:
-    """None when Gluon's Ampere/Hopper ops import; else why not."""
-    return _IMPORT_ERROR
 
 
 if _IMPORT_ERROR is None:
