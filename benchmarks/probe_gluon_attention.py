@@ -12,13 +12,15 @@ and entries past ``lengths`` (zero-filled copies, -inf scores). Variant families
   is the product kernel, ``backends/sparse_prefill/gluon_kernels.py`` (ENGINE="gluon").
 * ``WS`` (``_attn_ws``): warp-specialized, a cp.async producer warp filling an mbarrier ring.
 * ``WG`` (``_attn_wg``): the transposed products on wgmma, one warpgroup, 64-key tiles.
+* ``WG1`` (``_attn_wg1``): ``WG`` with one K/V buffer (V gathered into the buffer K left) and
+  chunked gathers; prepared, not yet run on a GPU.
 * ``SD`` (``_attn_sd``): split head_dim with a cross-warp sum of S^T (batched ``mma_v2``).
 
 Each checked against the fp32 reference and timed next to the table geometry and the Triton
 family (CUDA-graph replays, one window per case). Results: docs/BENCHMARKS.md, "Session 11".
 
     python benchmarks/probe_gluon_attention.py [--kv 32768,8192] [--groups 6,12]
-        [--variants plain,T,WS,WG,SD]
+        [--variants plain,T,WS,WG,WG1,SD]
 """
 from __future__ import annotations
 
@@ -290,6 +292,80 @@ def _attn_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
 
 
 @gluon.jit
+def _wg1_issue(X_h, buf, IDX_row, tile, n, num_slots, s_xt, D: gl.constexpr, BN: gl.constexpr,
+               SUB: gl.constexpr, num_warps: gl.constexpr):
+    """cp.async of tile ``tile``'s rows of X into ``buf`` in chunks of SUB rows (each chunk
+    loads its own index entries, so only SUB rows of addresses are live), one commit group."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    offs_c = gl.arange(0, SUB, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    for c in gl.static_range(BN // SUB):
+        j = tile * BN + c * SUB + offs_c
+        t = gl.load(IDX_row + j, mask=j < n, other=-1)
+        ok = (t >= 0) & (t < num_slots) & (j < n)
+        row = gl.where(ok, t, 0)
+        cp.async_copy_global_to_shared(buf.slice(c * SUB, SUB, dim=0),
+                                       X_h + (row * s_xt)[:, None] + offs_d[None, :],
+                                       mask=ok[:, None] & (offs_d < D)[None, :])
+    cp.commit_group()
+
+
+@gluon.jit
+def _attn_wg1(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_qh, s_kt,
+              s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
+              BN: gl.constexpr, SUB: gl.constexpr, OFFS32: gl.constexpr,
+              num_warps: gl.constexpr):
+    """``_attn_wg`` with one K/V buffer (session 11, prepared, not yet run): K of a tile lands,
+    S^T = K Q^T, then V of the same tile is gathered into the buffer K just left (the softmax
+    runs meanwhile), O^T += V^T P^T, then the next K. 32 KB for the tile instead of 64 (so
+    shared memory would allow 5 programs an SM instead of 3), gathers in chunks of SUB rows
+    (fewer live address registers; int32 row offsets, the caller proves they fit)."""
+    r = gl.program_id(0).to(gl.int64)
+    h = gl.program_id(1)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BM, 16])
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    buf = gl.allocate_shared_memory(gl.bfloat16, [BN, D], sw)
+    pbuf = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], sw)
+    n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
+    IDX_row = IDX + r * s_it
+    K_h = K + h.to(gl.int64) * s_kh
+    V_h = V + h.to(gl.int64) * s_vh
+    _wg1_issue(K_h, buf, IDX_row, 0, n, num_slots, s_kt, D, BN, SUB, num_warps)
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
+    qbuf = gl.allocate_shared_memory(gl.bfloat16, [BM, D], sw, q)
+    offs_k = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    acc = gl.zeros([D, BM], gl.float32, mma)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(0, mma))
+    for tile in range(gl.cdiv(n, BN)):
+        j = tile * BN + offs_k
+        t = gl.load(IDX_row + j, mask=j < n, other=-1)
+        okr = (t >= 0) & (t < num_slots) & (j < n)
+        cp.wait_group(0)            # K of this tile
+        gl.thread_barrier()
+        fence_async_shared()
+        s = warpgroup_mma(buf, qbuf.permute((1, 0)), gl.zeros([BN, BM], gl.float32, mma),
+                          use_acc=False)
+        gl.thread_barrier()         # every warp is done with K: V of the tile takes its place
+        _wg1_issue(V_h, buf, IDX_row, tile, n, num_slots, s_vt, D, BN, SUB, num_warps)
+        p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
+        pbuf.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
+        cp.wait_group(0)            # V of this tile
+        gl.thread_barrier()
+        fence_async_shared()
+        acc = warpgroup_mma(buf.permute((1, 0)), pbuf.permute((1, 0)), acc * alpha[None, :])
+        gl.thread_barrier()         # every warp is done with V and P: the next K
+        _wg1_issue(K_h, buf, IDX_row, tile + 1, n, num_slots, s_kt, D, BN, SUB, num_warps)
+    cp.wait_group(0)
+    _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
+
+
+@gluon.jit
 def _ws_producer(K, V, IDX, LENS, kbuf, vbuf, full, empty, r, h, num_slots, topk, s_kt, s_kh,
                  s_vt, s_vh, s_it, D: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
                  OFFS32: gl.constexpr):
@@ -467,6 +543,10 @@ _TRANS = ((16, 2, 1, 1), (32, 2, 1, 1), (16, 4, 1, 1), (32, 4, 1, 1), (16, 2, 1,
 _WS = ((32, 2, 4, 2, 128), (32, 3, 4, 2, 128), (16, 4, 4, 2, 128), (32, 2, 4, 1, 128))
 # wgmma (BN keys a tile; one warpgroup): group 6 1.97-1.99 ms, group 12 0.95x of the table
 _WG = (64,)
+# wgmma with one K/V buffer (BN, SUB rows a gather chunk): prepared in session 11, not yet run
+# (cross-compiled for sm_90: group 12 106 registers and 43 KB, i.e. 4 programs an SM by
+# registers; group 6 80 registers and 38 KB, 5 programs)
+_WG1 = ((64, 16),)
 # split head_dim with a cross-warp sum of S^T (BN, warps): 2-7x slower than the family
 _SD = ((16, 4), (32, 4), (16, 8))
 
@@ -501,6 +581,13 @@ def launch_ws(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, ns
                    num_warps=w, maxnreg=maxnreg)
 
 
+def launch_wg1(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int,
+               sub: int) -> Any:
+    # int32 row offsets only (the one-buffer kernel does not take int64 ones)
+    assert max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + q.shape[2] < 2**31
+    return _launch(_attn_wg1, q, k, v, idx, lens, out, BN=bn, SUB=sub, num_warps=4)
+
+
 def launch_sd(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int) -> Any:
     return _launch(_attn_sd, q, k, v, idx, lens, out, BN=bn, num_warps=w)
 
@@ -527,6 +614,8 @@ def _candidates(g: int, families: set[str]) -> list[tuple[str, Any, tuple[Any, .
                 for t in _WS if not (t[3] > 1 and g <= 8)]
     if "WG" in families:
         out += [(f"gluon-WG {bn}x4w", launch_wg, (bn,)) for bn in _WG]
+    if "WG1" in families:
+        out += [(f"gluon-WG1 {bn}x4w sub{sub}", launch_wg1, (bn, sub)) for bn, sub in _WG1]
     if "SD" in families:
         out += [(f"gluon-SD {bn}x{w}w", launch_sd, (bn, w)) for bn, w in _SD]
     return out
@@ -548,7 +637,7 @@ def main() -> None:
     ap.add_argument("--kv", default="32768", help="KV lengths (comma list)")
     ap.add_argument("--groups", default="6,12", help="group sizes (comma list)")
     ap.add_argument("--variants", default="plain,T",
-                    help="variant families: plain, T, WS, WG, SD (comma list)")
+                    help="variant families: plain, T, WS, WG, WG1, SD (comma list)")
     args = ap.parse_args()
     families = set(args.variants.split(","))
     print(probe_header("graph replays, ms; err = max |out - fp32 reference|"))
