@@ -543,10 +543,11 @@ _TRANS = ((16, 2, 1, 1), (32, 2, 1, 1), (16, 4, 1, 1), (32, 4, 1, 1), (16, 2, 1,
 _WS = ((32, 2, 4, 2, 128), (32, 3, 4, 2, 128), (16, 4, 4, 2, 128), (32, 2, 4, 1, 128))
 # wgmma (BN keys a tile; one warpgroup): group 6 1.97-1.99 ms, group 12 0.95x of the table
 _WG = (64,)
-# wgmma with one K/V buffer (BN, SUB rows a gather chunk): prepared in session 11, not yet run
-# (cross-compiled for sm_90: group 12 106 registers and 43 KB, i.e. 4 programs an SM by
-# registers; group 6 80 registers and 38 KB, 5 programs)
-_WG1 = ((64, 16),)
+# wgmma with one K/V buffer (BN, SUB rows a gather chunk, maxnreg or 0): prepared in session 11,
+# not yet run (cross-compiled for sm_90: group 12 106 registers and 43 KB, i.e. 4 programs an SM
+# by registers, or capped at 96 with 8 bytes of spills, 5 programs; group 6 80 registers and
+# 38 KB, 5 programs)
+_WG1 = ((64, 16, 0), (64, 16, 96))
 # split head_dim with a cross-warp sum of S^T (BN, warps): 2-7x slower than the family
 _SD = ((16, 4), (32, 4), (16, 8))
 
@@ -581,11 +582,12 @@ def launch_ws(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, ns
                    num_warps=w, maxnreg=maxnreg)
 
 
-def launch_wg1(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int,
-               sub: int) -> Any:
+def launch_wg1(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, sub: int,
+               maxnreg: int) -> Any:
     # int32 row offsets only (the one-buffer kernel does not take int64 ones)
     assert max(k.stride(0), v.stride(0)) * (k.shape[0] - 1) + q.shape[2] < 2**31
-    return _launch(_attn_wg1, q, k, v, idx, lens, out, BN=bn, SUB=sub, num_warps=4)
+    return _launch(_attn_wg1, q, k, v, idx, lens, out, BN=bn, SUB=sub, num_warps=4,
+                   **({"maxnreg": maxnreg} if maxnreg else {}))
 
 
 def launch_sd(q: Any, k: Any, v: Any, idx: Any, lens: Any, out: Any, bn: int, w: int) -> Any:
@@ -615,7 +617,7 @@ def _candidates(g: int, families: set[str]) -> list[tuple[str, Any, tuple[Any, .
     if "WG" in families:
         out += [(f"gluon-WG {bn}x4w", launch_wg, (bn,)) for bn in _WG]
     if "WG1" in families:
-        out += [(f"gluon-WG1 {bn}x4w sub{sub}", launch_wg1, (bn, sub)) for bn, sub in _WG1]
+        out += [(f"gluon-WG1 {t[0]}x4w sub{t[1]} r{t[2]}", launch_wg1, t) for t in _WG1]
     if "SD" in families:
         out += [(f"gluon-SD {bn}x{w}w", launch_sd, (bn, w)) for bn, w in _SD]
     return out
