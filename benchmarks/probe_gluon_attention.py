@@ -74,13 +74,19 @@ def _issue(K_h, V_h, kbuf, vbuf, t, j, tile, n, num_slots, s_kt, s_vt, offs_d, D
 
 
 @gluon.jit
-def _row_start(Q, K, V, IDX, LENS, kbuf, vbuf, r, h, group, num_slots, topk, s_qt, s_qh, s_kt,
-               s_kh, s_vt, s_vh, s_it, offs_n, offs_d, D: gl.constexpr, BM: gl.constexpr,
-               BN: gl.constexpr, OFFS32: gl.constexpr, NST: gl.constexpr, LEAN: gl.constexpr,
-               ld: gl.constexpr):
-    """A program's row: its entry count, index row, K/V head bases; issues tile 0 (returns
-    which of its entries are valid) and loads the group's Q lines ([BM, D], zero past the
-    group) in layout ``ld``."""
+def _row_start(Q, K, V, IDX, LENS, r, h, group, num_slots, topk, s_qt, s_qh, s_kt, s_kh, s_vt,
+               s_vh, s_it, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+               OFFS32: gl.constexpr, NST: gl.constexpr, LEAN: gl.constexpr,
+               num_warps: gl.constexpr):
+    """A program's row: allocates the NST-stage K/V ring, finds its entry count, index row and
+    K/V head bases, issues tile 0 (``ok``: which of its entries are valid) and loads the
+    group's Q lines ([BM, D], zero past the group) in the gather layout ``ld``."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
+    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
     n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk)
     IDX_row = IDX + r * s_it
     K_h = K + h.to(gl.int64) * s_kh
@@ -91,7 +97,7 @@ def _row_start(Q, K, V, IDX, LENS, kbuf, vbuf, r, h, group, num_slots, topk, s_q
     offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
     q = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + offs_d[None, :],
                 mask=(offs_m < group)[:, None] & (offs_d < D)[None, :], other=0.0)
-    return n, IDX_row, K_h, V_h, ok, q
+    return kbuf, vbuf, offs_n, offs_d, n, IDX_row, K_h, V_h, ok, q
 
 
 @gluon.jit
@@ -111,20 +117,15 @@ def _attn_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
-    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
-    n, IDX_row, K_h, V_h, ok, q = _row_start(
-        Q, K, V, IDX, LENS, kbuf, vbuf, r, h, group, num_slots, topk, s_qt, s_qh, s_kt, s_kh,
-        s_vt, s_vh, s_it, offs_n, offs_d, D, BM, BN, OFFS32, NST, LEAN, ld)
+    kbuf, vbuf, offs_n, offs_d, n, IDX_row, K_h, V_h, ok, q = _row_start(
+        Q, K, V, IDX, LENS, r, h, group, num_slots, topk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
+        s_it, D, BM, BN, OFFS32, NST, LEAN, num_warps)
     ntiles = gl.cdiv(n, BN)
     if Q_REGS:
         q_a = gl.convert_layout(q, a_op)
     else:
-        qsm = gl.allocate_shared_memory(gl.bfloat16, [BM, D], sw, q)
+        qsm = gl.allocate_shared_memory(gl.bfloat16, [BM, D],
+                                        gl.SwizzledSharedLayout(8, 1, 8, [1, 0]), q)
     acc = gl.zeros([BM, D], gl.float32, mma)
     m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma))
@@ -186,15 +187,9 @@ def _attn_gl_t(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, 
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_op: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    sw: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    kbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
-    vbuf = gl.allocate_shared_memory(gl.bfloat16, [NST, BN, D], sw)
-    n, IDX_row, K_h, V_h, ok, q = _row_start(
-        Q, K, V, IDX, LENS, kbuf, vbuf, r, h, group, num_slots, topk, s_qt, s_qh, s_kt, s_kh,
-        s_vt, s_vh, s_it, offs_n, offs_d, D, BM, BN, OFFS32, NST, False, ld)
+    kbuf, vbuf, offs_n, offs_d, n, IDX_row, K_h, V_h, ok, q = _row_start(
+        Q, K, V, IDX, LENS, r, h, group, num_slots, topk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
+        s_it, D, BM, BN, OFFS32, NST, False, num_warps)
     ntiles = gl.cdiv(n, BN)
     qt_b = gl.convert_layout(gl.permute(q, [1, 0]), b_op)
     acc = gl.zeros([D, BM], gl.float32, mma)
