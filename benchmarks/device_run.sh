@@ -19,6 +19,8 @@
 # 16 requests), kv32k-sparse (prefill at KV 32K, 8192 rows: schedules around the family),
 # gluon-sparse (ENGINE=gluon: its GPU tests unless SKIP_TESTS is set, the group-6 prefill
 # total_q sweep at KV 8K-32K against the Triton family and the table, long KV, group 12),
+# wgmma-sparse (ENGINE=gluon_wgmma: the Gluon and dispatch GPU tests unless SKIP_TESTS is set,
+# the group-12 and group-6 prefill total_q sweeps at KV 8K-32K),
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
@@ -313,6 +315,30 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
       timeout 200 $SBG --group-size 12 --kv-len 32768 --total-q 8192 --providers \
         "table,h200,geometry=16x16x2x1:gl:o32,geometry=16x16x1x1:gl:o32" 2>/dev/null \
         | tee -a "$OUT/gluon_sweep.log" | grep -v "^-" ;;
+    wgmma-sparse)
+      # ENGINE=gluon_wgmma (session 12): its GPU tests and the dispatch tests unless SKIP_TESTS
+      # is set, then the prefill total_q sweeps at KV 8K-32K against the Triton family, the
+      # mma_v2 Gluon kernel (group 6) and the table, graph replays
+      if [ -z "${SKIP_TESTS:-}" ]; then
+        stage "sparse_prefill Gluon engines and dispatch: GPU tests"
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/kernels/test_sparse_prefill_gluon.py tests/gpu/test_dispatch_gpu.py \
+          > "$OUT/wgmma_tests.log" 2>&1
+        echo "gluon + dispatch gpu tests rc=$?"; tail -3 "$OUT/wgmma_tests.log"
+      fi
+      SBG="python3 benchmarks/bench_sparse_prefill.py --kind prefill --graphs --warmup 3 --iters 15"
+      for g in 12 6; do
+        if [ "$g" = 6 ]; then
+          provs="table,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x2x1:gl:o32"
+          provs="$provs,geometry=8x64x4x2:wg:o32:r96"
+        else
+          provs="table,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x64x4x2:wg:o32:r96"
+        fi
+        stage "prefill group $g: wgmma against the family, total_q sweep"
+        timeout 300 $SBG --group-size $g --kv-len 8192,16384,32768 \
+          --total-q ${WG_TOTAL_Q:-512,1024,2048,4096,8192} --providers "$provs" 2>/dev/null \
+          | tee -a "$OUT/wgmma_sweep.log" | grep -v "^-"
+      done ;;
     kv32k-sparse)
       stage "sparse_prefill prefill KV 32K: schedules around the family"
       for g in 6 12; do

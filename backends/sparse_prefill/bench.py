@@ -32,7 +32,9 @@ Providers (``--providers``, comma separated):
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
   (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
   (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
-  lines, S its ring stages), e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``.
+  lines, S its ring stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
+  e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
+  ``geometry=16x64x4x2:wg:o32:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
   case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K, the Gluon
   kernel for group-6 prefill at KV 16K-32K on Triton 3.6), forced whatever the device.
@@ -149,7 +151,8 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
          "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
          "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
          "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1),
-         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2), "gl": ("ENGINE", "gluon")}
+         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2), "gl": ("ENGINE", "gluon"),
+         "wg": ("ENGINE", "gluon_wgmma")}
 
 
 def probe_header(timing: str) -> str:

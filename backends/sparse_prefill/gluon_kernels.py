@@ -37,9 +37,10 @@ from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["GLUON_HEAD_DIMS", "check_gluon", "sparse_prefill_gluon"]
+__all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_gluon"]
 
 GLUON_HEAD_DIMS = (64, 128, 256)
+WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
 _LOG2E = 1.4426950408889634
 
 try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
@@ -47,6 +48,10 @@ try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports withou
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+    )
 except ImportError as exc:  # pragma: no cover - depends on the installed Triton
     _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
 else:
@@ -168,52 +173,222 @@ if _IMPORT_ERROR is None:
         _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
 
 
-def check_gluon(q: Any) -> None:
-    """Raise :class:`ConfigError` naming the fix when ``ENGINE="gluon"`` cannot run this call."""
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _wg_tile(IDX_row, tile, n, num_slots, offs_n, offs_c, s_kt, s_vt, OFFS32: gl.constexpr,
+                 SAME_STRIDE: gl.constexpr, BN: gl.constexpr):
+        """Tile ``tile``'s K and V row offsets (slot 0 where invalid), the copy mask [BN, 64]
+        and the entries' validity [BN] (the index row is read once: evict-first)."""
+        j = tile * BN + offs_n
+        t = gl.load(IDX_row + j, mask=j < n, other=-1, eviction_policy="evict_first")
+        ok = (t >= 0) & (t < num_slots) & (j < n)
+        # OFFS32: the wrapper proved (num_slots - 1) * stride + head_dim < 2**31
+        row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
+        koff = row * s_kt
+        voff = koff if SAME_STRIDE else row * s_vt
+        return koff, voff, ok[:, None] & (offs_c >= 0)[None, :], ok
+
+    @gluon.jit
+    def _wg_issue(K_h, V_h, koff, voff, okm, ring, offs_c, STEP: gl.constexpr):
+        """cp.async of chunk ``STEP`` of a tile (0-3: K's head_dim chunk STEP, 4-7: V's chunk
+        STEP - 4; 64 columns each) into ring buffer STEP % 2, zero-filled where ``okm`` is
+        False; one commit group. K/V are kept in L2 (evict-last): every row gathers them."""
+        if STEP < 4:
+            ptr = (K_h + koff)[:, None] + offs_c[None, :] + STEP * 64
+        else:
+            ptr = (V_h + voff)[:, None] + offs_c[None, :] + (STEP - 4) * 64
+        _cp_load(ring.index(STEP % 2), ptr, mask=okm, eviction_policy="evict_last")
+        cp.commit_group()
+
+    @gluon.jit
+    def _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c,
+                 STEP: gl.constexpr):
+        """Step STEP of a tile: wait for its chunk, make it visible to wgmma (barrier, async
+        fence), then issue the next chunk (the next tile's first K chunk after step 7) into the
+        buffer every warp finished with in the previous step."""
+        cp.wait_group(0)
+        _barrier()
+        fence_async_shared()
+        if STEP < 7:
+            _wg_issue(K_h, V_h, koff, voff, okm, ring, offs_c, STEP + 1)
+        else:
+            _wg_issue(K_h, V_h, koff_n, voff_n, okm_n, ring, offs_c, 0)
+
+    @gluon.jit
+    def _wg_store(OUT, acc, l_i, r, h, group, s_ot, s_oh, C0: gl.constexpr, BM: gl.constexpr,
+                  mma: gl.constexpr):
+        """O^T's head_dim chunk C0..C0+63, divided by the sums, into row ``r``'s ``group``
+        lines of KV head ``h`` (evict-first: written once); zeros where nothing was valid."""
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[None, :]
+        od = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + (C0 + od)[:, None]
+        gl.store(optr, o.to(OUT.dtype.element_ty),
+                 mask=(om < group)[None, :] & (od >= 0)[:, None], eviction_policy="evict_first")
+
+    @gluon.jit
+    def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
+                           s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, BM: gl.constexpr,
+                           HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+                           SAME_STRIDE: gl.constexpr, num_warps: gl.constexpr):
+        """ENGINE="gluon_wgmma": one warpgroup a (query row, KV head), head_dim 256. A tile of
+        64 keys moves through a ring of two [64 keys, 64 head_dim] shared buffers as eight
+        cp.async chunks (K's four, then V's four), each issued one step ahead of its use and
+        across tiles, so a program always has a gather in flight in 16 KB. S^T = K Q^T
+        accumulates over K's chunks on wgmma (Q^T in shared memory), then the online softmax
+        (the running sums stay per thread and are reduced once at the end), then O^T's four
+        [64, BM] chunks += V_c^T P^T (P^T through shared memory)."""
+        BN: gl.constexpr = 64
+        r = gl.program_id(0).to(gl.int64)
+        h = gl.program_id(1)
+        dt: gl.constexpr = K.dtype.element_ty
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BM, 16])
+        # 8 elements (16 bytes) a thread, 8 threads a 64-column row
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)
+        ring = gl.allocate_shared_memory(dt, [2, BN, 64], sw)
+        qbuf = gl.allocate_shared_memory(dt, [4, BM, 64], sw)
+        pbuf = gl.allocate_shared_memory(dt, [BM, BN], sw)
+        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+        offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk) if HAS_LENS else topk
+        IDX_row = IDX + r * s_it
+        K_h = K + h.to(gl.int64) * s_kh
+        V_h = V + h.to(gl.int64) * s_vh
+        koff, voff, okm, ok = _wg_tile(IDX_row, 0, n, num_slots, offs_n, offs_c, s_kt, s_vt,
+                                       OFFS32, SAME_STRIDE, BN)
+        _wg_issue(K_h, V_h, koff, voff, okm, ring, offs_c, 0)
+        offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+        for c in gl.static_range(4):  # the group's lines of Q, read once: evict-first
+            qc = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + c * 64
+                         + offs_c[None, :],
+                         mask=(offs_m < group)[:, None] & (offs_c >= 0)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+            qbuf.index(c).store(qc)
+        a0 = gl.zeros([64, BM], gl.float32, mma)
+        a1 = gl.zeros([64, BM], gl.float32, mma)
+        a2 = gl.zeros([64, BM], gl.float32, mma)
+        a3 = gl.zeros([64, BM], gl.float32, mma)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+        l_p = gl.zeros([BN, BM], gl.float32, mma)
+        for tile in range(gl.cdiv(n, BN)):
+            # placeholders until the next tile's entries load (after the softmax)
+            koff_n = koff
+            voff_n = voff
+            okm_n = okm
+            okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
+            s = gl.zeros([BN, BM], gl.float32, mma)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 0)
+            s = warpgroup_mma(ring.index(0), qbuf.index(0).permute((1, 0)), s, use_acc=False)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 1)
+            s = warpgroup_mma(ring.index(1), qbuf.index(1).permute((1, 0)), s)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 2)
+            s = warpgroup_mma(ring.index(0), qbuf.index(2).permute((1, 0)), s)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 3)
+            s = warpgroup_mma(ring.index(1), qbuf.index(3).permute((1, 0)), s)
+            # online softmax on S^T [keys, lines]; each thread keeps the sums of its own keys
+            s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_p = l_p * alpha[None, :] + p
+            m_i = m_new
+            pbuf.store(gl.permute(p.to(dt), [1, 0]))
+            pt = pbuf.permute((1, 0))
+            koff_n, voff_n, okm_n, ok_n = _wg_tile(IDX_row, tile + 1, n, num_slots, offs_n,
+                                                   offs_c, s_kt, s_vt, OFFS32, SAME_STRIDE, BN)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 4)
+            a0 = warpgroup_mma(ring.index(0).permute((1, 0)), pt, a0 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 5)
+            a1 = warpgroup_mma(ring.index(1).permute((1, 0)), pt, a1 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 6)
+            a2 = warpgroup_mma(ring.index(0).permute((1, 0)), pt, a2 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 7)
+            a3 = warpgroup_mma(ring.index(1).permute((1, 0)), pt, a3 * alpha[None, :])
+            koff = koff_n
+            voff = voff_n
+            okm = okm_n
+            ok = ok_n
+        cp.wait_group(0)
+        l_i = gl.sum(l_p, 0)
+        _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, 0, BM, mma)
+        _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, 64, BM, mma)
+        _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, 128, BM, mma)
+        _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, 192, BM, mma)
+
+
+def check_gluon(q: Any, engine: str = "gluon") -> None:
+    """Raise :class:`ConfigError` naming the fix when ``ENGINE=engine`` ("gluon" or
+    "gluon_wgmma") cannot run this call."""
     import torch
 
     fix = "use ENGINE='triton' (the default)"
+    e = f"ENGINE={engine!r}"
     if _IMPORT_ERROR is not None:
-        raise ConfigError(f"ENGINE='gluon' needs Triton's Gluon (Triton >= 3.6), which does not "
-                          f"import here ({_IMPORT_ERROR}): {fix}")
+        raise ConfigError(f"{e} needs Triton's Gluon (Triton >= 3.6), which does not import "
+                          f"here ({_IMPORT_ERROR}): {fix}")
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise ConfigError(f"ENGINE='gluon' does not run under TRITON_INTERPRET=1 (Gluon has no "
+        raise ConfigError(f"{e} does not run under TRITON_INTERPRET=1 (Gluon has no "
                           f"interpreter): {fix}")
     if q.device.type != "cuda" or getattr(torch.version, "hip", None):
-        raise ConfigError(f"ENGINE='gluon' runs on NVIDIA GPUs only (got a {q.device.type} "
-                          f"tensor): {fix}")
+        raise ConfigError(f"{e} runs on NVIDIA GPUs only (got a {q.device.type} tensor): {fix}")
     cap = torch.cuda.get_device_capability(q.device)
+    if engine == "gluon_wgmma" and cap != (9, 0):
+        raise ConfigError(f"{e} needs compute capability 9.0 (Hopper's wgmma); this GPU is "
+                          f"{cap[0]}.{cap[1]}: use ENGINE='gluon' (sm_80+) or ENGINE='triton'")
     if cap < (8, 0):
-        raise ConfigError(f"ENGINE='gluon' needs compute capability >= 8.0 (mma_v2, cp.async); "
-                          f"this GPU is {cap[0]}.{cap[1]}: {fix}")
+        raise ConfigError(f"{e} needs compute capability >= 8.0 (mma_v2, cp.async); this GPU "
+                          f"is {cap[0]}.{cap[1]}: {fix}")
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ConfigError(f"ENGINE='gluon' takes float16 or bfloat16 inputs (got {q.dtype}): "
-                          f"{fix}")
-    if q.shape[2] not in GLUON_HEAD_DIMS:
-        raise ConfigError(f"ENGINE='gluon' takes head_dim in {GLUON_HEAD_DIMS} (got "
-                          f"{q.shape[2]}): {fix}")
+        raise ConfigError(f"{e} takes float16 or bfloat16 inputs (got {q.dtype}): {fix}")
+    dims = (WGMMA_HEAD_DIM,) if engine == "gluon_wgmma" else GLUON_HEAD_DIMS
+    if q.shape[2] not in dims:
+        raise ConfigError(f"{e} takes head_dim in {dims} (got {q.shape[2]}): "
+                          + ("use ENGINE='gluon' or ENGINE='triton'" if engine == "gluon_wgmma"
+                             else fix))
 
 
-def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
-                         scale: float, config: dict[str, Any], offs32: bool) -> Any:
-    """Launch the kernel on prefill rows (``idx`` slot ids; inputs checked by the Triton
-    wrapper, head_dim contiguous); ``out`` is written in place."""
-    check_gluon(q)
+def _check_aligned(k: Any, v: Any, engine: str) -> None:
+    """cp.async moves 16 bytes: Triton must see 16-byte aligned rows (a pointer and strides it
+    specializes as multiples of 16)."""
     for name, t in (("k", k), ("v", v)):
-        # cp.async moves 16 bytes: Triton must see 16-byte aligned rows (a pointer and strides
-        # it specializes as multiples of 16)
         if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16:
-            raise ConfigError(f"ENGINE='gluon' gathers 16-byte aligned rows: {name} needs a "
+            raise ConfigError(f"ENGINE={engine!r} gathers 16-byte aligned rows: {name} needs a "
                               f"16-byte aligned base and strides that are multiples of 16 "
                               f"elements (got data_ptr % 16 = {t.data_ptr() % 16}, strides "
                               f"{tuple(t.stride())}): pass {name}.contiguous() or use "
                               f"ENGINE='triton'")
+
+
+def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
+                         scale: float, config: dict[str, Any], offs32: bool) -> Any:
+    """Launch the ``ENGINE`` kernel of ``config`` ("gluon": the mma_v2 kernel; "gluon_wgmma":
+    the wgmma kernel) on prefill rows (``idx`` slot ids; inputs checked by the Triton wrapper,
+    head_dim contiguous); ``out`` is written in place."""
+    engine = config.get("ENGINE", "gluon")
+    check_gluon(q, engine)
+    _check_aligned(k, v, engine)
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
+    extra = {"maxnreg": config["MAXNREG"]} if config.get("MAXNREG") else {}
+    if engine == "gluon_wgmma":
+        _sparse_prefill_wg[(total_q, hkv)](
+            q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            idx.stride(0), out.stride(0), out.stride(1), BM=config["BLOCK_M"],
+            HAS_LENS=has_lens, OFFS32=offs32, SAME_STRIDE=k.stride(0) == v.stride(0),
+            num_warps=4, **extra)
+        return out
     _sparse_prefill_gl[(total_q, hkv)](
         q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), D=d, BM=config["BLOCK_M"],
         BN=config["BLOCK_N"], NST=config["num_stages"], HAS_LENS=has_lens, OFFS32=offs32,
-        num_warps=config["num_warps"])
+        num_warps=config["num_warps"], **extra)
     return out

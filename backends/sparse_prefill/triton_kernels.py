@@ -100,11 +100,15 @@ MAXNREG         0          registers per thread cap passed to the compiler (``ma
                            resident per SM, which registers and shared memory bound. Ignored by
                            the interpreter and on backends without the option.
 ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_kernels.py``):
-                           transposed products, warps splitting head_dim, a cp.async ring.
-                           BLOCK_M is its query lines (8 or 16), BLOCK_N keys a stage (16, 32
-                           or 64), num_warps 1, 2 or 4, num_stages 1 or 2 ring stages. Takes
-                           OFFS32, SLOT_ORDER and (chunk) CHUNK_MODE="pretranslate"; float16 /
-                           bfloat16, head_dim 64 / 128 / 256, NVIDIA sm_80+, not under the
+                           transposed products on mma_v2, warps splitting head_dim, a cp.async
+                           ring. BLOCK_M is its query lines (8 or 16), BLOCK_N keys a stage
+                           (16, 32 or 64), num_warps 1, 2 or 4, num_stages 1 or 2 ring stages;
+                           head_dim 64 / 128 / 256, NVIDIA sm_80+.
+                           "gluon_wgmma": the transposed products on Hopper's wgmma, one
+                           warpgroup, 64-key tiles through a two-buffer ring of 64-wide head_dim
+                           chunks; geometry BLOCK_M (8 or 16) x 64 x 4 x 2, head_dim 256,
+                           NVIDIA sm_90 only. Both take OFFS32, SLOT_ORDER, MAXNREG and (chunk)
+                           CHUNK_MODE="pretranslate"; float16 / bfloat16; not under the
                            interpreter.
 ==============  =========  ==================================================================
 
@@ -138,10 +142,11 @@ _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1),
                                         "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1),
-                                        "SLOT_ORDER": (0, 1, 2), "ENGINE": ("triton", "gluon")}
-# the keys ENGINE="gluon" takes besides the geometry (gluon_kernels.py); the others must stay at
-# their defaults
-_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE"})
+                                        "SLOT_ORDER": (0, 1, 2),
+                                        "ENGINE": ("triton", "gluon", "gluon_wgmma")}
+# the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
+# at their defaults
+_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG"})
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 _STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates per step
@@ -224,7 +229,7 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
-    if var["ENGINE"] == "gluon":
+    if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
         return
     if bm < group_size:
@@ -246,35 +251,45 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
 
 def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int,
                     head_dim: int) -> None:
-    """ENGINE="gluon"'s geometry: BLOCK_M query lines (8 or 16, the MMA's n side), BLOCK_N keys
-    a ring stage, num_warps splitting head_dim, num_stages ring stages."""
-    from backends.sparse_prefill.gluon_kernels import GLUON_HEAD_DIMS
+    """The Gluon engines' geometry. ENGINE="gluon": BLOCK_M query lines (8 or 16, the MMA's n
+    side), BLOCK_N keys a ring stage, num_warps splitting head_dim, num_stages ring stages.
+    ENGINE="gluon_wgmma": BLOCK_M lines (8 or 16, wgmma's n), 64 keys a tile on one warpgroup,
+    a two-buffer ring of head_dim chunks (the geometry 8|16 x 64 x 4 x 2), head_dim 256."""
+    from backends.sparse_prefill.gluon_kernels import GLUON_HEAD_DIMS, WGMMA_HEAD_DIM
 
+    e = f"ENGINE={var['ENGINE']!r}"
     other = sorted(k for k in config if k in DEFAULT_VARIANT and k not in _GLUON_KEYS
                    and config[k] != DEFAULT_VARIANT[k])
     if other:
-        raise ConfigError(f"ENGINE='gluon' does not take {', '.join(other)} (it takes the "
-                          f"geometry, OFFS32, SLOT_ORDER and CHUNK_MODE='pretranslate'): drop "
+        raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
+                          f"OFFS32, SLOT_ORDER, MAXNREG and CHUNK_MODE='pretranslate'): drop "
                           f"them, or use ENGINE='triton'")
     if var["CHUNK_MODE"] == "staged":
-        raise ConfigError("ENGINE='gluon' runs on slot ids: chunk rows need "
-                          "CHUNK_MODE='pretranslate' (got 'staged')")
+        raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
+                          f"(got 'staged')")
     bm, bn, nw, ns = (config[k] for k in REQUIRED_KEYS)
     if bm not in (8, 16) or bm < group_size:
-        raise ConfigError(f"ENGINE='gluon': BLOCK_M={bm} must be 8 or 16 query lines and at "
-                          f"least group_size={group_size} (use "
-                          f"{8 if group_size <= 8 else 16}; groups over 16 need "
-                          f"ENGINE='triton')")
+        raise ConfigError(f"{e}: BLOCK_M={bm} must be 8 or 16 query lines and at least "
+                          f"group_size={group_size} (use {8 if group_size <= 8 else 16}; groups "
+                          f"over 16 need ENGINE='triton')")
+    if var["ENGINE"] == "gluon_wgmma":
+        if (bn, nw, ns) != (64, 4, 2):
+            raise ConfigError(f"{e}: the wgmma kernel runs 64 keys a tile on one warpgroup "
+                              f"through a two-buffer ring: BLOCK_N=64, num_warps=4, "
+                              f"num_stages=2 (got {bn}, {nw}, {ns})")
+        if head_dim != WGMMA_HEAD_DIM:
+            raise ConfigError(f"{e} takes head_dim {WGMMA_HEAD_DIM} only (got {head_dim}): "
+                              f"use ENGINE='gluon' or ENGINE='triton'")
+        return
     if bn not in (16, 32, 64):
-        raise ConfigError(f"ENGINE='gluon': BLOCK_N={bn} must be 16, 32 or 64 keys a stage")
+        raise ConfigError(f"{e}: BLOCK_N={bn} must be 16, 32 or 64 keys a stage")
     if nw not in (1, 2, 4):
-        raise ConfigError(f"ENGINE='gluon': num_warps={nw} must be 1, 2 or 4 (they split "
-                          f"head_dim)")
+        raise ConfigError(f"{e}: num_warps={nw} must be 1, 2 or 4 (they split head_dim)")
     if ns not in (1, 2):
-        raise ConfigError(f"ENGINE='gluon': num_stages={ns} must be 1 or 2 ring stages")
+        raise ConfigError(f"{e}: num_stages={ns} must be 1 or 2 ring stages")
     if head_dim not in GLUON_HEAD_DIMS:
-        raise ConfigError(f"ENGINE='gluon' takes head_dim in {GLUON_HEAD_DIMS} (got "
-                          f"{head_dim}): use ENGINE='triton'")
+        raise ConfigError(f"{e} takes head_dim in {GLUON_HEAD_DIMS} (got {head_dim}): use "
+                          f"ENGINE='triton'")
 
 
 def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
@@ -1206,11 +1221,11 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                               f"CHUNK_MODE='pretranslate' or SLOT_ORDER=0")
         idx, lens = _order_rows(idx, lens if has_lens else None, num_slots, var["SLOT_ORDER"])
         has_lens = True
-    if var["ENGINE"] == "gluon":
+    if var["ENGINE"] != "triton":
         from backends.sparse_prefill.gluon_kernels import sparse_prefill_gluon
 
         if chunk:
-            raise ConfigError(f"ENGINE='gluon' runs on slot ids: chunk rows need "
+            raise ConfigError(f"ENGINE={var['ENGINE']!r} runs on slot ids: chunk rows need "
                               f"CHUNK_MODE='pretranslate' (got {var['CHUNK_MODE']!r})")
         offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0),
                                                             v.stride(0), d)
