@@ -6,7 +6,7 @@ Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12,
 1024 KV slots; chunk as 2 requests on 16-token pages (one page unmapped) with prefixes that are
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
 table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER, DENSE)
-and the Gluon kernel (ENGINE=gluon) on
+and the Gluon kernels (ENGINE=gluon; ENGINE=gluon_wgmma on sm_90) on
 both kinds and checks each output against the fp32 reference, so a run is also a correctness
 check.
 """
@@ -81,6 +81,11 @@ def main() -> None:
                   **({"CHUNK_MODE": "pretranslate"} if kind == "chunk" else {})}
             cfgs += [gl, {**gl, "BLOCK_N": 32, "num_stages": 2}, {**gl, "OFFS32": 0},
                      {**gl, "SLOT_ORDER": 1}]
+            # ENGINE=gluon_wgmma (sm_90): the shipped config, int64 offsets, slot ordering
+            if torch.cuda.get_device_capability() == (9, 0):
+                wg = {**gl, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+                      "ENGINE": "gluon_wgmma", "MAXNREG": 96}
+                cfgs += [wg, {**wg, "OFFS32": 0}, {**wg, "SLOT_ORDER": 1}]
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -8,9 +8,10 @@ the total_q sweep). Chunk batches additionally need the measured rows per reques
 bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
 ``LONG_KV_MIN_TOTAL_Q`` rows the family orders each row's slots first; prefill up to
 ``DENSE_MAX_KV`` slots with at least ``DENSE_MIN_TOTAL_Q`` rows computes the rows that select
-densely in their span by streaming K/V blocks (DENSE); prefill group 6 from ``GLUON_MIN_KV`` to
-below ``LONG_KV_FROM`` slots (where DENSE does not apply), from ``GLUON_MIN_TOTAL_Q`` rows and on
-Triton 3.6, runs the Gluon kernel (ENGINE="gluon") (``family_config``).
+densely in their span by streaming K/V blocks (DENSE); prefill from ``GLUON_MIN_KV`` to below
+``LONG_KV_FROM`` slots (where DENSE does not apply) on Triton 3.6 runs the Gluon kernels: the
+wgmma one (ENGINE="gluon_wgmma") for groups 6 and 12 from ``WGMMA_MIN_TOTAL_Q`` rows, else the
+mma_v2 one (ENGINE="gluon") for group 6 from ``GLUON_MIN_TOTAL_Q`` rows (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
@@ -175,6 +176,24 @@ H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
+# From GLUON_MIN_KV to below LONG_KV_FROM slots and from WGMMA_MIN_TOTAL_Q rows (where the dense
+# tiles do not apply), prefill groups 6 and 12: the Gluon wgmma kernel (ENGINE="gluon_wgmma",
+# session 12: one warpgroup, 64-key tiles through a two-buffer ring of 64-wide head_dim chunks,
+# S^T and O^T on wgmma, per-thread softmax sums; 96 registers (MAXNREG) and 26 KB a program, 5
+# programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows
+# (docs/BENCHMARKS.md, "Session 12"): at 8192 rows 4-5% faster than the Triton family for group
+# 12 (1.29x over the table at KV 32K, 1.30x at 16K) and 1-2% faster than the mma_v2 Gluon kernel
+# for group 6; at 1024-4096 rows slower than both (5 programs an SM: 1.6-6.2 waves of rows
+# quantize worse than the family's 8), so it is used from 8192 rows only. H200 (sm_90) only:
+# wgmma does not exist elsewhere; same Triton pin as the other Gluon config.
+WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 8192}
+H200_WGMMA_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    (kind, g): {"BLOCK_M": 8 if g <= 8 else 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+                "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96}
+    for kind, g in WGMMA_MIN_TOTAL_Q
+}
+
+
 def gluon_triton(triton_version: str | None) -> bool:
     """Whether ``triton_version`` is the release the Gluon configs were measured on."""
     if not triton_version:
@@ -190,7 +209,7 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
                   triton_version: str | None = None) -> dict[str, Any]:
     """The family's config for a measured (kind, group) at ``kv_len`` KV slots and ``total_q``
     rows (None: unknown; an unknown KV length gets the short-KV config, and dense tiles and the
-    Gluon kernel need both known) under Triton ``triton_version`` (the Gluon kernel needs
+    Gluon kernels need both known) under Triton ``triton_version`` (the Gluon kernels need
     :data:`GLUON_TRITON`; None: not used)."""
     key = (kind, group_size)
     if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
@@ -199,8 +218,11 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
             and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q):
         return dict(H200_DENSE_CONFIGS[key])
-    if (kv_len is not None and GLUON_MIN_KV <= kv_len < LONG_KV_FROM
-            and key in H200_GLUON_CONFIGS and total_q is not None
+    mid_kv = kv_len is not None and GLUON_MIN_KV <= kv_len < LONG_KV_FROM
+    if (mid_kv and key in H200_WGMMA_CONFIGS and total_q is not None
+            and total_q >= WGMMA_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
+        return dict(H200_WGMMA_CONFIGS[key])
+    if (mid_kv and key in H200_GLUON_CONFIGS and total_q is not None
             and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
         return dict(H200_GLUON_CONFIGS[key])
     return dict(H200_PREFILL_CONFIGS[key])
@@ -219,6 +241,6 @@ def kreg_implementations() -> list[Implementation]:
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
-                                   "the Gluon kernel for group-6 prefill at KV 8K-64K, "
-                                   "slot-ordered rows from KV 64K"),
+                                   "the Gluon kernels for prefill at KV 8K-64K (wgmma from "
+                                   "8192 rows), slot-ordered rows from KV 64K"),
     ]

@@ -85,6 +85,7 @@ def _space(case: Any) -> list[dict[str, Any]]:
         H200_DENSE_CONFIGS,
         H200_GLUON_CONFIGS,
         H200_LONG_KV_CONFIGS,
+        H200_WGMMA_CONFIGS,
     )
     from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
@@ -93,7 +94,7 @@ def _space(case: Any) -> list[dict[str, Any]]:
     base = [sparse_prefill_table_config(g, case.total_q),
             *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values(),
             *H200_LONG_KV_CONFIGS.values(), *H200_DENSE_CONFIGS.values(),
-            *H200_GLUON_CONFIGS.values()]
+            *H200_GLUON_CONFIGS.values(), *H200_WGMMA_CONFIGS.values()]
     variants: list[dict[str, Any]] = [{}]
     for cfg in H200_CONFIGS.values():
         var = {k: v for k, v in cfg.items()
@@ -114,10 +115,11 @@ def _space(case: Any) -> list[dict[str, Any]]:
     for cfg in base + grid:
         if case.kind == "prefill":   # the chunk translation mode does nothing for prefill rows
             cfg = {k: v for k, v in cfg.items() if k != "CHUNK_MODE"}
-        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE") or cfg.get("ENGINE") == "gluon")
+        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE")
+               or cfg.get("ENGINE", "triton") != "triton")
               and cfg.get("CHUNK_MODE") != "pretranslate"):
             continue  # chunk entries are positions until translated: nothing to order or count
-            # (and the Gluon kernel takes slot ids)
+            # (and the Gluon kernels take slot ids)
         key = tuple(sorted(cfg.items()))
         if key not in seen:
             seen.add(key)
@@ -131,6 +133,19 @@ def _sm80_plus(facts: Any) -> bool:
             and int(arch[3:]) >= 80)
 
 
+def _engine_refusal(cfg: dict[str, Any], facts: Any) -> str:
+    """Why this device cannot run the config's Gluon engine ("" when it can or is unknown)."""
+    engine = cfg.get("ENGINE", "triton")
+    if facts is None or engine == "triton":
+        return ""
+    if engine == "gluon" and not _sm80_plus(facts):
+        return f"ENGINE='gluon' runs on NVIDIA sm_80+ only (this is {facts.vendor} {facts.arch})"
+    if engine == "gluon_wgmma" and not (facts.vendor == "nvidia" and facts.arch == "sm_90"):
+        return (f"ENGINE='gluon_wgmma' runs on NVIDIA sm_90 only (wgmma; this is "
+                f"{facts.vendor} {facts.arch})")
+    return ""
+
+
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
     from backends.sparse_prefill.triton_kernels import validate_config
     from registry.errors import ConfigError
@@ -142,9 +157,9 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
         except ConfigError as exc:
             out.append((_fmt(cfg), None, str(exc)))
             continue
-        if cfg.get("ENGINE") == "gluon" and facts is not None and not _sm80_plus(facts):
-            out.append((_fmt(cfg), None, f"ENGINE='gluon' runs on NVIDIA sm_80+ only (this "
-                                         f"is {facts.vendor} {facts.arch})"))
+        why = _engine_refusal(cfg, facts)
+        if why:
+            out.append((_fmt(cfg), None, why))
             continue
         out.append((_fmt(cfg), cfg, ""))
     return out

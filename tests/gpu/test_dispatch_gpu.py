@@ -113,6 +113,29 @@ def test_mid_kv_group_6_prefill_launches_the_gluon_kernel(kv: int) -> None:
 
 
 @pytest.mark.parametrize("group", [6, 12])
+@pytest.mark.parametrize("kv", [16384, 32768])
+def test_mid_kv_prefill_from_8192_rows_launches_the_wgmma_kernel(group: int, kv: int) -> None:
+    # prefill at KV 16K / 32K from the wgmma floor of rows: on the H200 with Triton 3.6 the
+    # wgmma kernel (ENGINE=gluon_wgmma) launches, and is correct
+    import triton
+
+    from plugins.nvidia_hopper import H200_WGMMA_CONFIGS, WGMMA_MIN_TOTAL_Q, gluon_triton
+
+    case = BenchCase(kind="prefill", group_size=group, kv_len=kv,
+                     total_q=WGMMA_MIN_TOTAL_Q[("prefill", group)])
+    launches, out, ref = _run(case)
+    assert len(launches) == 1
+    if _is_h200() and gluon_triton(triton.__version__):
+        assert launches[0].implementation == "nvidia_hopper.sparse_prefill_tuned"
+        assert dict(launches[0].config) == H200_WGMMA_CONFIGS[("prefill", group)]
+    else:
+        want = registry.select("sparse_prefill", workload_of(case))
+        assert dict(launches[0].config) == want.config
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max().item() <= 2e-2
+
+
+@pytest.mark.parametrize("group", [6, 12])
 def test_below_the_crossover_the_table_launches(group: int) -> None:
     case = BenchCase(kind="chunk", group_size=group, kv_len=4096, total_q=128)
     launches, out, ref = _run(case)

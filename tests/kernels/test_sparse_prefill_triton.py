@@ -749,3 +749,31 @@ def test_tuner_space_has_the_gluon_family_for_prefill_on_nvidia_only():
         assert (cfg is not None) == runs, (dev, why)
         if not runs:
             assert "NVIDIA sm_80+ only" in why
+
+
+def test_tuner_space_has_the_wgmma_configs_for_prefill_on_sm90_only():
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_WGMMA_CONFIGS
+    from registry import profiles
+
+    for group in (6, 12):
+        wg = H200_WGMMA_CONFIGS[("prefill", group)]
+        for kind in ("prefill", "chunk"):
+            case = BenchCase(kind=kind, group_size=group, total_q=8192, kv_len=32768)
+            case.extra["space"] = "tiny"
+            cands = [cfg for _, cfg, _ in tuning.candidates(case, None)
+                     if cfg and cfg.get("ENGINE") == "gluon_wgmma"]
+            # the config for this group (the other group's BLOCK_M is refused or too narrow
+            # for group 12); chunk entries are positions: never without pretranslation
+            assert (wg in cands) == (kind == "prefill") and all(c["BLOCK_M"] >= group
+                                                                  for c in cands)
+        case = BenchCase(kind="prefill", group_size=group, total_q=8192, kv_len=32768)
+        case.extra["space"] = "tiny"
+        for dev, runs in (("h200", True), ("mi300x", False), ("rtx-5090", False)):
+            out = [(cfg, why) for lab, cfg, why in tuning.candidates(case, profiles()[dev])
+                   if ":wg" in lab and f"{wg['BLOCK_M']}x64x4x2" in lab]
+            (cfg, why), = out
+            assert (cfg is not None) == runs, (dev, why)
+            if not runs:
+                assert "ENGINE='gluon_wgmma' runs on NVIDIA sm_90 only" in why

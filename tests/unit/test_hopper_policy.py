@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import registry
+from backends.sparse_prefill.triton_kernels import validate_config
 from plugins.generic import sparse_prefill_table_config
 from plugins.nvidia_hopper import (
     DENSE_MAX_KV,
@@ -15,9 +16,11 @@ from plugins.nvidia_hopper import (
     H200_GLUON_CONFIGS,
     H200_LONG_KV_CONFIGS,
     H200_PREFILL_CONFIGS,
+    H200_WGMMA_CONFIGS,
     LONG_KV_FROM,
     LONG_KV_MIN_TOTAL_Q,
     MIN_TOTAL_Q,
+    WGMMA_MIN_TOTAL_Q,
 )
 
 from unit_helpers import profile, seed_workload, setenv
@@ -122,18 +125,19 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
 
 
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
-def test_gluon_config_for_mid_kv_group_6_prefill_on_triton_3_6(kind: str, group: int) -> None:
-    """The Gluon kernel for prefill group 6 from GLUON_MIN_KV to below LONG_KV_FROM slots from
-    GLUON_MIN_TOTAL_Q rows, on the Triton release it was measured on, where the dense tiles do
-    not apply; every other cell, fewer rows, an unknown KV length and any other Triton keep the
-    Triton configs."""
+def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -> None:
+    """From GLUON_MIN_KV to below LONG_KV_FROM slots, on the Triton release they were measured
+    on and where the dense tiles do not apply: the wgmma kernel for prefill groups 6 and 12
+    from WGMMA_MIN_TOTAL_Q rows, else the mma_v2 Gluon kernel for prefill group 6 from
+    GLUON_MIN_TOTAL_Q rows; every other cell, fewer rows, an unknown KV length and any other
+    Triton keep the Triton configs."""
     gl = H200_GLUON_CONFIGS.get((kind, group))
+    wg = H200_WGMMA_CONFIGS.get((kind, group))
     for triton in ("3.6.0", "3.6.1", "3.7.1", "3.5.1"):
         dev = profile("h200", triton_version=triton)
         for kv in (None, GLUON_MIN_KV - 1, GLUON_MIN_KV, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768,
                    LONG_KV_FROM - 1, LONG_KV_FROM):
-            for tq in (MIN_TOTAL_Q[(kind, group)], 2047, 2048, DENSE_MIN_TOTAL_Q - 1,
-                       DENSE_MIN_TOTAL_Q, 16384):
+            for tq in (MIN_TOTAL_Q[(kind, group)], 2047, 2048, 8191, DENSE_MIN_TOTAL_Q, 16384):
                 d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
                                        max_q=tq), dev)
                 if triton == "3.5.1":  # below the family's Triton floor
@@ -141,16 +145,27 @@ def test_gluon_config_for_mid_kv_group_6_prefill_on_triton_3_6(kind: str, group:
                     continue
                 dense = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
                          and tq >= DENSE_MIN_TOTAL_Q)
-                on = (gl is not None and triton.startswith("3.6.") and kv is not None
-                      and GLUON_MIN_KV <= kv < LONG_KV_FROM and not dense
-                      and tq >= GLUON_MIN_TOTAL_Q[(kind, group)])
-                assert (d.config == gl) if on else (d.config.get("ENGINE") is None), \
+                mid = (triton.startswith("3.6.") and kv is not None
+                       and GLUON_MIN_KV <= kv < LONG_KV_FROM and not dense)
+                if mid and wg is not None and tq >= WGMMA_MIN_TOTAL_Q[(kind, group)]:
+                    want = wg
+                elif mid and gl is not None and tq >= GLUON_MIN_TOTAL_Q[(kind, group)]:
+                    want = gl
+                else:
+                    want = None
+                assert (d.config == want) if want else (d.config.get("ENGINE") is None), \
                     (triton, kv, tq, d.config)
     assert sorted(H200_GLUON_CONFIGS) == [("prefill", 6)]
+    assert sorted(H200_WGMMA_CONFIGS) == [("prefill", 6), ("prefill", 12)]
+    for (_, g), cfg in H200_WGMMA_CONFIGS.items():
+        validate_config(cfg, g, 256)
+        assert cfg["ENGINE"] == "gluon_wgmma" and cfg["BLOCK_M"] >= g
 
 
 def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> None:
     wl = seed_workload(kind="prefill", group_size=6, kv_len=32768, total_q=8192, max_q=8192)
-    assert "ENGINE=gluon" in pick(wl).explain()
+    assert "ENGINE=gluon_wgmma" in pick(wl).explain()
+    fewer = seed_workload(kind="prefill", group_size=6, kv_len=32768, total_q=4096, max_q=4096)
+    assert pick(fewer).config["ENGINE"] == "gluon" and "ENGINE=gluon" in pick(fewer).explain()
     other = pick(wl, profile("h200", triton_version="3.7.1"))
     assert other.implementation == HOPPER and "ENGINE" not in other.config
