@@ -248,9 +248,11 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     loaded as a vendor plugin would: per KV length its own measured config (chunk group 6 at
     8192 rows: the four-warp staged config at KV 8K, the one-warp slot-ordered one at 128K;
     prefill group 6: slot ordering at 128K only, the dense tiles at KV 8K and 8192 rows, the
-    Gluon kernel at KV 8K with 1024 rows and at 32K with 8192);
+    mma_v2 Gluon kernel at KV 8K with 1024 rows, the wgmma one at 32K with 8192 and for group
+    12 at KV 8K with 8192);
     nothing for a workload without kv_len or on another Triton version, each with the
     reason."""
+    from plugins.nvidia_hopper import H200_WGMMA_CONFIGS
     from registry import load_table
 
     path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
@@ -288,7 +290,12 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     assert dense["DENSE"] == 250 and "DENSE" not in at_8k
     mid = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
                                         "kv_len": 32768}, facts).config
-    assert at_8k.get("ENGINE") == mid.get("ENGINE") == "gluon" and "ENGINE" not in at_128k
+    assert at_8k.get("ENGINE") == "gluon" and "ENGINE" not in at_128k
+    # the wgmma kernel where it was measured fastest: 8192 rows at KV 32K (and group 12 at 8K)
+    assert mid == H200_WGMMA_CONFIGS[("prefill", 6)]
+    g12_8k = reg.select("sparse_prefill", {**pre, "group_size": 12, "total_q": 8192,
+                                           "max_q": 8192, "kv_len": 8192}, facts).config
+    assert g12_8k == H200_WGMMA_CONFIGS[("prefill", 12)]
     none = reg.select("sparse_prefill", wl, facts)      # no kv_len: not served by the table
     assert none.implementation == "reference.sparse_prefill"
     assert "kv_len" in none.explain(verbose=True)
