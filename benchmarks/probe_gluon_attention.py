@@ -13,14 +13,23 @@ and entries past ``lengths`` (zero-filled copies, -inf scores). Variant families
 * ``WS`` (``_attn_ws``): warp-specialized, a cp.async producer warp filling an mbarrier ring.
 * ``WG`` (``_attn_wg``): the transposed products on wgmma, one warpgroup, 64-key tiles.
 * ``WG1`` (``_attn_wg1``): ``WG`` with one K/V buffer (V gathered into the buffer K left) and
-  chunked gathers; prepared, not yet run on a GPU.
+  chunked gathers (session 12: 2.05 ms at best for group 12, capped at 96 registers).
+* ``WG2`` (``_attn_wg2``): a ring of [64 keys, 64 head_dim] chunk buffers, each chunk issued
+  ahead of its use across tiles, with the session-12 knobs (LATE, PART_L, HINTS, DIRECT_OK,
+  DC, SCALEQ, LDLIN); its best form is the product's ``ENGINE="gluon_wgmma"`` kernel.
+* ``WGP`` (``_attn_wgp`` + ``_wgp_combine``): ``WG2`` persistent, equal shares of all rows'
+  tiles, rows cut between programs merged by a second kernel.
 * ``SD`` (``_attn_sd``): split head_dim with a cross-warp sum of S^T (batched ``mma_v2``).
 
+``--ordered`` / ``--bits`` also time every variant on slot-ordered indices (and the ordering
+passes alone), ``--rows`` other row counts, ``--match`` a subset of the variants.
+
 Each checked against the fp32 reference and timed next to the table geometry and the Triton
-family (CUDA-graph replays, one window per case). Results: docs/BENCHMARKS.md, "Session 11".
+family (CUDA-graph replays, one window per case). Results: docs/BENCHMARKS.md, "Session 11"
+and "Session 12".
 
     python benchmarks/probe_gluon_attention.py [--kv 32768,8192] [--groups 6,12]
-        [--variants plain,T,WS,WG,WG1,SD]
+        [--variants plain,T,WS,WG,WG1,WG2,WGP,SD] [--ordered] [--bits 1,2,4] [--rows 8192]
 """
 from __future__ import annotations
 
@@ -1133,7 +1142,7 @@ def main() -> None:
     ap.add_argument("--kv", default="32768", help="KV lengths (comma list)")
     ap.add_argument("--groups", default="6,12", help="group sizes (comma list)")
     ap.add_argument("--variants", default="plain,T",
-                    help="variant families: plain, T, WS, WG, WG1, SD (comma list)")
+                    help="variant families: plain, T, WS, WG, WG1, WG2, WGP, SD (comma list)")
     ap.add_argument("--ordered", action="store_true",
                     help="also time every variant on indices slot-ordered ahead of time "
                          "(SLOT_ORDER=1's pre-pass, outside the timing), the family with "

@@ -165,8 +165,9 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # programs an SM made it slower.
 # Gluon is Triton's experimental dialect (its API changed after 3.6): the config is used only on
 # the Triton release it was measured on (GLUON_TRITON); on any other the Triton family runs.
-# Group 12 stays on the Triton family: its 16 lines need ~255 registers in this kernel (at KV 32K
-# and 8192 rows 1.07x over the table with one warp, 0.72x with two; the Triton family 1.24x).
+# Not for group 12: its 16 lines need ~255 registers in this kernel (at KV 32K and 8192 rows
+# 1.07x over the table with one warp, 0.72x with two; the Triton family 1.24x). From 8192 rows
+# the wgmma kernel below takes over for both groups.
 GLUON_MIN_KV = 8192
 GLUON_TRITON = (3, 6)
 GLUON_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 2048}
@@ -182,8 +183,8 @@ H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # S^T and O^T on wgmma, per-thread softmax sums; 96 registers (MAXNREG) and 26 KB a program, 5
 # programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows
 # (docs/BENCHMARKS.md, "Session 12"): at 8192 rows 4-5% faster than the Triton family for group
-# 12 (1.29x over the table at KV 32K, 1.30x at 16K) and 1-2% faster than the mma_v2 Gluon kernel
-# for group 6; at 1024-4096 rows slower than both (5 programs an SM: 1.6-6.2 waves of rows
+# 12 (1.29x over the table at KV 16K and 32K) and 1-2% faster than the mma_v2 Gluon kernel for
+# group 6 (1.31x); at 1024-4096 rows slower than both (5 programs an SM: 1.6-6.2 waves of rows
 # quantize worse than the family's 8), so it is used from 8192 rows only. H200 (sm_90) only:
 # wgmma does not exist elsewhere; same Triton pin as the other Gluon config.
 WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 8192}

@@ -36,8 +36,9 @@ Providers (``--providers``, comma separated):
   e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
   ``geometry=16x64x4x2:wg:o32:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
-  case's KV length (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K, the Gluon
-  kernel for group-6 prefill at KV 16K-32K on Triton 3.6), forced whatever the device.
+  case's KV length and rows (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K,
+  dense tiles for prefill up to KV 8K, the Gluon kernels for prefill at KV 8K-64K on Triton
+  3.6), forced whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 

@@ -1,4 +1,5 @@
-"""A hand-written Gluon kernel for sparse_prefill (``ENGINE="gluon"`` in the config).
+"""Hand-written Gluon kernels for sparse_prefill (``ENGINE="gluon"`` and, on sm_90,
+``ENGINE="gluon_wgmma"`` in the config).
 
 Triton's compiler chooses how the Triton kernel (``triton_kernels.py``) gathers and multiplies;
 this kernel fixes the schedule by hand (Gluon is Triton's explicit-layout dialect, experimental
@@ -22,12 +23,22 @@ memory a program (16 keys, 2 warps, 1 stage) eight programs share an SM, and the
 more of them busy (docs/BENCHMARKS.md, "Session 11"). For groups of 9-16 heads the 16-line
 accumulator needs ~255 registers and the kernel is slower than the Triton family there.
 
+``ENGINE="gluon_wgmma"`` (``_sparse_prefill_wg``) runs the same transposed products on Hopper's
+wgmma, one warpgroup a (row, KV head), head_dim 256: a tile of 64 keys moves through a ring of
+two [64 keys, 64 head_dim] shared buffers as eight cp.async chunks (K's four, then V's four),
+each issued one step ahead of its use and across tiles, so a program always has a gather in
+flight; S^T accumulates over K's chunks with Q^T in shared memory; the running softmax sums stay
+per thread (one cross-warp reduction a tile fewer); O^T is four [64, lines] accumulators (32
+registers a thread at 16 lines). At 96 registers (``MAXNREG``) and 26 KB five programs share an
+SM; on the H200 at 8192 rows and KV 32K it is 4% faster than the Triton family for group 12 and
+1% faster than the mma_v2 kernel for group 6 (docs/BENCHMARKS.md, "Session 12").
+
 Scope (checked by :func:`check_gluon`): prefill rows (and chunk rows after
-``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256, a CUDA GPU of compute
-capability 8.0 or newer (``mma_v2`` and ``cp.async``), and not under ``TRITON_INTERPRET=1``
-(Gluon has no interpreter). Same contract as the Triton kernel: negative or out-of-range
-indices and entries past ``lengths`` are skipped and never read; a row with nothing valid gives
-zeros.
+``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256 (wgmma: 256), a CUDA
+GPU of compute capability 8.0 or newer (``mma_v2`` and ``cp.async``; wgmma: exactly 9.0), and
+not under ``TRITON_INTERPRET=1`` (Gluon has no interpreter). Same contract as the Triton
+kernel: negative or out-of-range indices and entries past ``lengths`` are skipped and never
+read; a row with nothing valid gives zeros.
 """
 
 from __future__ import annotations

@@ -463,10 +463,12 @@ def test_all_shipped_configs_validate():
         H200_DENSE_CONFIGS,
         H200_GLUON_CONFIGS,
         H200_LONG_KV_CONFIGS,
+        H200_WGMMA_CONFIGS,
     )
     from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
 
-    for table in (H200_CONFIGS, H200_LONG_KV_CONFIGS, H200_DENSE_CONFIGS, H200_GLUON_CONFIGS):
+    for table in (H200_CONFIGS, H200_LONG_KV_CONFIGS, H200_DENSE_CONFIGS, H200_GLUON_CONFIGS,
+                  H200_WGMMA_CONFIGS):
         for (_, group), cfg in table.items():
             validate_config(cfg, group, 256)
     for group, cfg in SM120_PREFILL_CONFIGS.items():
@@ -621,13 +623,14 @@ def test_bench_geometry_round_trip():
     for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:keys:even",
                  "16x32x4x1:pf1", "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord2",
                  "8x16x1x2:rev:dense250", "16x16x1x2:dense200:dt128x64x8x2",
-                 "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1"):
+                 "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1", "16x64x4x2:wg:o32:r96"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
-    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_GLUON_CONFIGS
+    assert parse_geometry("16x64x4x2:wg:o32:r96")["ENGINE"] == "gluon_wgmma"
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_GLUON_CONFIGS, H200_WGMMA_CONFIGS
 
     for cfg in (*H200_CONFIGS.values(), *H200_DENSE_CONFIGS.values(),
-                *H200_GLUON_CONFIGS.values()):
+                *H200_GLUON_CONFIGS.values(), *H200_WGMMA_CONFIGS.values()):
         assert parse_geometry(format_geometry(cfg)) == cfg
     assert parse_geometry("8x16x1x2:dense250")["DENSE"] == 250
 
