@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
-from backends.sparse_prefill.gluon_kernels import _softmax_step_t, _store_t
+from backends.sparse_prefill.gluon_kernels import _softmax_step_part, _softmax_step_t, _store_t
 
 
 @gluon.jit
@@ -518,16 +518,8 @@ def _attn_wg2(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s
             _wg2_step(K_h, V_h, off, okm, off_n, okm_n, ring, offs_c, 3, NS, DC, HINTS)
             s = warpgroup_mma(ring.index(3 % NS), qbuf.index(3).permute((1, 0)), s)
         if PART_L:  # per-thread partial sums over its own keys, reduced once at the end
-            if SCALEQ:
-                s = gl.where(okr[:, None], s, float("-inf"))
-            else:
-                s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_p = l_p * alpha[None, :] + p
-            m_i = m_new
+            p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p,
+                                                    1.0 if SCALEQ else qk_scale)
         else:
             p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
         pbuf.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
@@ -607,13 +599,7 @@ def _wgp_segment(Q, K_h, V_h, IDX, LENS, r, h, t0, t1, qk_scale, num_slots, topk
         s = warpgroup_mma(ring.index(0), qbuf.index(2).permute((1, 0)), s)
         _wg2_step(K_h, V_h, off, okm, off_n, okm_n, ring, offs_c, 3, NS, DC, HINTS)
         s = warpgroup_mma(ring.index(1), qbuf.index(3).permute((1, 0)), s)
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_p = l_p * alpha[None, :] + p
-        m_i = m_new
+        p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p, qk_scale)
         pbuf.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
         pt = pbuf.permute((1, 0))
         off_n, okm_n, ok_n = _wg2_tile(IDX_row, tile + 1, n, num_slots, offs_n, offs_c, s_kt, BN,

@@ -111,6 +111,19 @@ if _IMPORT_ERROR is None:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 0)
 
     @gluon.jit
+    def _softmax_step_part(s, okr, m_i, l_p, qk_scale):
+        """``_softmax_step_t`` keeping the running sums per thread: ``l_p`` has the scores'
+        shape and layout, each element the sum over the keys that element held so far (its
+        lines' total is ``gl.sum(l_p, 0)``, once at the end), so a tile needs no cross-warp sum.
+        Returns (p, the rescale factor, the new running max, the new partial sums)."""
+        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        return p, alpha, m_new, l_p * alpha[None, :] + p
+
+    @gluon.jit
     def _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
                  mma: gl.constexpr):
         """O = (O^T / l)^T into row ``r``'s lines of KV head ``h`` (the ``group`` real ones of
@@ -303,13 +316,7 @@ if _IMPORT_ERROR is None:
             _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, offs_c, 3)
             s = warpgroup_mma(ring.index(1), qbuf.index(3).permute((1, 0)), s)
             # online softmax on S^T [keys, lines]; each thread keeps the sums of its own keys
-            s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_p = l_p * alpha[None, :] + p
-            m_i = m_new
+            p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p, qk_scale)
             pbuf.store(gl.permute(p.to(dt), [1, 0]))
             pt = pbuf.permute((1, 0))
             koff_n, voff_n, okm_n, ok_n = _wg_tile(IDX_row, tile + 1, n, num_slots, offs_n,
