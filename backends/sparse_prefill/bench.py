@@ -31,10 +31,10 @@ Providers (``--providers``, comma separated):
   (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
   (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
   (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
-  (DENSE_TILE), ``rN`` (MAXNREG=N), ``tN`` (TAIL_SPLIT=N), ``gl`` (ENGINE=gluon: the Gluon
-  kernel, BM its query lines, S its ring stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma
-  kernel, BMx64x4x2), e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
-  ``geometry=16x64x4x2:wg:o32:r96:t2``.
+  (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
+  lines, S its ring stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
+  e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
+  ``geometry=16x64x4x2:wg:o32:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
   case's KV length and rows (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K,
   dense tiles for prefill up to KV 8K, the Gluon kernels for prefill at KV 8K-64K on Triton
@@ -188,9 +188,6 @@ def parse_geometry(spec: str) -> dict[str, Any]:
         if o[:1] == "r" and o[1:].isdigit():
             cfg["MAXNREG"] = int(o[1:])
             continue
-        if o[:1] == "t" and o[1:].isdigit():
-            cfg["TAIL_SPLIT"] = int(o[1:])
-            continue
         if o not in _OPTS:
             raise click.BadParameter(f"geometry option {o!r}: expected one of {sorted(_OPTS)}")
         key, val = _OPTS[o]
@@ -211,8 +208,6 @@ def format_geometry(cfg: dict[str, Any]) -> str:
             s += f":dt{cfg['DENSE_TILE']}"
     if cfg.get("MAXNREG"):
         s += f":r{cfg['MAXNREG']}"
-    if cfg.get("TAIL_SPLIT"):
-        s += f":t{cfg['TAIL_SPLIT']}"
     return s
 
 

@@ -55,8 +55,6 @@ WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
 _LOG2E = 1.4426950408889634
 
 try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
-    import triton
-    import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -258,32 +256,20 @@ if _IMPORT_ERROR is None:
                  mask=(om < group)[None, :] & (od >= 0)[:, None], eviction_policy="evict_first")
 
     @gluon.jit
-    def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, PO, PML, qk_scale, num_slots, topk,
-                           group, n_full, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh,
-                           BM: gl.constexpr, HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
-                           SAME_STRIDE: gl.constexpr, TAIL: gl.constexpr,
-                           num_warps: gl.constexpr):
+    def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
+                           s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, BM: gl.constexpr,
+                           HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+                           SAME_STRIDE: gl.constexpr, num_warps: gl.constexpr):
         """ENGINE="gluon_wgmma": one warpgroup a (query row, KV head), head_dim 256. A tile of
         64 keys moves through a ring of two [64 keys, 64 head_dim] shared buffers as eight
         cp.async chunks (K's four, then V's four), each issued one step ahead of its use and
         across tiles, so a program always has a gather in flight in 16 KB. S^T = K Q^T
         accumulates over K's chunks on wgmma (Q^T in shared memory), then the online softmax
         (the running sums stay per thread and are reduced once at the end), then O^T's four
-        [64, BM] chunks += V_c^T P^T (P^T through shared memory).
-
-        TAIL > 1: programs from ``n_full`` on take 1/TAIL of a row's tiles each (program
-        ``n_full + q``: row ``n_full + q // TAIL``, share ``q % TAIL``) and store their
-        unnormalized O^T, running max and sum to ``PO`` / ``PML`` (slot ``q`` x KV heads + h);
-        :func:`_wg_combine` merges them."""
+        [64, BM] chunks += V_c^T P^T (P^T through shared memory)."""
         BN: gl.constexpr = 64
-        pid = gl.program_id(0)
+        r = gl.program_id(0).to(gl.int64)
         h = gl.program_id(1)
-        if TAIL > 1:
-            split = pid >= n_full
-            q = gl.maximum(pid - n_full, 0)
-            r = gl.where(split, n_full + q // TAIL, pid).to(gl.int64)
-        else:
-            r = pid.to(gl.int64)
         dt: gl.constexpr = K.dtype.element_ty
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
                                                       warps_per_cta=[num_warps, 1],
@@ -292,6 +278,9 @@ if _IMPORT_ERROR is None:
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
+        # two allocations, not one [2, BN, 64]: Triton's barrier pass then sees that a chunk's
+        # cp.async into one buffer and the wgmma reading the other do not conflict (with one
+        # allocation it put a CTA barrier between them every step: 19 bar.sync a tile, now 11)
         ring0 = gl.allocate_shared_memory(dt, [BN, 64], sw)
         ring1 = gl.allocate_shared_memory(dt, [BN, 64], sw)
         qbuf = gl.allocate_shared_memory(dt, [4, BM, 64], sw)
@@ -300,13 +289,6 @@ if _IMPORT_ERROR is None:
         offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
         n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk) if HAS_LENS else topk
         IDX_row = IDX + r * s_it
-        if TAIL > 1:  # a share of top-k's tiles, [e0, e1) entries: a row of its own
-            ntk = gl.cdiv(topk, BN)
-            part = q % TAIL
-            e0 = gl.where(split, part * ntk // TAIL * BN, 0)
-            e1 = gl.where(split, (part + 1) * ntk // TAIL * BN, topk)
-            n = gl.maximum(gl.minimum(n, e1) - e0, 0)
-            IDX_row += e0
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
         koff, voff, okm, ok = _wg_tile(IDX_row, 0, n, num_slots, offs_n, offs_c, s_kt, s_vt,
@@ -360,64 +342,10 @@ if _IMPORT_ERROR is None:
             ok = ok_n
         cp.wait_group(0)
         l_i = gl.sum(l_p, 0)
-        if TAIL > 1:
-            # recomputed from the program id: nothing of the split stays live through the loop
-            if gl.program_id(0) >= n_full:
-                slot = (gl.program_id(0) - n_full).to(gl.int64) * gl.num_programs(1) + h
-                _wg_partial(PO, PML, slot, a0, m_i, l_i, 0, BM, mma)
-                _wg_partial(PO, PML, slot, a1, m_i, l_i, 64, BM, mma)
-                _wg_partial(PO, PML, slot, a2, m_i, l_i, 128, BM, mma)
-                _wg_partial(PO, PML, slot, a3, m_i, l_i, 192, BM, mma)
-            else:
-                r = gl.program_id(0).to(gl.int64)
-                _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, 0, BM, mma)
-                _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, 64, BM, mma)
-                _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, 128, BM, mma)
-                _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, 192, BM, mma)
-        else:
-            _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, 0, BM, mma)
-            _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, 64, BM, mma)
-            _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, 128, BM, mma)
-            _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, 192, BM, mma)
-
-    @gluon.jit
-    def _wg_partial(PO, PML, slot, acc, m_i, l_i, C0: gl.constexpr, BM: gl.constexpr,
-                    mma: gl.constexpr):
-        """A row share's O^T chunk C0..C0+63 (unnormalized, fp32) into ``PO[slot]`` [256, BM];
-        with the first chunk its running max (log2 domain) and sum into ``PML[slot]`` [2, BM]."""
-        od = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        gl.store(PO + slot * (256 * BM) + (C0 + od)[:, None] * BM + om[None, :], acc)
-        if C0 == 0:
-            ol = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-            gl.store(PML + slot * (2 * BM) + ol, m_i)
-            gl.store(PML + slot * (2 * BM) + BM + ol, l_i)
-
-    @triton.jit
-    def _wg_combine(PO, PML, OUT, n_full, group, s_ot, s_oh, TAIL: tl.constexpr,
-                    BM: tl.constexpr):
-        """Row ``n_full + program_id(0)``, KV head ``program_id(1)``: merges the TAIL shares
-        ``_sparse_prefill_wg`` stored (rescaled to their common max) and writes O; a line with
-        nothing valid in any share gets zeros."""
-        rr = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
-        nh = tl.num_programs(1)
-        lines = tl.arange(0, BM)
-        d = tl.arange(0, 256)
-        m = tl.full([BM], float("-inf"), tl.float32)
-        for w in tl.static_range(TAIL):
-            m = tl.maximum(m, tl.load(PML + ((rr * TAIL + w) * nh + h) * (2 * BM) + lines))
-        m_use = tl.where(m == float("-inf"), 0.0, m)
-        lsum = tl.zeros([BM], tl.float32)
-        acc = tl.zeros([256, BM], tl.float32)
-        for w in tl.static_range(TAIL):
-            slot = (rr * TAIL + w) * nh + h
-            c = tl.exp2(tl.load(PML + slot * (2 * BM) + lines) - m_use)
-            lsum += tl.load(PML + slot * (2 * BM) + BM + lines) * c
-            acc += tl.load(PO + slot * (256 * BM) + d[:, None] * BM + lines[None, :]) * c[None, :]
-        o = acc / tl.where(lsum > 0.0, lsum, 1.0)[None, :]
-        tl.store(OUT + (n_full + rr) * s_ot + (h * group + lines)[None, :] * s_oh + d[:, None],
-                 o.to(OUT.dtype.element_ty), mask=(lines < group)[None, :] & (d < 256)[:, None])
+        _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, 0, BM, mma)
+        _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, 64, BM, mma)
+        _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, 128, BM, mma)
+        _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, 192, BM, mma)
 
 
 def check_gluon(q: Any, engine: str = "gluon") -> None:
@@ -463,36 +391,11 @@ def _check_aligned(k: Any, v: Any, engine: str) -> None:
                               f"ENGINE='triton'")
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _slots(device: Any, config: dict[str, Any]) -> int:
-    """Programs of the wgmma kernel resident on the GPU at once: its SMs times the programs an
-    SM holds, bound by the 64K registers an SM (one warpgroup of MAXNREG registers a thread,
-    allocated 256 a warp; the config's shared memory, 26 KB, is not the bound)."""
-    import torch
-
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    per_warp = -(-config["MAXNREG"] * 32 // 256) * 256
-    return _SM_COUNT[idx] * (65536 // per_warp // 4)
-
-
-def tail_rows(total_q: int, kv_heads: int, slots: int, tail: int) -> int:
-    """Rows the wgmma kernel splits ``tail`` ways (``TAIL_SPLIT``): those of the last partial
-    wave of ``slots`` programs, so that the GPU drains ``tail`` times shorter programs at the
-    end instead of whole rows on a few SMs (0 when the rows fill whole waves)."""
-    return -(-(total_q * kv_heads % slots) // kv_heads)
-
-
 def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
                          scale: float, config: dict[str, Any], offs32: bool) -> Any:
     """Launch the ``ENGINE`` kernel of ``config`` ("gluon": the mma_v2 kernel; "gluon_wgmma":
     the wgmma kernel) on prefill rows (``idx`` slot ids; inputs checked by the Triton wrapper,
     head_dim contiguous); ``out`` is written in place."""
-    import torch
-
     engine = config.get("ENGINE", "gluon")
     check_gluon(q, engine)
     _check_aligned(k, v, engine)
@@ -500,22 +403,12 @@ def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: 
     num_slots, hkv, _ = k.shape
     extra = {"maxnreg": config["MAXNREG"]} if config.get("MAXNREG") else {}
     if engine == "gluon_wgmma":
-        bm, tail = config["BLOCK_M"], config.get("TAIL_SPLIT", 0) or 1
-        split = tail_rows(total_q, hkv, _slots(q.device, config), tail) if tail > 1 else 0
-        n_full = total_q - split
-        po = pml = out  # unused unless rows are split
-        if split:
-            po = torch.empty((split * tail * hkv, 256, bm), device=q.device, dtype=torch.float32)
-            pml = torch.empty((split * tail * hkv, 2, bm), device=q.device, dtype=torch.float32)
-        _sparse_prefill_wg[(n_full + split * tail, hkv)](
-            q, k, v, idx, lens, out, po, pml, scale * _LOG2E, num_slots, idx.shape[1],
-            hq // hkv, n_full, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), idx.stride(0), out.stride(0), out.stride(1), BM=bm,
+        _sparse_prefill_wg[(total_q, hkv)](
+            q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            idx.stride(0), out.stride(0), out.stride(1), BM=config["BLOCK_M"],
             HAS_LENS=has_lens, OFFS32=offs32, SAME_STRIDE=k.stride(0) == v.stride(0),
-            TAIL=tail if split else 1, num_warps=4, **extra)
-        if split:
-            _wg_combine[(split, hkv)](po, pml, out, n_full, hq // hkv, out.stride(0),
-                                      out.stride(1), TAIL=tail, BM=bm, num_warps=4)
+            num_warps=4, **extra)
         return out
     _sparse_prefill_gl[(total_q, hkv)](
         q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,

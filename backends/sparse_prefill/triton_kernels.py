@@ -110,14 +110,6 @@ ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_ker
                            NVIDIA sm_90 only. Both take OFFS32, SLOT_ORDER, MAXNREG and (chunk)
                            CHUNK_MODE="pretranslate"; float16 / bfloat16; not under the
                            interpreter.
-TAIL_SPLIT      0          ENGINE="gluon_wgmma" only, with MAXNREG: 2, 3 or 4 cuts each row of
-                           the last partial wave of programs (the GPU's SMs times the programs
-                           an SM holds at MAXNREG registers) into that many programs of
-                           consecutive tiles; a second kernel merges their fp32 partial outputs
-                           (running max and sum) into the row. The GPU then ends on programs
-                           that many times shorter instead of a few SMs finishing whole rows.
-                           Costs fp32 scratch of TAIL_SPLIT x 256 x BLOCK_M floats a cut row
-                           and KV head, and the merge (one launch).
 ==============  =========  ==================================================================
 
 Public: :func:`sparse_prefill_triton`, :func:`error_bound`, :func:`validate_config`,
@@ -143,8 +135,7 @@ DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVE
                                    "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
                                    "OFFS32": 0, "LAZY_RESCALE": 0, "SLOT_ORDER": 0,
-                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "ENGINE": "triton",
-                                   "TAIL_SPLIT": 0}
+                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
@@ -152,12 +143,10 @@ _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1),
                                         "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1),
                                         "SLOT_ORDER": (0, 1, 2),
-                                        "ENGINE": ("triton", "gluon", "gluon_wgmma"),
-                                        "TAIL_SPLIT": (0, 2, 3, 4)}
+                                        "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
-_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG",
-                         "TAIL_SPLIT"})
+_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG"})
 _MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 _STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates per step
@@ -239,11 +228,6 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if var["SLOT_ORDER"]:
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
-    if var["TAIL_SPLIT"] and (var["ENGINE"] != "gluon_wgmma" or not var["MAXNREG"]):
-        raise ConfigError(f"TAIL_SPLIT={var['TAIL_SPLIT']} applies to ENGINE='gluon_wgmma' with "
-                          f"MAXNREG set (the last wave is sized from the registers a program "
-                          f"holds; got ENGINE={var['ENGINE']!r}, MAXNREG={var['MAXNREG']}): set "
-                          f"TAIL_SPLIT=0, or ENGINE='gluon_wgmma' and MAXNREG (e.g. 96)")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
