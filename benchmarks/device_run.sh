@@ -318,7 +318,7 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
     wgmma-sparse)
       # ENGINE=gluon_wgmma (session 12): its GPU tests and the dispatch tests unless SKIP_TESTS
       # is set, then the prefill total_q sweeps at KV 8K-32K against the Triton family, the
-      # mma_v2 Gluon kernel (group 6) and the table, graph replays
+      # mma_v2 Gluon kernel (group 6), the table and the h200 policy, graph replays
       if [ -z "${SKIP_TESTS:-}" ]; then
         stage "sparse_prefill Gluon engines and dispatch: GPU tests"
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -333,10 +333,11 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
           provs="$provs,geometry=8x64x4x2:wg:o32:r96"
         else
           provs="table,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x64x4x2:wg:o32:r96"
+          provs="$provs,geometry=16x64x4x2:wg:o32:r128"
         fi
         stage "prefill group $g: wgmma against the family, total_q sweep"
         timeout 300 $SBG --group-size $g --kv-len 8192,16384,32768 \
-          --total-q ${WG_TOTAL_Q:-512,1024,2048,4096,8192} --providers "$provs" 2>/dev/null \
+          --total-q ${WG_TOTAL_Q:-512,1024,2048,4096,8192} --providers "$provs,h200" 2>/dev/null \
           | tee -a "$OUT/wgmma_sweep.log" | grep -v "^-"
       done ;;
     kv32k-sparse)

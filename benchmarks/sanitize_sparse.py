@@ -81,11 +81,13 @@ def main() -> None:
                   **({"CHUNK_MODE": "pretranslate"} if kind == "chunk" else {})}
             cfgs += [gl, {**gl, "BLOCK_N": 32, "num_stages": 2}, {**gl, "OFFS32": 0},
                      {**gl, "SLOT_ORDER": 1}]
-            # ENGINE=gluon_wgmma (sm_90): the shipped config, int64 offsets, slot ordering
+            # ENGINE=gluon_wgmma (sm_90): the shipped config (MAXNREG 96 for 8 lines, 128 for
+            # 16), the other register cap, int64 offsets, slot ordering
             if torch.cuda.get_device_capability() == (9, 0):
                 wg = {**gl, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                      "ENGINE": "gluon_wgmma", "MAXNREG": 96}
-                cfgs += [wg, {**wg, "OFFS32": 0}, {**wg, "SLOT_ORDER": 1}]
+                      "ENGINE": "gluon_wgmma", "MAXNREG": 96 if group <= 8 else 128}
+                cfgs += [wg, {**wg, "MAXNREG": 224 - wg["MAXNREG"]}, {**wg, "OFFS32": 0},
+                         {**wg, "SLOT_ORDER": 1}]
             for cfg in cfgs:
                 out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
                 err = (out.float() - ref).abs().max().item()

@@ -177,20 +177,23 @@ H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
-# From GLUON_MIN_KV to below LONG_KV_FROM slots and from WGMMA_MIN_TOTAL_Q rows (where the dense
-# tiles do not apply), prefill groups 6 and 12: the Gluon wgmma kernel (ENGINE="gluon_wgmma",
-# session 12: one warpgroup, 64-key tiles through a two-buffer ring of 64-wide head_dim chunks,
-# S^T and O^T on wgmma, per-thread softmax sums; 96 registers (MAXNREG) and 26 KB a program, 5
-# programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows
-# (docs/BENCHMARKS.md, "Session 12"): at 8192 rows 4-5% faster than the Triton family for group
-# 12 (1.29x over the table at KV 16K and 32K) and 1-2% faster than the mma_v2 Gluon kernel for
-# group 6 (1.31x); at 1024-4096 rows slower than both (5 programs an SM: 1.6-6.2 waves of rows
-# quantize worse than the family's 8), so it is used from 8192 rows only. H200 (sm_90) only:
-# wgmma does not exist elsewhere; same Triton pin as the other Gluon config.
-WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 8192}
+# From GLUON_MIN_KV to below LONG_KV_FROM slots and from WGMMA_MIN_TOTAL_Q rows, prefill groups 6
+# and 12: the Gluon wgmma kernel (ENGINE="gluon_wgmma": one warpgroup, 64-key tiles through a
+# ring of three 64-wide head_dim chunk buffers with two chunks in flight, S^T and O^T on wgmma,
+# per-thread softmax sums). Group 6 at 96 registers (MAXNREG; 30 KB, 5 programs an SM), group 12
+# at 128 (35 KB, 4 programs an SM: no spills, and 1024-4096 rows quantize better than at 5).
+# Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows (docs/BENCHMARKS.md,
+# "Session 13"): group 12 is 5-8% faster than the Triton family at every row count from 1024
+# (1.33x over the table at KV 32K and 8192 rows) and at KV 8K / 8192 rows faster than the dense
+# tiles too (1.54 against 1.67 ms; WGMMA_OVER_DENSE); group 6 1-3% faster than the mma_v2 Gluon
+# kernel at 8192 rows (1.34x) and slower at 1024-4096 (5 programs an SM quantize worse), so from
+# 8192 rows, after the dense tiles (at KV 8K 1.38 against 1.48 ms). H200 (sm_90) only: wgmma
+# does not exist elsewhere; same Triton pin as the other Gluon config.
+WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 1024}
+WGMMA_OVER_DENSE = frozenset({("prefill", 12)})
 H200_WGMMA_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     (kind, g): {"BLOCK_M": 8 if g <= 8 else 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96}
+                "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96 if g <= 8 else 128}
     for kind, g in WGMMA_MIN_TOTAL_Q
 }
 
@@ -216,12 +219,14 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     if (kv_len is not None and kv_len >= LONG_KV_FROM and key in H200_LONG_KV_CONFIGS
             and (total_q is None or total_q >= LONG_KV_MIN_TOTAL_Q[key])):
         return dict(H200_LONG_KV_CONFIGS[key])
-    if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
-            and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q):
-        return dict(H200_DENSE_CONFIGS[key])
     mid_kv = kv_len is not None and GLUON_MIN_KV <= kv_len < LONG_KV_FROM
-    if (mid_kv and key in H200_WGMMA_CONFIGS and total_q is not None
-            and total_q >= WGMMA_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
+    wgmma = (mid_kv and key in H200_WGMMA_CONFIGS and total_q is not None
+             and total_q >= WGMMA_MIN_TOTAL_Q[key] and gluon_triton(triton_version))
+    if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
+            and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q
+            and not (wgmma and key in WGMMA_OVER_DENSE)):
+        return dict(H200_DENSE_CONFIGS[key])
+    if wgmma:
         return dict(H200_WGMMA_CONFIGS[key])
     if (mid_kv and key in H200_GLUON_CONFIGS and total_q is not None
             and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):

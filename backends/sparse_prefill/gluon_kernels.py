@@ -52,6 +52,11 @@ __all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_g
 
 GLUON_HEAD_DIMS = (64, 128, 256)
 WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
+# ENGINE="gluon_wgmma": [64 keys, 64 head_dim] ring buffers and the chunks in flight (each issued
+# WG_AHEAD steps before its use; at most WG_RING - 1). Measured on the H200 (docs/BENCHMARKS.md,
+# "Session 13"): 3 and 2 are 1.2-2.5% faster than 2 and 1 at 8192-16384 rows; 4 buffers spill
+WG_RING = 3
+WG_AHEAD = 2
 _LOG2E = 1.4426950408889634
 
 try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
@@ -200,12 +205,10 @@ if _IMPORT_ERROR is None:
 if _IMPORT_ERROR is None:
 
     @gluon.jit
-    def _wg_tile(IDX_row, tile, n, num_slots, offs_n, offs_c, s_kt, s_vt, OFFS32: gl.constexpr,
-                 SAME_STRIDE: gl.constexpr, BN: gl.constexpr):
-        """Tile ``tile``'s K and V row offsets (slot 0 where invalid), the copy mask [BN, 64]
-        and the entries' validity [BN] (the index row is read once: evict-first)."""
-        j = tile * BN + offs_n
-        t = gl.load(IDX_row + j, mask=j < n, other=-1, eviction_policy="evict_first")
+    def _wg_tile(t, j, n, num_slots, offs_c, s_kt, s_vt, OFFS32: gl.constexpr,
+                 SAME_STRIDE: gl.constexpr):
+        """A tile's K and V row offsets (slot 0 where invalid), the copy mask [BN, 64] and the
+        entries' validity [BN], from its index entries ``t`` at positions ``j``."""
         ok = (t >= 0) & (t < num_slots) & (j < n)
         # OFFS32: the wrapper proved (num_slots - 1) * stride + head_dim < 2**31
         row = gl.where(ok, t, 0) if OFFS32 else gl.where(ok, t, 0).to(gl.int64)
@@ -214,33 +217,40 @@ if _IMPORT_ERROR is None:
         return koff, voff, ok[:, None] & (offs_c >= 0)[None, :], ok
 
     @gluon.jit
-    def _wg_issue(K_h, V_h, koff, voff, okm, ring0, ring1, offs_c, STEP: gl.constexpr):
+    def _wg_entries(IDX_row, tile, n, offs_n, BN: gl.constexpr):
+        """Tile ``tile``'s index entries (-1 past ``n``; read once: evict-first) and their
+        positions in the row."""
+        j = tile * BN + offs_n
+        return gl.load(IDX_row + j, mask=j < n, other=-1, eviction_policy="evict_first"), j
+
+    @gluon.jit
+    def _wg_issue(K_h, V_h, koff, voff, okm, ring, buf, offs_c, STEP: gl.constexpr):
         """cp.async of chunk ``STEP`` of a tile (0-3: K's head_dim chunk STEP, 4-7: V's chunk
-        STEP - 4; 64 columns each) into ring buffer STEP % 2, zero-filled where ``okm`` is
+        STEP - 4; 64 columns each) into ring buffer ``buf``, zero-filled where ``okm`` is
         False; one commit group. K/V are kept in L2 (evict-last): every row gathers them."""
         if STEP < 4:
             ptr = (K_h + koff)[:, None] + offs_c[None, :] + STEP * 64
         else:
             ptr = (V_h + voff)[:, None] + offs_c[None, :] + (STEP - 4) * 64
-        if STEP % 2 == 0:
-            _cp_load(ring0, ptr, mask=okm, eviction_policy="evict_last")
-        else:
-            _cp_load(ring1, ptr, mask=okm, eviction_policy="evict_last")
+        _cp_load(ring.index(buf), ptr, mask=okm, eviction_policy="evict_last")
         cp.commit_group()
 
     @gluon.jit
-    def _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c,
-                 STEP: gl.constexpr):
-        """Step STEP of a tile: wait for its chunk, make it visible to wgmma (barrier, async
-        fence), then issue the next chunk (the next tile's first K chunk after step 7) into the
-        buffer every warp finished with in the previous step."""
-        cp.wait_group(0)
+    def _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c,
+                 STEP: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr):
+        """Step STEP of a tile whose first chunk is the program's chunk ``g0``: wait for this
+        step's chunk (the LA - 1 issued after it stay in flight), make it visible to wgmma
+        (barrier, async fence), then issue the chunk LA steps ahead (the next tile's past step
+        7) into the buffer every warp finished with in the previous step. Chunk g goes to
+        buffer g % NB, so LA <= NB - 1."""
+        cp.wait_group(LA - 1)
         _barrier()
         fence_async_shared()
-        if STEP < 7:
-            _wg_issue(K_h, V_h, koff, voff, okm, ring0, ring1, offs_c, STEP + 1)
+        if STEP + LA < 8:
+            _wg_issue(K_h, V_h, koff, voff, okm, ring, (g0 + STEP + LA) % NB, offs_c, STEP + LA)
         else:
-            _wg_issue(K_h, V_h, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 0)
+            _wg_issue(K_h, V_h, koff_n, voff_n, okm_n, ring, (g0 + STEP + LA) % NB, offs_c,
+                      STEP + LA - 8)
 
     @gluon.jit
     def _wg_store(OUT, acc, l_i, r, h, group, s_ot, s_oh, C0: gl.constexpr, BM: gl.constexpr,
@@ -259,11 +269,12 @@ if _IMPORT_ERROR is None:
     def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
                            s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, BM: gl.constexpr,
                            HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
-                           SAME_STRIDE: gl.constexpr, num_warps: gl.constexpr):
+                           SAME_STRIDE: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr,
+                           num_warps: gl.constexpr):
         """ENGINE="gluon_wgmma": one warpgroup a (query row, KV head), head_dim 256. A tile of
-        64 keys moves through a ring of two [64 keys, 64 head_dim] shared buffers as eight
-        cp.async chunks (K's four, then V's four), each issued one step ahead of its use and
-        across tiles, so a program always has a gather in flight in 16 KB. S^T = K Q^T
+        64 keys moves through a ring of NB [64 keys, 64 head_dim] shared buffers as eight
+        cp.async chunks (K's four, then V's four), each issued LA steps ahead of its use and
+        across tiles, so a program always has LA gathers in flight (8 KB each). S^T = K Q^T
         accumulates over K's chunks on wgmma (Q^T in shared memory), then the online softmax
         (the running sums stay per thread and are reduced once at the end), then O^T's four
         [64, BM] chunks += V_c^T P^T (P^T through shared memory)."""
@@ -278,11 +289,7 @@ if _IMPORT_ERROR is None:
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
-        # two allocations, not one [2, BN, 64]: Triton's barrier pass then sees that a chunk's
-        # cp.async into one buffer and the wgmma reading the other do not conflict (with one
-        # allocation it put a CTA barrier between them every step: 19 bar.sync a tile, now 11)
-        ring0 = gl.allocate_shared_memory(dt, [BN, 64], sw)
-        ring1 = gl.allocate_shared_memory(dt, [BN, 64], sw)
+        ring = gl.allocate_shared_memory(dt, [NB, BN, 64], sw)
         qbuf = gl.allocate_shared_memory(dt, [4, BM, 64], sw)
         pbuf = gl.allocate_shared_memory(dt, [BM, BN], sw)
         offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
@@ -291,9 +298,11 @@ if _IMPORT_ERROR is None:
         IDX_row = IDX + r * s_it
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
-        koff, voff, okm, ok = _wg_tile(IDX_row, 0, n, num_slots, offs_n, offs_c, s_kt, s_vt,
-                                       OFFS32, SAME_STRIDE, BN)
-        _wg_issue(K_h, V_h, koff, voff, okm, ring0, ring1, offs_c, 0)
+        t, j = _wg_entries(IDX_row, 0, n, offs_n, BN)
+        koff, voff, okm, ok = _wg_tile(t, j, n, num_slots, offs_c, s_kt, s_vt, OFFS32,
+                                       SAME_STRIDE)
+        for c in gl.static_range(LA):
+            _wg_issue(K_h, V_h, koff, voff, okm, ring, c % NB, offs_c, c)
         offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
         for c in gl.static_range(4):  # the group's lines of Q, read once: evict-first
             qc = gl.load(Q + r * s_qt + (h * group + offs_m)[:, None] * s_qh + c * 64
@@ -308,34 +317,49 @@ if _IMPORT_ERROR is None:
         m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
         l_p = gl.zeros([BN, BM], gl.float32, mma)
         for tile in range(gl.cdiv(n, BN)):
-            # placeholders until the next tile's entries load (after the softmax)
-            koff_n = koff
+            g0 = (tile * 8) % NB  # the buffer of this tile's first chunk
+            # the next tile's entries: loaded now, their offsets computed after the softmax
+            # (needed from step 8 - LA on; fewer live registers than offsets and masks)
+            t_n, j_n = _wg_entries(IDX_row, tile + 1, n, offs_n, BN)
+            koff_n = koff  # placeholders until then
             voff_n = voff
             okm_n = okm
             okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
             s = gl.zeros([BN, BM], gl.float32, mma)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 0)
-            s = warpgroup_mma(ring0, qbuf.index(0).permute((1, 0)), s, use_acc=False)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 1)
-            s = warpgroup_mma(ring1, qbuf.index(1).permute((1, 0)), s)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 2)
-            s = warpgroup_mma(ring0, qbuf.index(2).permute((1, 0)), s)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 3)
-            s = warpgroup_mma(ring1, qbuf.index(3).permute((1, 0)), s)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 0,
+                     NB, LA)
+            s = warpgroup_mma(ring.index(g0), qbuf.index(0).permute((1, 0)), s, use_acc=False)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 1,
+                     NB, LA)
+            s = warpgroup_mma(ring.index((g0 + 1) % NB), qbuf.index(1).permute((1, 0)), s)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 2,
+                     NB, LA)
+            s = warpgroup_mma(ring.index((g0 + 2) % NB), qbuf.index(2).permute((1, 0)), s)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 3,
+                     NB, LA)
+            s = warpgroup_mma(ring.index((g0 + 3) % NB), qbuf.index(3).permute((1, 0)), s)
             # online softmax on S^T [keys, lines]; each thread keeps the sums of its own keys
             p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p, qk_scale)
             pbuf.store(gl.permute(p.to(dt), [1, 0]))
             pt = pbuf.permute((1, 0))
-            koff_n, voff_n, okm_n, ok_n = _wg_tile(IDX_row, tile + 1, n, num_slots, offs_n,
-                                                   offs_c, s_kt, s_vt, OFFS32, SAME_STRIDE, BN)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 4)
-            a0 = warpgroup_mma(ring0.permute((1, 0)), pt, a0 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 5)
-            a1 = warpgroup_mma(ring1.permute((1, 0)), pt, a1 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 6)
-            a2 = warpgroup_mma(ring0.permute((1, 0)), pt, a2 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring0, ring1, offs_c, 7)
-            a3 = warpgroup_mma(ring1.permute((1, 0)), pt, a3 * alpha[None, :])
+            koff_n, voff_n, okm_n, ok_n = _wg_tile(t_n, j_n, n, num_slots, offs_c, s_kt, s_vt,
+                                                   OFFS32, SAME_STRIDE)
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 4,
+                     NB, LA)
+            a0 = warpgroup_mma(ring.index((g0 + 4) % NB).permute((1, 0)), pt,
+                               a0 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 5,
+                     NB, LA)
+            a1 = warpgroup_mma(ring.index((g0 + 5) % NB).permute((1, 0)), pt,
+                               a1 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 6,
+                     NB, LA)
+            a2 = warpgroup_mma(ring.index((g0 + 6) % NB).permute((1, 0)), pt,
+                               a2 * alpha[None, :])
+            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 7,
+                     NB, LA)
+            a3 = warpgroup_mma(ring.index((g0 + 7) % NB).permute((1, 0)), pt,
+                               a3 * alpha[None, :])
             koff = koff_n
             voff = voff_n
             okm = okm_n
@@ -408,7 +432,7 @@ def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: 
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             idx.stride(0), out.stride(0), out.stride(1), BM=config["BLOCK_M"],
             HAS_LENS=has_lens, OFFS32=offs32, SAME_STRIDE=k.stride(0) == v.stride(0),
-            num_warps=4, **extra)
+            NB=WG_RING, LA=WG_AHEAD, num_warps=4, **extra)
         return out
     _sparse_prefill_gl[(total_q, hkv)](
         q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,

@@ -74,11 +74,13 @@ def test_long_kv_launches_the_slot_ordered_family(kind: str, group: int) -> None
 
 @pytest.mark.parametrize("group", [6, 12])
 def test_short_prefill_launches_the_dense_family(group: int) -> None:
-    # prefill at KV 8K and 8192 rows (the policy's bounds): the dense config (DENSE) launches;
-    # the causal ramp has dense tiles (its first rows) and gathered ones
+    # prefill at KV 8K (group 12: 4K, below the wgmma kernel's KV band, which takes KV 8K) and
+    # 8192 rows (the policy's bounds): the dense config (DENSE) launches; the causal ramp has
+    # dense tiles (its first rows) and gathered ones
     from plugins.nvidia_hopper import DENSE_MAX_KV, DENSE_MIN_TOTAL_Q, H200_DENSE_CONFIGS
 
-    case = BenchCase(kind="prefill", group_size=group, kv_len=DENSE_MAX_KV,
+    case = BenchCase(kind="prefill", group_size=group,
+                     kv_len=DENSE_MAX_KV if group == 6 else DENSE_MAX_KV // 2,
                      total_q=DENSE_MIN_TOTAL_Q)
     launches, out, ref = _run(case)
     assert len(launches) == 1
@@ -112,17 +114,19 @@ def test_mid_kv_group_6_prefill_launches_the_gluon_kernel(kv: int) -> None:
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
 
-@pytest.mark.parametrize("group", [6, 12])
-@pytest.mark.parametrize("kv", [16384, 32768])
-def test_mid_kv_prefill_from_8192_rows_launches_the_wgmma_kernel(group: int, kv: int) -> None:
-    # prefill at KV 16K / 32K from the wgmma floor of rows: on the H200 with Triton 3.6 the
-    # wgmma kernel (ENGINE=gluon_wgmma) launches, and is correct
+@pytest.mark.parametrize("group,kv,rows", [(6, 16384, 0), (6, 32768, 0), (12, 8192, 0),
+                                            (12, 32768, 0), (12, 8192, 8192)])
+def test_mid_kv_prefill_from_the_wgmma_floor_launches_the_wgmma_kernel(group: int, kv: int,
+                                                                       rows: int) -> None:
+    # prefill from KV 8K from the wgmma floor of rows (rows 0), and group 12 at KV 8K with 8192
+    # rows (where it goes before the dense tiles): on the H200 with Triton 3.6 the wgmma kernel
+    # (ENGINE=gluon_wgmma) launches, and is correct
     import triton
 
     from plugins.nvidia_hopper import H200_WGMMA_CONFIGS, WGMMA_MIN_TOTAL_Q, gluon_triton
 
     case = BenchCase(kind="prefill", group_size=group, kv_len=kv,
-                     total_q=WGMMA_MIN_TOTAL_Q[("prefill", group)])
+                     total_q=rows or WGMMA_MIN_TOTAL_Q[("prefill", group)])
     launches, out, ref = _run(case)
     assert len(launches) == 1
     if _is_h200() and gluon_triton(triton.__version__):

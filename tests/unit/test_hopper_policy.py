@@ -21,6 +21,7 @@ from plugins.nvidia_hopper import (
     LONG_KV_MIN_TOTAL_Q,
     MIN_TOTAL_Q,
     WGMMA_MIN_TOTAL_Q,
+    WGMMA_OVER_DENSE,
 )
 
 from unit_helpers import profile, seed_workload, setenv
@@ -108,15 +109,20 @@ def test_long_kv_config_from_its_measured_kv_length_and_rows(kind: str, group: i
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
 def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group: int) -> None:
     """Dense tiles for prefill up to DENSE_MAX_KV slots from DENSE_MIN_TOTAL_Q rows; never for
-    chunk, an unknown KV length, fewer rows, or longer KV (the short- or long-KV config)."""
+    chunk, an unknown KV length, fewer rows, or longer KV (the short- or long-KV config); group
+    12 at KV 8K (from GLUON_MIN_KV) runs the wgmma kernel instead on Triton 3.6 (the profile's)."""
     short = H200_PREFILL_CONFIGS[(kind, group)]
     for kv in (None, 2048, DENSE_MAX_KV, DENSE_MAX_KV + 1, 32768, LONG_KV_FROM):
         for tq in (MIN_TOTAL_Q[(kind, group)], DENSE_MIN_TOTAL_Q - 1, DENSE_MIN_TOTAL_Q, 16384):
             d = pick(seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq,
                                    max_q=tq))
             assert d.implementation == HOPPER
+            over = ((kind, group) in WGMMA_OVER_DENSE and kv is not None and kv >= GLUON_MIN_KV
+                    and tq >= WGMMA_MIN_TOTAL_Q[(kind, group)])
             on = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
-                  and tq >= DENSE_MIN_TOTAL_Q)
+                  and tq >= DENSE_MIN_TOTAL_Q and not over)
+            if over and kv <= DENSE_MAX_KV and tq >= DENSE_MIN_TOTAL_Q:
+                assert d.config == H200_WGMMA_CONFIGS[(kind, group)]
             if on:
                 assert d.config == H200_DENSE_CONFIGS[(kind, group)]
                 assert d.config == {**short, "DENSE": d.config["DENSE"]} and d.config["DENSE"] > 0
@@ -143,11 +149,17 @@ def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -
                 if triton == "3.5.1":  # below the family's Triton floor
                     assert d.implementation != HOPPER
                     continue
-                dense = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
-                         and tq >= DENSE_MIN_TOTAL_Q)
                 mid = (triton.startswith("3.6.") and kv is not None
-                       and GLUON_MIN_KV <= kv < LONG_KV_FROM and not dense)
-                if mid and wg is not None and tq >= WGMMA_MIN_TOTAL_Q[(kind, group)]:
+                       and GLUON_MIN_KV <= kv < LONG_KV_FROM)
+                wg_on = mid and wg is not None and tq >= WGMMA_MIN_TOTAL_Q[(kind, group)]
+                # the dense tiles first, except where the wgmma kernel measured faster
+                dense = (kind == "prefill" and kv is not None and kv <= DENSE_MAX_KV
+                         and tq >= DENSE_MIN_TOTAL_Q
+                         and not (wg_on and (kind, group) in WGMMA_OVER_DENSE))
+                mid = mid and not dense
+                if dense:
+                    want = H200_DENSE_CONFIGS[(kind, group)]
+                elif wg_on:
                     want = wg
                 elif mid and gl is not None and tq >= GLUON_MIN_TOTAL_Q[(kind, group)]:
                     want = gl
