@@ -8,6 +8,7 @@ only meaningful between providers timed together.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,12 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
                           min_window_s: float = 0.1) -> dict[str, float]:
     """Median milliseconds of each callable, timed round-robin with CUDA events in one window.
 
-    Each iteration runs every provider once, in a rotated order so no provider is always first.
+    Each iteration runs every provider once. The order is a permutation rotated one place a
+    round, so in every block of ``len(fns)`` rounds each provider goes first once, and the
+    permutation is drawn anew (seeded: the same sequence every run) each block, so no provider
+    always follows the same one: a kernel's time depends on the kernel before it (the L1 /
+    shared-memory split is reconfigured between kernels that need different ones; a 60 us
+    kernel measured 12% slower behind one neighbour than behind another in the same window).
     On a GPU the warm-up runs at least ``warmup`` rounds and at least ``min_warm_s`` seconds
     (clocks leave their idle state; short kernels measured right after a slow reference ran
     up to 30% slow in one window and not in the next), and the timed window at least ``iters``
@@ -87,10 +93,8 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
         make = torch.cuda.Event
         events = [[(make(enable_timing=True), make(enable_timing=True))  # type: ignore[no-untyped-call]
                    for _ in names] for _ in range(iters)]
-        for it in range(iters):
-            shift = it % len(names)
-            for j in range(len(names)):
-                slot = (j + shift) % len(names)
+        for it, order in enumerate(_orders(len(names), iters)):
+            for slot in order:
                 start, end = events[it][slot]
                 start.record()
                 fns[names[slot]]()
@@ -101,14 +105,25 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], Any]], *, warmup: int =
                 start, end = events[it][slot]
                 samples[name].append(start.elapsed_time(end))
     else:
-        for it in range(iters):
-            shift = it % len(names)
-            for j in range(len(names)):
-                name = names[(j + shift) % len(names)]
+        for order in _orders(len(names), iters):
+            for slot in order:
+                name = names[slot]
                 t0 = time.perf_counter()
                 fns[name]()
                 samples[name].append((time.perf_counter() - t0) * 1e3)
     return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def _orders(n: int, rounds: int) -> list[list[int]]:
+    """The provider order of each timed round (see :func:`interleaved_median_ms`)."""
+    rng = random.Random(0)
+    perm = list(range(n))
+    out = []
+    for it in range(rounds):
+        if it % n == 0:
+            rng.shuffle(perm)
+        out.append([perm[(j + it) % n] for j in range(n)])
+    return out
 
 
 def isolated_median_ms(fn: Callable[[], Any], *, warmup: int = 1, iters: int = 3) -> float:

@@ -31,8 +31,24 @@ def test_round_robin_medians_and_rotation(monkeypatch: pytest.MonkeyPatch) -> No
                                         iters=4, graphs=True, min_warm_s=5.0, min_window_s=5.0)
     assert got == {"a": pytest.approx(1.0), "b": pytest.approx(3.0)}
     # 1 warm-up round, then 4 timed rounds (the GPU-only time minimums do not stretch a CPU run;
-    # graphs are ignored), alternating which provider goes first.
-    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    # graphs are ignored), each provider once a round and first once in every 2 rounds.
+    assert order[:2] == ["a", "b"] and len(order) == 10
+    rounds = [order[i:i + 2] for i in range(2, 10, 2)]
+    assert all(sorted(r) == ["a", "b"] for r in rounds)
+    assert {rounds[0][0], rounds[1][0]} == {rounds[2][0], rounds[3][0]} == {"a", "b"}
+
+
+def test_orders_vary_the_predecessor_and_repeat_run_to_run() -> None:
+    n, rounds = 5, 40
+    orders = _timing._orders(n, rounds)
+    assert orders == _timing._orders(n, rounds)  # seeded: the same windows every run
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    for block in range(0, rounds, n):  # each provider first once a block
+        assert sorted(o[0] for o in orders[block:block + n]) == list(range(n))
+    # a provider does not always run right after the same one (it did with plain rotation)
+    for p in range(n):
+        before = {o[o.index(p) - 1] for o in orders if o.index(p) > 0}
+        assert len(before) >= 3, (p, before)
 
 
 def test_empty_and_isolated() -> None:
