@@ -25,13 +25,14 @@ accumulator needs ~255 registers and the kernel is slower than the Triton family
 
 ``ENGINE="gluon_wgmma"`` (``_sparse_prefill_wg``) runs the same transposed products on Hopper's
 wgmma, one warpgroup a (row, KV head), head_dim 256: a tile of 64 keys moves through a ring of
-two [64 keys, 64 head_dim] shared buffers as eight cp.async chunks (K's four, then V's four),
-each issued one step ahead of its use and across tiles, so a program always has a gather in
-flight; S^T accumulates over K's chunks with Q^T in shared memory; the running softmax sums stay
-per thread (one cross-warp reduction a tile fewer); O^T is four [64, lines] accumulators (32
-registers a thread at 16 lines). At 96 registers (``MAXNREG``) and 26 KB five programs share an
-SM; on the H200 at 8192 rows and KV 32K it is 4% faster than the Triton family for group 12 and
-1% faster than the mma_v2 kernel for group 6 (docs/BENCHMARKS.md, "Session 12").
+three [64 keys, 64 head_dim] shared buffers as eight cp.async chunks (K's four, then V's four),
+each issued two steps ahead of its use and across tiles, so a program always has two gathers in
+flight (the config's num_stages=2); S^T accumulates over K's chunks with Q^T in shared memory;
+the running softmax sums stay per thread (one cross-warp reduction a tile fewer); O^T is four
+[64, lines] accumulators (32 registers a thread at 16 lines). With 8 lines at 96 registers
+(``MAXNREG``) and 30 KB five programs share an SM, with 16 lines at 128 registers and 35 KB four;
+on the H200 at 8192 rows and KV 32K it is 6-7% faster than the Triton family for group 12 and
+2-3% faster than the mma_v2 kernel for group 6 (docs/BENCHMARKS.md, "Session 13").
 
 Scope (checked by :func:`check_gluon`): prefill rows (and chunk rows after
 ``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256 (wgmma: 256), a CUDA

@@ -105,8 +105,9 @@ ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_ker
                            (16, 32 or 64), num_warps 1, 2 or 4, num_stages 1 or 2 ring stages;
                            head_dim 64 / 128 / 256, NVIDIA sm_80+.
                            "gluon_wgmma": the transposed products on Hopper's wgmma, one
-                           warpgroup, 64-key tiles through a two-buffer ring of 64-wide head_dim
-                           chunks; geometry BLOCK_M (8 or 16) x 64 x 4 x 2, head_dim 256,
+                           warpgroup, 64-key tiles as 64-wide head_dim chunks through a ring of
+                           three buffers, two chunks in flight; geometry BLOCK_M (8 or 16) x 64
+                           x 4 x 2 (num_stages: the chunks in flight), head_dim 256,
                            NVIDIA sm_90 only. Both take OFFS32, SLOT_ORDER, MAXNREG and (chunk)
                            CHUNK_MODE="pretranslate"; float16 / bfloat16; not under the
                            interpreter.
@@ -254,7 +255,8 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
     """The Gluon engines' geometry. ENGINE="gluon": BLOCK_M query lines (8 or 16, the MMA's n
     side), BLOCK_N keys a ring stage, num_warps splitting head_dim, num_stages ring stages.
     ENGINE="gluon_wgmma": BLOCK_M lines (8 or 16, wgmma's n), 64 keys a tile on one warpgroup,
-    a two-buffer ring of head_dim chunks (the geometry 8|16 x 64 x 4 x 2), head_dim 256."""
+    head_dim chunks through a three-buffer ring with two in flight (the geometry 8|16 x 64 x 4
+    x 2), head_dim 256."""
     from backends.sparse_prefill.gluon_kernels import GLUON_HEAD_DIMS, WGMMA_HEAD_DIM
 
     e = f"ENGINE={var['ENGINE']!r}"
@@ -275,7 +277,7 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
     if var["ENGINE"] == "gluon_wgmma":
         if (bn, nw, ns) != (64, 4, 2):
             raise ConfigError(f"{e}: the wgmma kernel runs 64 keys a tile on one warpgroup "
-                              f"through a two-buffer ring: BLOCK_N=64, num_warps=4, "
+                              f"with two head_dim chunks in flight: BLOCK_N=64, num_warps=4, "
                               f"num_stages=2 (got {bn}, {nw}, {ns})")
         if head_dim != WGMMA_HEAD_DIM:
             raise ConfigError(f"{e} takes head_dim {WGMMA_HEAD_DIM} only (got {head_dim}): "

@@ -248,8 +248,8 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     loaded as a vendor plugin would: per KV length its own measured config (chunk group 6 at
     8192 rows: the four-warp staged config at KV 8K, the one-warp slot-ordered one at 128K;
     prefill group 6: slot ordering at 128K only, the dense tiles at KV 8K and 8192 rows, the
-    mma_v2 Gluon kernel at KV 8K with 1024 rows, the wgmma one at 32K with 8192 and for group
-    12 at KV 8K with 8192);
+    wgmma kernel's 16-line config at 128 registers at KV 8K with 1024 rows (4 programs an SM),
+    its 8-line one at 32K with 8192, and for group 12 at KV 8K with 8192 the 16-line one);
     nothing for a workload without kv_len or on another Triton version, each with the
     reason."""
     from plugins.nvidia_hopper import H200_WGMMA_CONFIGS
@@ -283,14 +283,14 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     pre = {**wl, "kind": "prefill", "total_q": 1024, "max_q": 1024}
     at_8k = reg.select("sparse_prefill", {**pre, "kv_len": 8192}, facts).config
     at_128k = reg.select("sparse_prefill", {**pre, "kv_len": 131072}, facts).config
-    assert (at_8k["BLOCK_M"], at_8k["BLOCK_N"]) == (8, 16) and "SLOT_ORDER" not in at_8k
+    assert at_8k == H200_WGMMA_CONFIGS[("prefill", 12)] and "SLOT_ORDER" not in at_8k
     assert at_128k["SLOT_ORDER"] == 1
     dense = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
                                           "kv_len": 8192}, facts).config
     assert dense["DENSE"] == 250 and "DENSE" not in at_8k
     mid = reg.select("sparse_prefill", {**pre, "total_q": 8192, "max_q": 8192,
                                         "kv_len": 32768}, facts).config
-    assert at_8k.get("ENGINE") == "gluon" and "ENGINE" not in at_128k
+    assert at_8k["MAXNREG"] == 128 and "ENGINE" not in at_128k
     # the wgmma kernel where it was measured fastest: 8192 rows at KV 32K (and group 12 at 8K)
     assert mid == H200_WGMMA_CONFIGS[("prefill", 6)]
     g12_8k = reg.select("sparse_prefill", {**pre, "group_size": 12, "total_q": 8192,
