@@ -254,6 +254,24 @@ if _IMPORT_ERROR is None:
                       STEP + LA - 8)
 
     @gluon.jit
+    def _wg_qk(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, qbuf, s,
+               STEP: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr):
+        """Step STEP (0-3): its chunk of K, then S^T += K_c Q_c^T (the first step starts S^T)."""
+        _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, STEP, NB,
+                 LA)
+        return warpgroup_mma(ring.index((g0 + STEP) % NB), qbuf.index(STEP).permute((1, 0)), s,
+                             use_acc=STEP > 0)
+
+    @gluon.jit
+    def _wg_pv(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, pt, acc,
+               alpha, STEP: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr):
+        """Step STEP (4-7): its chunk of V, then O^T's chunk STEP - 4 = acc * alpha + V_c^T P^T."""
+        _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, STEP, NB,
+                 LA)
+        return warpgroup_mma(ring.index((g0 + STEP) % NB).permute((1, 0)), pt,
+                             acc * alpha[None, :])
+
+    @gluon.jit
     def _wg_store(OUT, acc, l_i, r, h, group, s_ot, s_oh, C0: gl.constexpr, BM: gl.constexpr,
                   mma: gl.constexpr):
         """O^T's head_dim chunk C0..C0+63, divided by the sums, into row ``r``'s ``group``
@@ -327,40 +345,20 @@ if _IMPORT_ERROR is None:
             okm_n = okm
             okr = gl.convert_layout(ok, gl.SliceLayout(1, mma))
             s = gl.zeros([BN, BM], gl.float32, mma)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 0,
-                     NB, LA)
-            s = warpgroup_mma(ring.index(g0), qbuf.index(0).permute((1, 0)), s, use_acc=False)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 1,
-                     NB, LA)
-            s = warpgroup_mma(ring.index((g0 + 1) % NB), qbuf.index(1).permute((1, 0)), s)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 2,
-                     NB, LA)
-            s = warpgroup_mma(ring.index((g0 + 2) % NB), qbuf.index(2).permute((1, 0)), s)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 3,
-                     NB, LA)
-            s = warpgroup_mma(ring.index((g0 + 3) % NB), qbuf.index(3).permute((1, 0)), s)
+            for c in gl.static_range(4):  # S^T over K's four chunks
+                s = _wg_qk(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c,
+                           qbuf, s, c, NB, LA)
             # online softmax on S^T [keys, lines]; each thread keeps the sums of its own keys
             p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p, qk_scale)
             pbuf.store(gl.permute(p.to(dt), [1, 0]))
             pt = pbuf.permute((1, 0))
             koff_n, voff_n, okm_n, ok_n = _wg_tile(t_n, j_n, n, num_slots, offs_c, s_kt, s_vt,
                                                    OFFS32, SAME_STRIDE)
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 4,
-                     NB, LA)
-            a0 = warpgroup_mma(ring.index((g0 + 4) % NB).permute((1, 0)), pt,
-                               a0 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 5,
-                     NB, LA)
-            a1 = warpgroup_mma(ring.index((g0 + 5) % NB).permute((1, 0)), pt,
-                               a1 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 6,
-                     NB, LA)
-            a2 = warpgroup_mma(ring.index((g0 + 6) % NB).permute((1, 0)), pt,
-                               a2 * alpha[None, :])
-            _wg_step(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, 7,
-                     NB, LA)
-            a3 = warpgroup_mma(ring.index((g0 + 7) % NB).permute((1, 0)), pt,
-                               a3 * alpha[None, :])
+            args = (K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, pt)
+            a0 = _wg_pv(*args, a0, alpha, 4, NB, LA)
+            a1 = _wg_pv(*args, a1, alpha, 5, NB, LA)
+            a2 = _wg_pv(*args, a2, alpha, 6, NB, LA)
+            a3 = _wg_pv(*args, a3, alpha, 7, NB, LA)
             koff = koff_n
             voff = voff_n
             okm = okm_n
