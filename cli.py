@@ -16,15 +16,10 @@ import click
 
 # name -> "module:attribute" of a click command, imported on first use.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "daemon": ("registry._daemon_cli:daemon", "run, stop or query the local dispatch daemon"),
-    "tune": ("registry._tune_cli:tune", "sweep configs on this device; winners go to the store"),
-    "tuning": ("registry._tune_cli:tuning", "list, show, export, import or clear tuning entries"),
-    "stats": ("registry._observe_cli:stats", "check-mode and dispatch statistics"),
-}
-
-BENCH_COMMANDS: dict[str, str] = {
-    "sparse_prefill": "backends.sparse_prefill.bench:bench_command",
-    "indexer_topk": "backends.indexer_topk.bench:bench_command",
+    "daemon": ("registry.daemon.cli:daemon", "run, stop or query the local dispatch daemon"),
+    "tune": ("registry.tuning.cli:tune", "sweep configs on this device; winners go to the store"),
+    "tuning": ("registry.tuning.cli:tuning", "list, show, export, import or clear tuning entries"),
+    "stats": ("registry.observe.cli:stats", "check-mode counters of running processes"),
 }
 
 
@@ -142,7 +137,7 @@ def explain(op: str, device: str | None, sets: tuple[str, ...], workload: tuple[
     import registry
 
     if live:
-        from registry._daemon_cli import show_live
+        from registry.daemon.cli import show_live
 
         show_live(op=None if op == "all" else op, pid=pid, as_json=as_json)
         return
@@ -235,8 +230,44 @@ def ops() -> None:
             click.echo(f"  impl {impl.name} (priority {impl.priority}) {impl.description}")
 
 
-@main.group(cls=LazyGroup, lazy={k: (v, f"benchmark {k} providers") for k, v in
-                                 BENCH_COMMANDS.items()})
+class OpBenchGroup(click.Group):
+    """``kreg bench OP``: one subcommand per registered op whose ``OpSpec.bench`` names a click
+    command (a plugin's own op included); the registry is loaded only when this group is used."""
+
+    def _benches(self) -> dict[str, str]:
+        import registry
+
+        reg = registry.get_registry()
+        return {name: reg.spec(name).bench for name in registry.ops() if reg.spec(name).bench}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self._benches())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        path = self._benches().get(name)
+        return _load(path) if path else None
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if self.get_command(ctx, name) is None:
+            benches = self._benches()
+            import registry
+
+            known = ", ".join(sorted(benches)) or "(none)"
+            why = ("it has no bench command (OpSpec.bench)" if name in registry.ops()
+                   else "no loaded plugin defines it (see `kreg plugins`)")
+            raise click.UsageError(f"no bench for op {name!r}: {why}; ops with one: {known}")
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(n, f"benchmark {n} providers") for n in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Ops"):
+                formatter.write_dl(rows)
+
+
+@main.group(cls=OpBenchGroup)
 def bench() -> None:
     """Time providers of an op side by side, checked against the reference."""
 

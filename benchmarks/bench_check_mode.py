@@ -26,8 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import registry
-from registry import Implementation, hookimpl
-from registry import _observe as observe
+from registry import Implementation, hookimpl, observe
 
 RATES = (0.0, 0.01, 1.0)
 

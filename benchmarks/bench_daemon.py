@@ -60,7 +60,7 @@ _IMPL = b'"implementation":"'
 def _raw_client(args: tuple[Any, ...]) -> dict[str, Any]:
     path, idx, selects, interval, distinct, barrier = args
     from registry import get_registry, profiles
-    from registry._daemon_client import DaemonClient
+    from registry.daemon.client import DaemonClient
 
     facts_model = profiles()[DEVICE]
     facts, facts_fp = facts_model.model_dump_json(), facts_model.fingerprint
@@ -143,16 +143,16 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _run_raw(path: str, clients: int, selects: int, rate: float, distinct: bool) -> dict[str, Any]:
-    from registry._daemon_cli import _stats
+    from registry.daemon.cli import daemon_stats
 
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(clients)
     interval = clients / rate if rate else 0.0
-    before = _stats(Path(path), 5.0) or {}
+    before = daemon_stats(Path(path), 5.0) or {}
     results = _fan_out(_raw_client, [(path, i, selects, interval, distinct, barrier)
                                      for i in range(clients)])
     wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
-    after = _stats(Path(path), 5.0) or {}
+    after = daemon_stats(Path(path), 5.0) or {}
     lat = [x for r in results for x in r["lat"]]
     return {"requests": len(lat), "errors": sum(r["errors"] for r in results),
             "p50_us": _pct(lat, 0.50) * 1e6, "p99_us": _pct(lat, 0.99) * 1e6,
@@ -166,13 +166,13 @@ def _run_raw(path: str, clients: int, selects: int, rate: float, distinct: bool)
 
 
 def _run_kill(path: str, clients: int, selects: int, rate: float) -> dict[str, Any]:
-    from registry._daemon_cli import spawn_daemon
+    from registry.daemon.cli import spawn_daemon
 
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(clients + 1)
     interval = clients / rate
     duration = selects * interval
-    from registry._daemon import read_pid
+    from registry.daemon.server import read_pid
 
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(_registry_client,
@@ -209,7 +209,7 @@ def _run_kill(path: str, clients: int, selects: int, rate: float) -> dict[str, A
 
 
 def _abuse(path: str, frames: int) -> dict[str, Any]:
-    from registry._daemon_client import DaemonClient
+    from registry.daemon.client import DaemonClient
 
     with DaemonClient(path, 5.0) as c:
         before = c.stats()
@@ -278,7 +278,7 @@ def main() -> int:
     os.environ["KREG_HOME"] = str(home)
     os.environ.pop("KREG_DAEMON", None)
     path = str(home / "d.sock")
-    from registry._daemon_cli import spawn_daemon, stop_daemon
+    from registry.daemon.cli import spawn_daemon, stop_daemon
 
     spawn_daemon(Path(path))
     out: dict[str, Any] = {"clients": args.clients, "selects": args.selects, "rate": args.rate,

@@ -26,8 +26,8 @@ import sys
 from typing import Any
 
 import registry
-from registry._store import TuningStore
-from registry._tune import identity, load_tuner
+from registry.tuning import TuningStore, identity_of
+from registry.tuning.tune import load_tuner, measure_point
 
 
 def main() -> int:
@@ -43,7 +43,7 @@ def main() -> int:
     grid = {g.split("=", 1)[0]: g.split("=", 1)[1].split(",") for g in args.grid}
     tuner = load_tuner(args.op)
     facts = registry.probe()
-    device, software = identity(facts)
+    device, software = identity_of(facts)
     stored = {repr(sorted(e.bucket.items())): e for e in TuningStore().load()
               if e.op == args.op and e.device == device and e.software == software}
     rows: list[dict[str, Any]] = []
@@ -60,8 +60,9 @@ def main() -> int:
         if entry is not None:
             keep = sorted(entry.timings_ms, key=entry.timings_ms.__getitem__)[:args.top]
             cands = {lab: cfg for lab, cfg in cands.items() if lab in keep or lab == base}
-        res = tuner.measure(case, cands, warmup=args.warmup, iters=args.iters, include_auto=True)
-        ok = {lab: t["ms"] for lab, t in res.items() if t.get("ok") and t.get("ms")}
+        res = measure_point(args.op, case, cands, warmup=args.warmup, iters=args.iters,
+                            include_auto=True, tuner=tuner)
+        ok = {lab: t.ms for lab, t in res.items() if t.ok and t.ms}
         dec = registry.get_registry().last_decisions
         chosen = next((d for k, d in dec.items() if k[0] == args.op), None)
         # Name what auto ran by the candidate label it equals (e.g. 8x32x4x2:pre:rev:split2:r96).
@@ -75,12 +76,14 @@ def main() -> int:
         sel_ms = ok[matched] if matched is not None else auto_ms
         if auto_ms is None or sel_ms is None:   # auto failed or was past the error bound
             bad = True
+            why = res["auto"].detail if "auto" in res else "not measured"
             print(f"{tuner.label(case):<44} {picked:<52} auto did not run within the "
-                  f"error bound: {res.get('auto')}  FAIL", flush=True)
+                  f"error bound: {why}  FAIL", flush=True)
             rows.append({"point": tuner.label(case), "auto": picked, "matched": matched,
                          "selection_ms": None, "auto_ms": None, "best_ms": best,
                          "table_ms": ok.get(base), "regret": None, "vs_table": None,
-                         "all_ms": ok, "auto_result": res.get("auto")})
+                         "all_ms": ok,
+                         "auto_result": res["auto"].as_json() if "auto" in res else None})
             registry.invalidate()
             continue
         regret = sel_ms / best - 1

@@ -23,6 +23,12 @@ REQUIREMENTS = (
 
 
 @hookimpl
+def kreg_configs(op: str) -> dict[str, dict[str, int]] | None:
+    """The seed's MI355X geometry (the kernel fills the keys it leaves out per shape)."""
+    return {"sliced": dict(MI355X_TOPK_CONFIG)} if op == "indexer_topk" else None
+
+
+@hookimpl
 def kreg_implementations() -> list[Implementation]:
     return [
         Implementation(op="indexer_topk", name="amd_mi355x.indexer_topk_sliced",

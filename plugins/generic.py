@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from registry import DeviceFacts, Implementation, Workload, hookimpl
+from backends.indexer_topk import IndexerTopkWorkload
+from backends.sparse_prefill import SparsePrefillWorkload
+from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import field_at_most, triton_runtime
 
 PRIORITY = 10
@@ -35,16 +37,16 @@ def sparse_prefill_table_config(group_size: int, total_q: int) -> dict[str, int]
     raise AssertionError("unreachable: the table's last row has no bound")
 
 
-def _table(f: DeviceFacts, w: Workload) -> dict[str, int]:
-    return sparse_prefill_table_config(w.group_size, w.total_q)  # type: ignore[attr-defined]
+def _table(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, int]:
+    return sparse_prefill_table_config(w.group_size, w.total_q)
 
 
-def _radix(f: DeviceFacts, w: Workload) -> dict[str, int]:
+def _radix(f: DeviceFacts, w: IndexerTopkWorkload) -> dict[str, int]:
     # The shape-dependent default: enough slices to give the device ~2 programs per
     # multiprocessor, groups sized so a row has ~2k group maxima (backends/indexer_topk/config.py).
     from backends.indexer_topk.config import default_config
 
-    return default_config(w.num_rows, w.max_keys, w.k, max(1, f.sm_count))  # type: ignore[attr-defined]
+    return default_config(w.num_rows, w.max_keys, w.k, max(1, f.sm_count))
 
 
 @hookimpl

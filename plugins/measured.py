@@ -10,10 +10,13 @@ measured point at or below it (in every point field), the way the seed's cutoff 
 measured row count where its family wins and held it upwards. Outside the measured range (below
 the lowest point or above the highest, in any point field) the entry does not apply.
 
-Point fields: ``sparse_prefill`` (kv_len, total_q), ``indexer_topk`` (num_rows, max_keys). The
-best config of a sparse_prefill point depends on the KV length (on the H200 the table geometry
-wins at KV 8K where the measured family wins at 32K and 128K), so entries are kept per kv_len and
-the floor applies to kv_len as to total_q: a workload at KV 48K takes the configs measured at 32K.
+Every op whose ``OpSpec`` names a tuner is served, with the point fields its spec declares
+(``OpSpec.point_fields``: ``sparse_prefill`` (kv_len, total_q), ``indexer_topk`` (num_rows,
+max_keys)) and the kernel its tuner drives (``OpSpec.tuned_kernel``); a plugin's own op gets
+measured entries the same way. The best config of a sparse_prefill point depends on the KV
+length (on the H200 the table geometry wins at KV 8K where the measured family wins at 32K and
+128K), so entries are kept per kv_len and the floor applies to kv_len as to total_q: a workload
+at KV 48K takes the configs measured at 32K.
 
 A workload whose ``kv_len`` is None (a ``registry.select`` dict without it) is **not served** by
 entries that name a kv_len: the plugin does not guess a KV length, the ``measured_range`` check
@@ -32,55 +35,26 @@ of the same shape that name a kv_len exist on this device and software: those su
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from registry import DeviceFacts, Implementation, Workload, hookimpl
-from registry._store import DeviceIdentity, Software, TuningEntry, TuningStore
-from registry.requirements import CAPABILITY, ENVELOPE, grid_bound, predicate, triton_runtime, when
+from registry import DeviceFacts, Implementation, OpSpec, Workload, hookimpl
+from registry.requirements import CAPABILITY, ENVELOPE, predicate
+from registry.tuning import TuningEntry, TuningStore, identity_of
 
 logger = logging.getLogger(__name__)
 
 PRIORITY = 200
 
-# Per op: the workload fields that form the measured axis (points), the fields that are not part
-# of a bucket's shape (covered by their own envelope check), and the kernel the configs drive.
-POINT_FIELDS: dict[str, tuple[str, ...]] = {
-    "sparse_prefill": ("kv_len", "total_q"),
-    "indexer_topk": ("num_rows", "max_keys"),
-}
-# Point fields that entries written before the field existed lack (older kreg versions, exported
-# tables): such entries serve any value of the field, None included, as they did when written,
-# unless entries of the same shape that name the field exist (those supersede them).
-LATER_POINT_FIELDS: dict[str, tuple[str, ...]] = {
-    "sparse_prefill": ("kv_len",),
-    "indexer_topk": (),
-}
-UNMATCHED_FIELDS: dict[str, tuple[str, ...]] = {
-    "sparse_prefill": ("kv_len", "total_q", "num_requests", "max_q"),
-    "indexer_topk": ("num_rows", "max_keys"),
-}
-KERNELS: dict[str, str] = {
-    "sparse_prefill": "backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
-    "indexer_topk": "backends.indexer_topk.triton_kernels:indexer_topk_triton",
-}
-
-
-def identity_of(facts: DeviceFacts) -> tuple[DeviceIdentity, Software]:
-    return (DeviceIdentity(name=facts.name, arch=facts.arch, sm_count=facts.sm_count),
-            Software(torch=facts.torch_version, triton=facts.triton_version,
-                     runtime=facts.runtime_version))
-
-
 class MeasuredTable:
     """The store's entries for one op, and the lookups the requirements make."""
 
-    def __init__(self, op: str, entries: Sequence[TuningEntry]) -> None:
-        self.op = op
-        self.entries = [e for e in entries if e.op == op]
-        self.points = POINT_FIELDS[op]
-        self.later = LATER_POINT_FIELDS.get(op, ())
-        self.unmatched = UNMATCHED_FIELDS[op]
+    def __init__(self, spec: OpSpec, entries: Sequence[TuningEntry]) -> None:
+        self.op = spec.name
+        self.entries = [e for e in entries if e.op == spec.name]
+        self.points = spec.point_fields
+        self.later = spec.later_point_fields
+        self.unmatched = spec.shape_free_fields
 
     def _shape(self, data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k not in self.unmatched}
@@ -197,22 +171,23 @@ def _fmt(p: tuple[int, ...], fields: Sequence[str]) -> str:
     return "(" + ", ".join(f"{f}={v}" for f, v in zip(fields, p, strict=True)) + ")"
 
 
-def implementations_from(entries: Sequence[TuningEntry]) -> list[Implementation]:
+def implementations_from(entries: Sequence[TuningEntry],
+                         ops: Mapping[str, OpSpec]) -> list[Implementation]:
     out = []
-    for op, kernel in KERNELS.items():
-        table = MeasuredTable(op, entries)
-        reqs = [triton_runtime(),
-                predicate("tuning_entry", CAPABILITY, table.entry_check),
-                predicate("measured_range", ENVELOPE, table.range_check)]
-        if op == "sparse_prefill":
-            # Tuned on uniform batches: keep skewed batches off, as the seed's grid bound does.
-            reqs.append(when("kind", "chunk", grid_bound(2)))
-        out.append(Implementation(op=op, name=f"measured.{op}", priority=PRIORITY,
-                                  requirements=tuple(reqs), config=table.config, kernel=kernel,
+    for name, spec in sorted(ops.items()):
+        if not spec.tuner:
+            continue
+        table = MeasuredTable(spec, entries)
+        reqs = (predicate("tuning_entry", CAPABILITY, table.entry_check),
+                predicate("measured_range", ENVELOPE, table.range_check),
+                *spec.measured_requirements)
+        out.append(Implementation(op=name, name=f"measured.{name}", priority=PRIORITY,
+                                  requirements=reqs, config=table.config,
+                                  kernel=spec.tuned_kernel,
                                   description="configs kreg tune measured on this device"))
     return out
 
 
 @hookimpl
-def kreg_implementations() -> list[Implementation]:
-    return implementations_from(TuningStore().load())
+def kreg_implementations(ops: Mapping[str, OpSpec]) -> list[Implementation]:
+    return implementations_from(TuningStore().load(), ops)

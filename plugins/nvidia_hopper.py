@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry import DeviceFacts, Implementation, Workload, hookimpl
-from registry._versions import parse_version
+from backends.sparse_prefill import SparsePrefillWorkload
+from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
     ENVELOPE,
     arch_in,
@@ -36,6 +36,7 @@ from registry.requirements import (
     version_at_least,
     when,
 )
+from registry.versions import parse_version
 
 PRIORITY = 100
 
@@ -71,19 +72,19 @@ MIN_TOTAL_Q: dict[tuple[str, int], int] = {
 MIN_ROWS_PER_REQUEST: dict[int, int] = {6: 256, 12: 512}
 
 
-def _rows_per_request(f: DeviceFacts, w: Workload) -> tuple[bool, str, str]:
-    floor = MIN_ROWS_PER_REQUEST.get(w.group_size, 0)  # type: ignore[attr-defined]
-    total, n = w.total_q, max(1, w.num_requests)  # type: ignore[attr-defined]
+def _rows_per_request(f: DeviceFacts, w: SparsePrefillWorkload) -> tuple[bool, str, str]:
+    floor = MIN_ROWS_PER_REQUEST.get(w.group_size, 0)
+    total, n = w.total_q, max(1, w.num_requests)
     return (total >= floor * n, f"{total / n:g} ({total} rows / {n} requests)",
-            f">= {floor} on average for group {w.group_size}")  # type: ignore[attr-defined]
+            f">= {floor} on average for group {w.group_size}")
 
 
-def _min_rows(f: DeviceFacts, w: Workload) -> tuple[bool, str, str]:
-    key = (w.kind, w.group_size)  # type: ignore[attr-defined]
+def _min_rows(f: DeviceFacts, w: SparsePrefillWorkload) -> tuple[bool, str, str]:
+    key = (w.kind, w.group_size)
     floor = MIN_TOTAL_Q.get(key)
     if floor is None:
         return False, f"no measurement for {key}", f"(kind, group) in {sorted(MIN_TOTAL_Q)}"
-    total = w.total_q  # type: ignore[attr-defined]
+    total = w.total_q
     return total >= floor, str(total), f">= {floor} for kind={key[0]}, group {key[1]}"
 
 
@@ -235,9 +236,24 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     return dict(H200_PREFILL_CONFIGS[key])
 
 
-def _config(f: DeviceFacts, w: Workload) -> dict[str, Any]:
-    return family_config(w.kind, w.group_size, w.kv_len,  # type: ignore[attr-defined]
-                         w.total_q, f.triton_version)  # type: ignore[attr-defined]
+def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
+    return family_config(w.kind, w.group_size, w.kv_len,
+                         w.total_q, f.triton_version)
+
+
+_TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
+           "dense": H200_DENSE_CONFIGS, "gluon": H200_GLUON_CONFIGS,
+           "wgmma": H200_WGMMA_CONFIGS}
+
+
+@hookimpl
+def kreg_configs(op: str) -> dict[str, dict[str, Any]] | None:
+    """Every config the family may choose, named ``<table>.<kind>_g<group>`` (the tuner's
+    search space and the bench's ``config=`` providers)."""
+    if op != "sparse_prefill":
+        return None
+    return {f"{table}.{kind}_g{g}": dict(cfg) for table, configs in _TABLES.items()
+            for (kind, g), cfg in configs.items()}
 
 
 @hookimpl

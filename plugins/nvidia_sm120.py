@@ -11,7 +11,8 @@ envelope; sm_121 (GB10) is a different architecture and is never eligible.
 
 from __future__ import annotations
 
-from registry import DeviceFacts, Implementation, Workload, hookimpl
+from backends.sparse_prefill import SparsePrefillWorkload
+from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
     ENVELOPE,
     arch_in,
@@ -54,8 +55,16 @@ REQUIREMENTS = (
 )
 
 
-def _config(f: DeviceFacts, w: Workload) -> dict[str, int]:
-    return dict(SM120_PREFILL_CONFIGS[w.group_size])  # type: ignore[attr-defined]
+def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, int]:
+    return dict(SM120_PREFILL_CONFIGS[w.group_size])
+
+
+@hookimpl
+def kreg_configs(op: str) -> dict[str, dict[str, int]] | None:
+    """The seed's two tuned geometries, named ``family.g<group>``."""
+    if op != "sparse_prefill":
+        return None
+    return {f"family.g{g}": dict(cfg) for g, cfg in SM120_PREFILL_CONFIGS.items()}
 
 
 @hookimpl

@@ -2,27 +2,37 @@
 
 ``registry.dispatch(op, ...)`` picks an implementation for this device and workload, caches the
 choice, records why, and runs it; ``registry.select`` returns the decision without running
-anything, also for device profiles you do not have. See DESIGN.md for the contract.
+anything, also for device profiles you do not have. docs/ARCHITECTURE.md maps the code.
+
+The flat core (facts, workloads, requirements, selection, decisions) is imported here; the
+subsystems (``registry.tuning``, ``registry.daemon``, ``registry.observe``) load on first use,
+so ``import registry`` stays light. ``TuningEntry``, ``TuningStore`` and ``load_table`` are
+names of ``registry.tuning`` re-exported lazily.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from registry import errors
 from registry._decision import Candidate, Decision, OverrideInfo
+from registry._default import get_registry, reset_registry
 from registry._facts import DeviceFacts
 from registry._facts import profiles as profiles
-from registry._registry import PluginRecord, Registry, get_registry, reset_registry
-from registry._requirements import Check, Requirement
+from registry._format import format_config
+from registry._registry import PluginRecord, Registry
 from registry._spec import Implementation, OpSpec
-from registry._store import TuningEntry, TuningStore, load_table
 from registry._workload import Workload
 from registry.hookspecs import hookimpl, hookspec
+from registry.requirements import Check, Requirement
 
-from registry import _registry as _r  # isort: skip
+from registry import _default as _root  # isort: skip
+
+if typing.TYPE_CHECKING:
+    from registry.tuning import TuningEntry, TuningStore, load_table
 
 __all__ = [
     "Candidate",
@@ -42,6 +52,7 @@ __all__ = [
     "check",
     "dispatch",
     "errors",
+    "format_config",
     "get_registry",
     "hookimpl",
     "hookspec",
@@ -68,7 +79,7 @@ def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
     The hit path: one key from shapes and host arguments, one dict lookup, the call. No pydantic
     model, no device read, no lock (safe during CUDA graph capture).
     """
-    reg = _r._default
+    reg = _root.current
     if reg is None:
         reg = get_registry()
     call_key = reg.call_keys.get(op)
@@ -92,7 +103,7 @@ def select(op: str, workload: Mapping[str, Any] | Workload,
     """The decision for ``workload`` on ``device`` (DeviceFacts, a profile name, or None for this
     machine's current device), with every candidate's verdicts. Raises a ``KregError`` subclass
     for an unknown op, an invalid workload, or when nothing can run it."""
-    reg = _r._default
+    reg = _root.current
     if reg is None:
         reg = get_registry()
     return reg.select(op, workload, device)
@@ -132,7 +143,7 @@ def plugins() -> list[PluginRecord]:
 def record() -> Any:
     """``with registry.record() as launches:`` captures (op, implementation, config, workload)
     of every dispatch in the block, so a test can assert the geometry that actually ran."""
-    from registry._observe import record as _record
+    from registry.observe import record as _record
 
     return _record()
 
@@ -140,14 +151,14 @@ def record() -> Any:
 def check(rate: float, seed: int | None = None) -> Any:
     """Re-run a sampled fraction of dispatches through the op's reference and compare (also a
     context manager restoring the previous rate); see ``KREG_CHECK``."""
-    from registry._observe import check as _check
+    from registry.observe import check as _check
 
     return _check(rate, seed=seed)
 
 
 def stats() -> Any:
     """Dispatch and check-mode counters of this process."""
-    from registry._observe import stats as _stats
+    from registry.observe import stats as _stats
 
     return _stats()
 
@@ -166,3 +177,17 @@ def ops() -> list[str]:
 
 def implementations(op: str) -> list[Implementation]:
     return sorted(get_registry().implementations(op), key=lambda i: (-i.priority, i.name))
+
+
+_LAZY = {"TuningEntry": "registry.tuning", "TuningStore": "registry.tuning",
+         "load_table": "registry.tuning"}
+
+
+def __getattr__(name: str) -> Any:
+    """The tuning names, imported on first use (the core imports no subsystem)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'registry' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

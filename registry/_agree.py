@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry._decision import Decision
+from registry._format import format_config
 
 __all__ = ["AgreeReport", "Divergence", "agree", "digest"]
 
@@ -38,7 +39,7 @@ def _key(decision: Decision) -> str:
 
 def _local_decisions() -> dict[str, list[tuple[tuple[Any, ...], Decision, str]]]:
     """key -> [(registry key, decision, where)] for this rank; where is dispatch or select."""
-    from registry._registry import get_registry
+    from registry._default import get_registry
 
     reg = get_registry()
     out: dict[str, list[tuple[tuple[Any, ...], Decision, str]]] = {}
@@ -89,8 +90,7 @@ class Divergence:
                 lines.append(f"  rank {rank}: (no decision)")
                 continue
             impl, cfg = choice
-            cfg_s = " ".join(f"{k}={v}" for k, v in (cfg or {}).items()) or "-"
-            lines.append(f"  rank {rank}: {impl}  config: {cfg_s}")
+            lines.append(f"  rank {rank}: {impl}  config: {format_config(cfg)}")
         for rank, why in sorted(self.not_adopted.items()):
             lines.append(f"  rank {rank} kept its own: {why}")
         if self.adopted:
@@ -168,7 +168,7 @@ def agree(group: Any = None, adopt: bool = False) -> AgreeReport:
 
 
 def _adopt(report: AgreeReport, rank0: dict[str, Choice]) -> None:
-    from registry._registry import get_registry
+    from registry._default import get_registry
 
     reg = get_registry()
     local = _local_decisions()
@@ -202,7 +202,7 @@ def _adopt(report: AgreeReport, rank0: dict[str, Choice]) -> None:
 
 def _cannot_run(decision: Decision, impl_name: str) -> str | None:
     """Why this rank must not run ``impl_name`` for the decision's workload, or None."""
-    from registry._registry import get_registry
+    from registry._default import get_registry
     from registry.errors import KregError
 
     try:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from registry._facts import DeviceFacts
-from registry._requirements import Check
+from registry.requirements import Check
 
 __all__ = ["Candidate", "Decision", "OverrideInfo"]
 
@@ -69,9 +69,9 @@ class Decision(BaseModel):
         raise LookupError(self.implementation)  # unreachable for a well-formed decision
 
     def config_short(self) -> str:
-        if not self.config:
-            return "-"
-        return "(" + ",".join(str(v) for v in self.config.values()) + ")"
+        from registry._format import format_config_short
+
+        return format_config_short(self.config)
 
     def one_line(self) -> str:
         """``sparse_prefill -> nvidia_sm120.sparse_prefill_tuned (8,16,4,3) because ...``"""

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from registry.errors import ConfigError, UnknownDeviceError
+from registry.errors import ConfigError
 
-__all__ = ["DeviceFacts", "probe", "probe_index", "profiles", "resolve_device"]
+__all__ = ["DeviceFacts", "probe", "probe_index", "profiles"]
 
 Vendor = Literal["nvidia", "amd", "cpu"]
 
@@ -229,20 +229,3 @@ def probe(index: int | None = None) -> DeviceFacts:
 def _clear_probe_cache() -> None:
     _probed.clear()
 
-
-def resolve_device(device: DeviceFacts | str | None) -> DeviceFacts:
-    """Facts for a ``device`` argument: facts as given, a profile name, or None for this machine."""
-    if isinstance(device, DeviceFacts):
-        return device
-    if device is None:
-        return probe()
-    if isinstance(device, str):
-        prof = _PROFILES if _PROFILES is not None else profiles()
-        facts = prof.get(device)
-        if facts is None:
-            raise UnknownDeviceError(
-                f"unknown device profile {device!r}; known profiles: {', '.join(sorted(prof))} "
-                "(or pass DeviceFacts, or None for this machine)")
-        return facts
-    raise ConfigError(f"device must be DeviceFacts, a profile name or None, not "
-                      f"{type(device).__name__}")

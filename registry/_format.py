@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from registry._decision import Candidate, Decision
 
-__all__ = ["format_candidates", "format_decision"]
+__all__ = ["CONFIG_KEY_ORDER", "format_candidates", "format_config", "format_config_short",
+           "format_decision"]
+
+# The order config keys are printed in, everywhere a config is shown (explain, the INFO line,
+# `kreg tuning list`, `explain --live`, the recorder, check-mode violations): the launch
+# geometry first in this order, then every other key sorted by name. A config's own key order
+# varies with where it came from (a policy's dict, a JSON store, the daemon's wire form), so it
+# is never used.
+CONFIG_KEY_ORDER = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
-def _cfg(config: dict[str, object] | None) -> str:
+def _ordered(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    head = [(k, config[k]) for k in CONFIG_KEY_ORDER if k in config]
+    tail = sorted((str(k), v) for k, v in config.items() if k not in CONFIG_KEY_ORDER)
+    return head + tail
+
+
+def format_config(config: Mapping[str, Any] | None) -> str:
+    """``BLOCK_M=8 BLOCK_N=16 num_warps=4 num_stages=3 ENGINE=gluon``; ``-`` for none."""
     if not config:
         return "-"
-    return " ".join(f"{k}={v}" for k, v in config.items())
+    return " ".join(f"{k}={v}" for k, v in _ordered(config))
+
+
+def format_config_short(config: Mapping[str, Any] | None) -> str:
+    """The values alone in the same order, ``(8,16,4,3)``: the form DESIGN.md pins for the INFO
+    log line; ``-`` for none."""
+    if not config:
+        return "-"
+    return "(" + ",".join(str(v) for _, v in _ordered(config)) + ")"
 
 
 def _passed(n: int) -> str:
@@ -51,7 +75,7 @@ def format_decision(d: Decision, verbose: bool = False) -> str:
     where = d.facts.profile or "this machine"
     lines = [f"{d.op} on {where}: {d.facts.describe()}",
              "workload: " + " ".join(f"{k}={v}" for k, v in d.workload.items()),
-             f"-> {d.implementation}  config: {_cfg(d.config)}",
+             f"-> {d.implementation}  config: {format_config(d.config)}",
              f"   because {d.reason}"]
     if d.fallback:
         lines.append("   (fallback: the torch reference runs; no kernel qualifies here)")

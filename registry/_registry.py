@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 
@@ -38,6 +38,7 @@ from registry._spec import Implementation, OpSpec
 from registry._workload import Workload, make_workload
 from registry.errors import (
     ConfigError,
+    KernelUnavailableError,
     PluginError,
     UnknownDeviceError,
     UnknownImplementationError,
@@ -46,7 +47,12 @@ from registry.errors import (
 
 logger = logging.getLogger("registry")
 
-__all__ = ["PluginRecord", "Registry", "get_registry", "reset_registry"]
+T = TypeVar("T")
+
+__all__ = ["PluginRecord", "Registry"]
+
+RemoteSource = Callable[["Registry", str, DeviceFacts, Workload, "tuple[str, str] | None"],
+                        "tuple[Decision | None, str | None]"]
 
 ENTRY_POINT_GROUP = "kreg"
 DECISION_CACHE_SIZE = 4096
@@ -94,19 +100,23 @@ class Registry:
         # Dispatch keys pinned to a decision (registry.agree(adopt=True)): they survive
         # invalidation, until unpin() or a new registry.
         self.pins: dict[tuple[Any, ...], Decision] = {}
-        # Called with (decision, args, kwargs, run) around each dispatch when non-empty: the
-        # launch recorder and check mode. Empty in production: the hit path tests it once.
+        # Called as obs(registry, decision, args, kwargs, result) after each dispatch while
+        # non-empty: the launch recorder and check mode. Empty in production: the hit path
+        # tests it once.
         self.observers: list[Callable[..., Any]] = []
         self._facts: dict[int, DeviceFacts] = {}
         self._warned: set[tuple[Any, ...]] = set()
         self.listeners: list[Callable[[Decision], None]] = []
+        # Where a miss asks first (the daemon client, attached by the composition root when
+        # KREG_DAEMON is set): ``remote(registry, op, facts, workload, raw override)`` returns
+        # ``(decision, None)`` or ``(None, note)`` and never raises. None: decide in-process.
+        self.remote: RemoteSource | None = None
+        # Called at the end of every invalidate(), after the core's own settings are re-read:
+        # subsystems re-read theirs here (the composition root registers them).
+        self.settings_readers: list[Callable[[Registry], None]] = []
         if load_entry_points:
             self._load_entry_points()
         self._rebuild()
-        # KREG_CHECK and active recorders attach their observer to every new registry.
-        from registry._observe import install_from_env
-
-        install_from_env(self)
 
     # -----------------------------------------------------------------------------------------
     # plugins
@@ -182,18 +192,23 @@ class Registry:
         for rec in self.plugins.values():
             rec.ops, rec.implementations = [], []
         for name, specs in self._call_each("kreg_ops"):
-            for spec in specs:
+            for spec in self._items(name, "kreg_ops", specs, OpSpec):
                 if spec.name in ops:
                     self._fail(name, f"op {spec.name!r} is already defined by plugin "
                                      f"{op_owner[spec.name]!r}; rename one of them")
+                    continue
+                try:
+                    spec.check_consistent()
+                except ValueError as exc:
+                    self._fail(name, str(exc))
                     continue
                 ops[spec.name] = spec
                 op_owner[spec.name] = name
                 self.plugins[name].ops.append(spec.name)
         impls: dict[str, dict[str, Implementation]] = {op: {} for op in ops}
         owner: dict[str, str] = {}
-        for name, found in self._call_each("kreg_implementations"):
-            for impl in found:
+        for name, found in self._call_each("kreg_implementations", ops=dict(ops)):
+            for impl in self._items(name, "kreg_implementations", found, Implementation):
                 if impl.op not in ops:
                     self._fail(name, f"implementation {impl.name!r} is for op {impl.op!r}, which "
                                      f"no loaded plugin defines (loaded ops: {', '.join(ops)})")
@@ -211,6 +226,22 @@ class Registry:
         self.call_keys = {name: spec.call_key for name, spec in ops.items()}
         self._facts.clear()
         self.invalidate()
+
+    def _items(self, plugin: str, hook: str, result: Any, kind: type[T]) -> list[T]:
+        """A hook's result as a list of ``kind``; anything else fails the plugin, by name, and
+        the rest of its items still count."""
+        if isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+            self._fail(plugin, f"hook {hook} returned {type(result).__name__} {result!r:.60}; "
+                               f"it must return a list of {kind.__name__}")
+            return []
+        good = []
+        for item in result:
+            if isinstance(item, kind):
+                good.append(item)
+            else:
+                self._fail(plugin, f"hook {hook} returned {type(item).__name__} {item!r:.60} "
+                                   f"among its items; each must be a {kind.__name__}")
+        return good
 
     def _fail(self, plugin: str, message: str) -> None:
         rec = self.plugins.setdefault(plugin, PluginRecord(plugin, "registered", True))
@@ -242,6 +273,8 @@ class Registry:
             self.dispatch_map.clear()
             self.last_decisions.clear()
             self.generation += 1
+            for read in list(self.settings_readers):
+                read(self)
 
     @property
     def strict(self) -> bool:
@@ -265,6 +298,38 @@ class Registry:
     def implementations(self, op: str) -> list[Implementation]:
         self.spec(op)
         return list(self.impls.get(op, {}).values())
+
+    def reference_kernel(self, op: str) -> Callable[..., Any]:
+        """The kernel of ``op``'s reference implementation (``OpSpec.reference``); raises
+        KernelUnavailableError naming the implementation when it is not loaded."""
+        spec = self.spec(op)
+        impl = self.impls.get(op, {}).get(spec.reference)
+        if impl is None:
+            raise KernelUnavailableError(
+                f"{op}'s reference implementation {spec.reference!r} is not loaded (known: "
+                f"{', '.join(sorted(self.impls.get(op, {}))) or '(none)'}); OpSpec.reference must "
+                f"name an implementation ('plugin.impl') that a loaded plugin registers, and "
+                f"the reference plugin must not be disabled")
+        return impl.load_kernel()
+
+    def offered_configs(self, op: str) -> dict[str, dict[str, Any]]:
+        """The named configs plugins offer for ``op`` (hook ``kreg_configs``), keyed
+        ``<plugin>.<name>``, in plugin registration order; a plugin whose hook raises or
+        returns something other than a mapping of mappings is named in ``kreg plugins``."""
+        self.spec(op)
+        out: dict[str, dict[str, Any]] = {}
+        for plugin, found in self._call_each("kreg_configs", op=op):
+            if not isinstance(found, Mapping):
+                self._fail(plugin, f"hook kreg_configs returned {type(found).__name__}; it must "
+                                   f"return a mapping of config name -> config dict")
+                continue
+            for name, cfg in found.items():
+                if not isinstance(cfg, Mapping):
+                    self._fail(plugin, f"hook kreg_configs: config {name!r} is a "
+                                       f"{type(cfg).__name__}, not a mapping")
+                    continue
+                out[f"{plugin}.{name}"] = dict(cfg)
+        return out
 
     def implementation(self, op: str, name: str) -> Implementation:
         impl = self.impls.get(self.spec(op).name, {}).get(name)
@@ -402,12 +467,10 @@ class Registry:
         if raw is not None:
             override = parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
         note = None
-        if knobs.daemon:
+        if self.remote is not None:
             # The daemon shares one decision per key across the node's processes; when it is
             # gone, slow or refuses, selection stays in-process and the decision says why.
-            from registry._daemon_client import remote_select
-
-            remote, note = remote_select(self, op, facts, wl, raw)
+            remote, note = self.remote(self, op, facts, wl, raw)
             if remote is not None:
                 self._notify(remote)
                 return remote
@@ -458,7 +521,7 @@ class Registry:
             decision = self.last_decisions[key]
         result = fn(*args, **kwargs)
         for obs in list(self.observers):
-            obs(decision, args, kwargs, result)
+            obs(self, decision, args, kwargs, result)
         return result
 
     def pin(self, key: tuple[Any, ...], decision: Decision) -> None:
@@ -508,28 +571,3 @@ class _Fresh(threading.local):
 
 # Per thread: the decision a select() miss just made (the LRU stores its cached copy).
 _FRESH = _Fresh()
-
-
-_default: Registry | None = None
-_default_lock = threading.Lock()
-
-
-def get_registry() -> Registry:
-    """The process's default registry, loading the entry-point plugins on first use."""
-    global _default
-    reg = _default
-    if reg is None:
-        with _default_lock:
-            if _default is None:
-                _default = Registry()
-            reg = _default
-    return reg
-
-
-def reset_registry(registry: Registry | None = None) -> Registry:
-    """Replace the default registry (tests; after installing or removing a plugin package)."""
-    global _default
-    with _default_lock:
-        _default = registry if registry is not None else Registry()
-        return _default
-

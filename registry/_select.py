@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from registry._decision import Candidate, Decision, OverrideInfo
 from registry._facts import DeviceFacts
 from registry._format import format_candidates
-from registry._requirements import Check
 from registry._spec import Implementation
 from registry._workload import Workload
 from registry.errors import (
@@ -22,6 +21,7 @@ from registry.errors import (
     StrictModeError,
     UnknownImplementationError,
 )
+from registry.requirements import Check
 
 __all__ = ["OverrideRequest", "parse_override", "select_pure", "sort_key"]
 

@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry._facts import DeviceFacts
-from registry._requirements import Requirement
 from registry._workload import Workload
 from registry.errors import KernelUnavailableError, WorkloadError
+from registry.requirements import Requirement
 
-__all__ = ["Implementation", "OpSpec", "load_object"]
+__all__ = ["Implementation", "OpSpec", "default_compare", "load_object"]
 
-ConfigResolver = Callable[[DeviceFacts, Workload], Mapping[str, Any] | None]
+# ``resolver(facts, workload)``; the workload is the op's own Workload subclass, so a resolver
+# declares that type (``w: SparsePrefillWorkload``) and reads its fields type-checked.
+ConfigResolver = Callable[[DeviceFacts, Any], Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,62 @@ class OpSpec:
     compare: str = ""
     # "module" holding the op's conformance cases (the conformance kit).
     conformance: str = ""
-    # "module" implementing the tuner protocol of registry/_tune.py (kreg tune).
+    # "module" implementing the tuner protocol of registry/tuning/tune.py (kreg tune).
     tuner: str = ""
     decode_key: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+    # "module:attribute" of the click command ``kreg bench <op>`` runs (built on
+    # registry.tuning.measure); without one the op has no bench command.
+    bench: str = ""
+    # "module:function" the tuner's configs drive, called as ``kernel(*args, config=..., **kw)``:
+    # what ``kreg tune`` times and what the ``measured`` plugin serves for this op.
+    tuned_kernel: str = ""
+    # The workload fields that form a tuning entry's measured axis: the ``measured`` plugin
+    # serves the config of the largest measured point at or below the workload in every one.
+    point_fields: tuple[str, ...] = ()
+    # Point fields that entries written before the field existed lack: such entries serve any
+    # value of it until entries of the same shape that name it exist.
+    later_point_fields: tuple[str, ...] = ()
+    # Workload fields outside an entry's shape: the point fields and the batch-shape fields a
+    # requirement of the ``measured`` implementation covers instead (default: the point fields).
+    unmatched_fields: tuple[str, ...] = ()
+    # Requirements the ``measured`` implementation adds for this op: what the tuner's inputs do
+    # not cover (sparse_prefill: tuned on uniform batches, so skewed chunk batches stay off).
+    measured_requirements: tuple[Requirement, ...] = ()
+    # "module" whose import registers ``torch.ops.<namespace>.<op>`` (a torch custom op whose
+    # real implementation dispatches through the registry), or "".
+    custom_op: str = ""
+
+    def load_compare(self) -> Callable[[Any, Any], str | None]:
+        """The op's ``compare(actual, expected)``: ``OpSpec.compare`` when it names one, else
+        :func:`default_compare` with the op's error bound. Raises KernelUnavailableError naming
+        the path when it cannot be imported."""
+        if not self.compare:
+            return functools.partial(default_compare, bound=self.error_bound)
+        try:
+            fn = load_object(self.compare)
+        except (ImportError, AttributeError) as exc:
+            raise KernelUnavailableError(f"cannot load {self.name}'s compare {self.compare!r}: "
+                                         f"{type(exc).__name__}: {exc}; OpSpec.compare must be "
+                                         f"'module:function'") from exc
+        return fn  # type: ignore[no-any-return]
+
+    @property
+    def shape_free_fields(self) -> tuple[str, ...]:
+        """The fields a tuning entry's bucket does not match on."""
+        return self.unmatched_fields or self.point_fields
+
+    def check_consistent(self) -> None:
+        """Raise ValueError naming the field when the spec contradicts itself (at load)."""
+        names = set(self.workload_model.model_fields)
+        for attr in ("point_fields", "later_point_fields", "unmatched_fields"):
+            unknown = [f for f in getattr(self, attr) if f not in names]
+            if unknown:
+                raise ValueError(f"op {self.name!r}: OpSpec.{attr} names {unknown}, which are not "
+                                 f"fields of {self.workload_model.__name__} ({', '.join(names)})")
+        if self.tuner and not (self.tuned_kernel and self.point_fields):
+            raise ValueError(f"op {self.name!r}: OpSpec.tuner is set, so tuned_kernel and "
+                             f"point_fields must be too (what kreg tune times and what the "
+                             f"measured plugin serves)")
 
     def workload_from_key(self, key: tuple[Any, ...]) -> Workload:
         fields = list(self.workload_model.model_fields)
@@ -56,6 +111,26 @@ class OpSpec:
             raise WorkloadError(f"{self.name}: workload key has {len(key)} values, "
                                 f"expected {len(fields)} ({', '.join(fields)})")
         return make_workload(self.workload_model, dict(zip(fields, key, strict=True)))
+
+
+def default_compare(actual: Any, expected: Any,
+                    bound: Callable[[str], float] | None = None) -> str | None:
+    """The comparison used when an op declares no ``OpSpec.compare``: exact for integer
+    tensors; for floating ones, max-abs within ``bound(dtype name)`` (the op's
+    ``OpSpec.error_bound``), else within 1e-3."""
+    import torch
+
+    if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        return None if actual == expected else f"result {actual!r} != reference {expected!r}"
+    if actual.shape != expected.shape:
+        return f"shape {list(actual.shape)} != reference {list(expected.shape)}"
+    if not actual.is_floating_point():
+        bad = int((actual != expected).sum())
+        return None if bad == 0 else f"{bad} of {actual.numel()} elements differ from the reference"
+    limit = 1e-3 if bound is None else bound(str(actual.dtype).removeprefix("torch."))
+    diff = (actual.double() - expected.double()).abs()
+    err = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
+    return None if err <= limit else f"max |result - reference| = {err:.3g} > {limit:g}"
 
 
 def load_object(path: str) -> Any:

@@ -8,8 +8,8 @@ every plugin separately, so one plugin's failure is isolated: it is named in a w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -39,12 +39,28 @@ def kreg_ops() -> Sequence[OpSpec]:
 
 
 @hookspec
-def kreg_implementations() -> Sequence[Implementation]:
+def kreg_implementations(ops: Mapping[str, OpSpec]) -> Sequence[Implementation]:
     """Return the implementations this plugin offers, for any op.
 
     Implemented by policy plugins (``reference``, ``generic``, vendor plugins, ``measured``).
-    Every result is collected; an implementation for an op nobody defines is reported and
-    skipped; a duplicate implementation name is an error naming both plugins.
+    ``ops`` holds the loaded op specs by name (take the argument only if you need it: the
+    ``measured`` plugin serves every op whose spec names a tuner). Every result is collected;
+    an implementation for an op nobody defines is reported and skipped; a duplicate
+    implementation name is an error naming both plugins; anything but a list of
+    ``Implementation`` fails the plugin, by name, and leaves the others loaded.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def kreg_configs(op: str) -> Mapping[str, Mapping[str, Any]] | None:
+    """Return the named configs this plugin's implementations of ``op`` may choose, or None.
+
+    ``{name: config}``; the registry lists them as ``<plugin>.<name>``
+    (:meth:`registry.Registry.offered_configs`). They enter ``kreg tune OP``'s search space and
+    are bench providers (``config=<plugin>.<name>``), so a vendor's configs are measured beside
+    kreg's own without kreg importing the vendor's plugin. Implemented by policy plugins whose
+    configs come from a table rather than a formula; every result is collected.
     """
     raise NotImplementedError
 

@@ -128,8 +128,9 @@ def run_target(target: Target, *, seed: int = 0) -> Outcome:
     import torch
 
     import registry
-    from registry._observe import _resolve, record
     from registry.errors import KregError, StrictModeError
+    from registry.observe import record
+    from registry.observe.checker import _resolve
 
     if target.case == "no-cases":
         return Outcome("skipped", target.doc)

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from registry import OpSpec, Workload, hookimpl
 from registry.errors import WorkloadError
+from registry.requirements import triton_runtime
 
 OP = "indexer_topk"
 
@@ -57,6 +58,11 @@ SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
               tuner="backends.indexer_topk.tuning",
               compare="backends.indexer_topk.compare:compare",
               conformance="backends.indexer_topk.conformance",
+              bench="backends.indexer_topk.bench:bench_command",
+              tuned_kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
+              point_fields=("num_rows", "max_keys"),
+              measured_requirements=(triton_runtime(),),
+              custom_op="backends.indexer_topk.torch_op",
               doc=(__doc__ or "").strip().splitlines()[0])
 
 

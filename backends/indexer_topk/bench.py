@@ -1,8 +1,9 @@
 """Benchmark library for ``indexer_topk`` and the click command ``bench_command``.
 
-``kreg bench indexer_topk`` (the lead attaches :data:`bench_command`) and
-``benchmarks/bench_indexer_topk.py`` run it. Importing this module imports neither torch nor
-Triton; both load inside the functions that need them.
+``kreg bench indexer_topk`` runs it (``OpSpec.bench`` names :data:`bench_command`); every provider
+goes through the one harness, :func:`registry.tuning.measure`, and ``--json`` prints its report.
+Importing this module imports neither torch nor Triton; both load inside the functions that
+need them.
 
 Inputs (:func:`make_inputs`): scores ~ N(0, 1) from a seeded generator, ``[rows, keys]`` in the
 chosen dtype; lengths = keys for every row, or with ``--ragged`` a causal ramp
@@ -24,7 +25,7 @@ Providers (``--providers``, comma separated):
 
 Every kreg provider's output is compared entry by entry with the reference on every run; any
 difference makes the command exit 1. Timed providers alternate in one window
-(``registry._timing.interleaved_median_ms``, CUDA events): plain launches, or with
+(``registry.tuning.timing.interleaved_median_ms``, CUDA events): plain launches, or with
 ``--graphs`` replays of a CUDA graph captured per provider (the GPU time without the host's
 launch cost, as inside a captured decode step; the reference, which synchronizes, is then
 reported as not capturable).
@@ -41,7 +42,6 @@ import click
 
 __all__ = ["BenchCase", "bench_command", "make_inputs", "parse_geometry", "run_case"]
 
-_ANCHORS = ("torch-topk", "torch-topk-unsorted")
 
 
 @dataclass
@@ -96,127 +96,111 @@ def parse_geometry(spec: str) -> dict[str, int]:
     return cfg
 
 
-def _provider_fn(name: str, scores: Any, lengths: Any, k: int) -> Any:
+def _trial(name: str, scores: Any, lengths: Any, k: int) -> Any:
+    """A harness trial for a non-registry provider, or None for ``auto`` / implementation names."""
     import torch
 
+    from registry.tuning import Trial
+
     if name == "torch-topk":
-        return lambda: torch.topk(scores, k, dim=1, sorted=True).indices
+        return Trial(name, lambda: torch.topk(scores, k, dim=1, sorted=True).indices,
+                     runs="torch.topk(sorted=True)", judged=False,
+                     describe=lambda got: _anchor_report(got, scores, lengths, k))
     if name == "torch-topk-unsorted":
-        return lambda: torch.topk(scores, k, dim=1, sorted=False).indices
+        return Trial(name, lambda: torch.topk(scores, k, dim=1, sorted=False).indices,
+                     runs="torch.topk(sorted=False)", judged=False,
+                     describe=lambda got: _anchor_report(got, scores, lengths, k))
     if name == "reference":
         from backends.indexer_topk.reference import indexer_topk_reference
-        return lambda: indexer_topk_reference(scores, lengths, k)
+        return Trial(name, lambda: indexer_topk_reference(scores, lengths, k),
+                     runs="torch reference", implementation="reference.indexer_topk")
     if name == "triton" or name.startswith("geometry="):
         from backends.indexer_topk import triton_kernels as tk
+        from registry import format_config
         rows, n = scores.shape
         cfg: dict[str, int] = {} if name == "triton" else parse_geometry(name.split("=", 1)[1])
-        tk.validate_config(tk.resolve_config(cfg, rows, n, k), k, n)
-        return lambda: tk.indexer_topk_triton(scores, lengths, k, config=cfg)
-    try:
-        import registry
-    except ImportError as e:   # pragma: no cover - registry is part of this repo
-        raise click.ClickException(f"provider {name!r} needs the registry: {e}") from None
-    impl = name
-
-    def call() -> Any:
-        if impl == "auto":
-            return registry.dispatch("indexer_topk", scores, lengths, k=k)
-        with registry.override("indexer_topk", impl):
-            return registry.dispatch("indexer_topk", scores, lengths, k=k)
-    return call
+        full = tk.resolve_config(cfg, rows, n, k)
+        tk.validate_config(full, k, n)
+        return Trial(name, lambda: tk.indexer_topk_triton(scores, lengths, k, config=cfg),
+                     runs=f"triton {format_config(full)}", config=full,
+                     implementation="generic.indexer_topk_radix")
+    return None
 
 
-def _anchor_report(got: Any, want: Any, lengths: Any, n: int) -> str:
+def _anchor_report(got: Any, scores: Any, lengths: Any, k: int) -> str:
     """torch.topk as a set on full rows (order and tie choice may differ)."""
     import torch
 
+    from backends.indexer_topk.reference import indexer_topk_reference
+
+    n = scores.shape[1]
     full = (lengths == n).nonzero().flatten()
     if full.numel() == 0:
         return "n/a"
+    want = indexer_topk_reference(scores[full], lengths[full], k)
     g = torch.sort(got[full].to(torch.int64), dim=1).values
-    w = torch.sort(want[full].to(torch.int64), dim=1).values
+    w = torch.sort(want.to(torch.int64), dim=1).values
     same = (g == w).all(dim=1)
     return "same set" if bool(same.all()) else f"differs on {int((~same).sum())} rows (ties)"
 
 
 def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: int = 50,
              baseline: str | None = None, device: Any = None,
-             progress: Any = None, graphs: bool = False) -> dict[str, Any]:
-    """Time and check every provider on one case; returns a JSON-able dict.
+             graphs: bool = False) -> Any:
+    """Check and time every provider on one case through the one harness
+    (:func:`registry.tuning.measure`); returns a :class:`registry.tuning.measure.CaseResult`.
 
     ``graphs``: time CUDA-graph replays of each provider (GPU time without host launch cost);
-    a provider that cannot be captured is reported with its error and not timed."""
-    import torch
-
-    from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches
-    from registry._timing import graphed, interleaved_median_ms
+    a provider that cannot be captured is reported and not timed."""
+    import registry
+    from backends.indexer_topk.compare import differing_entries
+    from backends.indexer_topk.reference import indexer_topk_reference
+    from registry.tuning import measure
+    from registry.tuning.measure import CaseResult, registry_candidates
 
     scores, lengths = make_inputs(case, device)
     want = indexer_topk_reference(scores, lengths, case.k)
-    fns: dict[str, Any] = {}
-    result: dict[str, Any] = {"case": case.label(), "rows": case.rows, "keys": case.keys,
-                              "k": case.k, "dtype": case.dtype, "ragged": case.ragged,
-                              "providers": {}}
+    trials = []
+    workload = {"k": case.k, "num_rows": case.rows, "max_keys": case.keys, "dtype": case.dtype}
     for name in providers:
-        entry: dict[str, Any] = {}
-        result["providers"][name] = entry
-        try:
-            fn = _provider_fn(name, scores, lengths, case.k)
-            got = fn()
-        except Exception as e:
-            # An anchor that cannot run (k > keys for torch.topk) is reported, not a failure.
-            entry.update(error=f"{type(e).__name__}: {e}",
-                         exact=None if name in _ANCHORS else False)
-            continue
-        if name in _ANCHORS:
-            entry["check"] = _anchor_report(got, want, lengths, case.keys)
-            entry["exact"] = None
-        else:
-            bad = topk_mismatches(got, want)
-            entry["exact"] = not bad
-            if bad:
-                entry["mismatches"] = bad[:4]
-        fns[name] = fn
-        if progress is not None:
-            progress(name)
-    if graphs and torch.cuda.is_available():
-        for name in list(fns):
-            try:
-                fns[name] = graphed(fns[name])
-            except Exception as e:   # e.g. a provider that synchronizes
-                result["providers"][name]["error"] = f"not capturable in a CUDA graph: {e}"
-                del fns[name]
-    result["graphs"] = bool(graphs and torch.cuda.is_available())
-    times = interleaved_median_ms(fns, warmup=warmup, iters=iters) if fns else {}
-    base = baseline if baseline in times else (providers[0] if providers[0] in times else None)
-    for name, ms in times.items():
-        entry = result["providers"][name]
-        entry["us"] = round(ms * 1e3, 2)
-        if base is not None:
-            entry["ratio"] = round(ms / times[base], 3)
-    result["baseline"] = base
-    return result
+        trial = _trial(name, scores, lengths, case.k)
+        if trial is None:
+            trial, = registry_candidates(
+                "indexer_topk", [name],
+                lambda: registry.dispatch("indexer_topk", scores, lengths, k=case.k), workload)
+        trials.append(trial)
+    spec = registry.get_registry().spec("indexer_topk")
+    results = measure(trials, expected=want, compare=spec.load_compare(), metric=differing_entries,
+                      warmup=warmup, iters=iters, graphs=graphs,
+                      baseline=baseline or providers[0])
+    return CaseResult(case=case.label(), workload=workload, measurements=results,
+                      params={"ragged": case.ragged, "seed": case.seed},
+                      baseline=baseline or providers[0])
 
 
-def _plot(results: list[dict[str, Any]], path: str) -> None:
+def _plot(results: list[Any], path: str) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise click.ClickException("--plot needs matplotlib: pip install matplotlib") from None
-    names = sorted({n for r in results for n, e in r["providers"].items() if "us" in e})
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(results)), 4))
+    names = sorted({m.label for r in results for m in r.measurements if m.ms is not None})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(results)), 4.5))
     width = 0.8 / max(1, len(names))
     for i, n in enumerate(names):
-        ys = [r["providers"].get(n, {}).get("us", 0) for r in results]
+        ys = [next((m.ms * 1e3 for m in r.measurements if m.label == n and m.ms), 0)
+              for r in results]
         ax.bar([x + i * width for x in range(len(results))], ys, width, label=n)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(results))])
-    ax.set_xticklabels([r["case"].split(" ")[0] + (" causal" if r["ragged"] else "")
+    ax.set_xticklabels([r.case.split(" ")[0] + (" causal" if r.params["ragged"] else "")
                         for r in results], rotation=20)
     ax.set_ylabel("us (median)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    ax.set_title(f"indexer_topk, k={results[0].workload['k']}, {results[0].workload['dtype']}",
+                 fontsize=9)
+    # Outside the axes: a legend inside covered a bar (issue #24).
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path)
 
@@ -259,30 +243,25 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
     cases = [BenchCase(rows=r, keys=n, k=k, dtype=dtype, ragged=ragged, seed=seed)
              for r in rows for n in keys]
     results = []
-    with click.progressbar(length=len(cases) * len(names), label="indexer_topk",
-                           file=sys.stderr) as bar:
-        for case in cases:
+    with click.progressbar(cases, label="indexer_topk", file=sys.stderr,
+                           item_show_func=lambda c: c.label() if c else None) as bar:
+        for case in bar:
             results.append(run_case(case, names, warmup=warmup, iters=iters, baseline=baseline,
-                                    progress=lambda _n: bar.update(1), graphs=graphs))
-    failed = [(r["case"], n) for r in results for n, e in r["providers"].items()
-              if e.get("exact") is False]
+                                    graphs=graphs))
+    failed = [(r.case, m.label) for r in results for m in r.measurements if m.failed]
     if as_json:
-        click.echo(json.dumps(results, indent=1))
+        from registry.tuning.measure import bench_report
+
+        click.echo(json.dumps(bench_report("indexer_topk", results, graphs=graphs), indent=1))
     else:
-        for r in results:
-            how = "CUDA-graph replays" if r.get("graphs") else "plain launches"
-            click.echo(f"{r['case']}  (baseline {r['baseline']}, {how})")
-            for n, e in r["providers"].items():
-                if "error" in e:
-                    click.echo(f"  {n:<36} ERROR {e['error'][:100]}")
-                    continue
-                chk = e.get("check") or ("exact" if e.get("exact") else "MISMATCH")
-                click.echo(f"  {n:<36} {e.get('us', float('nan')):>10.1f} us  "
-                           f"x{e.get('ratio', float('nan')):<7} {chk}")
-                for m in e.get("mismatches", []):
-                    click.echo(f"      {m}")
+        from registry.tuning.measure import format_table
+
+        how = "CUDA-graph replays" if graphs else "plain launches"
+        click.echo(f"# indexer_topk, {how}; err = entries that differ from the exact reference")
+        click.echo(format_table(results, unit="us", error_name="differ"))
     if plot:
         _plot(results, plot)
     if failed:
-        click.echo(f"indexer_topk: {len(failed)} provider run(s) not exact: {failed}", err=True)
+        click.echo(f"indexer_topk: {len(failed)} provider run(s) not exact or failed: {failed}",
+                   err=True)
         sys.exit(1)

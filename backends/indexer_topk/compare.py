@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["compare"]
+__all__ = ["compare", "differing_entries"]
 
 _SHOWN = 4  # positions listed per side in a message
 
@@ -47,3 +47,11 @@ def _fmt(xs: list[int]) -> str:
         return "[]"
     head = ", ".join(map(str, xs[:_SHOWN]))
     return f"[{head}{', ...' if len(xs) > _SHOWN else ''}] ({len(xs)})"
+
+
+def differing_entries(actual: Any, expected: Any) -> float:
+    """The op's error measure: entries that differ from the exact reference (0 when correct;
+    every entry when the shapes differ)."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return float(expected.numel())
+    return float(int((actual != expected).sum()))

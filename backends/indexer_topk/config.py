@@ -250,11 +250,11 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
         split = cfg["ROW_SPLIT"]
         b16 = cfg["GMAX_BITS"] == 16
-        return (2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
-            + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0) \
-            + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
+        return int((2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0)
+                   + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0)
+                   + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"]))
     extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
-    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
+    return int(4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra)
 
 
 def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:

@@ -25,7 +25,8 @@ __all__ = ["indexer_topk"]
 @torch.library.custom_op("kreg::indexer_topk", mutates_args=())
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 2048) -> torch.Tensor:
     """Exact per-row top-k positions (ascending, -1 padded) through ``registry.dispatch``."""
-    return registry.dispatch("indexer_topk", scores, lengths, k=k)
+    out: torch.Tensor = registry.dispatch("indexer_topk", scores, lengths, k=k)
+    return out
 
 
 @indexer_topk.register_fake

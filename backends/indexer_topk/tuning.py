@@ -1,19 +1,25 @@
-"""The ``kreg tune indexer_topk`` tuner (the protocol is in registry/_tune.py).
+"""The ``kreg tune indexer_topk`` tuner (the protocol is in registry/tuning/tune.py).
 
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
 ``dtype`` (float32). Candidates: the default for the shape, its gmax slices halved and doubled,
 the fused path's default and its neighbours (the other of 4 and 8 row-program warps, 1024-key
 compaction and placement steps, 96 registers and no cap, GROUP doubled with GROUP2 halved: the
-same bound groups, the other of 32- and 16-bit group maxima, half the programs a row), and the
-four-launch path's default (FUSED=0). Labels: ``x2`` two programs a row, ``b16`` 16-bit maxima.
-Every candidate's output is compared entry by entry with the exact reference before it is
-timed; a difference is a failure.
+same bound groups, the other of 32- and 16-bit group maxima, half the programs a row), the
+four-launch path's default (FUSED=0), and every config a plugin offers (``kreg_configs``).
+Labels: ``x2`` two programs a row, ``b16`` 16-bit maxima.
+Every candidate's output is compared entry by entry with the exact reference (the op's
+compare) before it is timed; a difference is a failure.
 """
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
+
+from backends.indexer_topk.compare import differing_entries as metric
+
+__all__ = ["FAMILY", "PLOT_AXIS", "baseline", "bucket", "candidates", "cases", "inputs",
+           "label", "metric"]
 
 FAMILY = "generic.indexer_topk_radix"
 PLOT_AXIS = "num_rows"
@@ -41,7 +47,7 @@ def cases(grid: dict[str, list[str]]) -> list[Any]:
 
 
 def label(case: Any) -> str:
-    return case.label()
+    return str(case.label())
 
 
 def bucket(case: Any) -> dict[str, Any]:
@@ -68,7 +74,7 @@ def baseline(case: Any, facts: Any) -> str:
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
-    from backends.indexer_topk.config import default_config, validate_config
+    from backends.indexer_topk.config import default_config, resolve_config, validate_config
     from registry.errors import ConfigError
 
     base = default_config(case.rows, case.keys, case.k, facts.sm_count)
@@ -89,6 +95,12 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     if fused["ROW_SPLIT"] > 1:
         space.append({**fused, "ROW_SPLIT": fused["ROW_SPLIT"] // 2})   # fewer programs a row
     space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))
+    # Every config a loaded plugin offers (hook kreg_configs: amd_mi355x's geometry, a vendor's),
+    # completed for the shape the way the kernel completes it.
+    import registry
+
+    for cfg in registry.get_registry().offered_configs("indexer_topk").values():
+        space.append(resolve_config(cfg, case.rows, case.keys, case.k, facts.sm_count))
     out: list[tuple[str, dict[str, Any] | None, str]] = []
     seen: set[str] = set()
     for cfg in space:
@@ -105,38 +117,10 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     return out
 
 
-def measure(case: Any, configs: dict[str, dict[str, Any]], *, warmup: int, iters: int,
-            include_auto: bool = False) -> dict[str, dict[str, Any]]:
-    import torch
-
+def inputs(case: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The bench's inputs for the point: ``(scores, lengths)`` and ``k``."""
     from backends.indexer_topk.bench import make_inputs
-    from backends.indexer_topk.reference import indexer_topk_reference
-    from backends.indexer_topk.triton_kernels import indexer_topk_triton
-    from registry._timing import interleaved_median_ms
 
     scores, lengths = make_inputs(case)
-    ref = indexer_topk_reference(scores, lengths, case.k)
-    res: dict[str, dict[str, Any]] = {}
-    fns = {}
-    runs = {lab: (lambda c=cfg: indexer_topk_triton(scores, lengths, case.k, config=c))
-            for lab, cfg in configs.items()}
-    if include_auto:
-        import registry
+    return (scores, lengths), {"k": case.k}
 
-        runs["auto"] = lambda: registry.dispatch("indexer_topk", scores, lengths, k=case.k)
-    for lab, fn in runs.items():
-        try:
-            out = fn()
-        except Exception as exc:  # a config that fails to compile is scored, not fatal
-            res[lab] = {"ms": None, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            continue
-        diff = int((out != ref).sum())
-        res[lab] = {"ms": None, "ok": diff == 0, "error": None, "max_abs_err": float(diff)}
-        if diff == 0:
-            fns[lab] = fn
-    del torch
-    # CUDA-graph replays: the GPU time of each config (and of what auto selected), without
-    # the host launch gaps that dominate small points (measured: up to 35% in one window).
-    for lab, ms in interleaved_median_ms(fns, warmup=warmup, iters=iters, graphs=True).items():
-        res[lab]["ms"] = ms
-    return res

@@ -34,6 +34,7 @@ from pydantic import Field, model_validator
 
 from registry import OpSpec, Workload, hookimpl
 from registry.errors import WorkloadError
+from registry.requirements import grid_bound, triton_runtime, when
 
 OP = "sparse_prefill"
 
@@ -163,6 +164,16 @@ SPEC = OpSpec(name=OP, workload_model=SparsePrefillWorkload, call_key=call_key,
               tuner="backends.sparse_prefill.tuning",
               compare="backends.sparse_prefill.compare:compare",
               conformance="backends.sparse_prefill.conformance",
+              bench="backends.sparse_prefill.bench:bench_command",
+              tuned_kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
+              # The best config depends on the KV length (on the H200 the table wins at KV 8K
+              # where the family wins at 32K and 128K): entries are kept per kv_len.
+              point_fields=("kv_len", "total_q"), later_point_fields=("kv_len",),
+              unmatched_fields=("kv_len", "total_q", "num_requests", "max_q"),
+              # Tuned on uniform batches: skewed chunk batches stay off, as the seed's grid
+              # bound keeps them off its family.
+              measured_requirements=(triton_runtime(), when("kind", "chunk", grid_bound(2))),
+              custom_op="backends.sparse_prefill.torch_op",
               doc=(__doc__ or "").strip().splitlines()[0])
 
 

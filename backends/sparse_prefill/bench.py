@@ -1,8 +1,9 @@
 """Benchmark library for ``sparse_prefill`` and the click command ``bench_command``.
 
-``kreg bench sparse_prefill`` (the lead attaches :data:`bench_command`) and
-``benchmarks/bench_sparse_prefill.py`` run it. Importing this module imports neither torch nor
-Triton (``kreg --help`` stays fast); both load inside the functions that need them.
+``kreg bench sparse_prefill`` runs it (``OpSpec.bench`` names :data:`bench_command`); every provider
+goes through the one harness, :func:`registry.tuning.measure`, and ``--json`` prints its report.
+Importing this module imports neither torch nor Triton (``kreg --help`` stays fast); both load
+inside the functions that need them.
 
 Inputs (deterministic, :func:`make_inputs`): q, k, v ~ N(0, 1) from a seeded generator. Indices
 are an *affine walk over each row's visible range*: row ``r`` with ``V`` visible positions selects
@@ -42,7 +43,7 @@ Providers (``--providers``, comma separated):
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
 
-Timed providers alternate in one window (``registry._timing.interleaved_median_ms``; with
+Timed providers alternate in one window (``registry.tuning.timing.interleaved_median_ms``; with
 ``--graphs`` as CUDA-graph replays, a provider that cannot be captured timed plainly). Every
 provider is checked against the fp32 reference on every run (output memory poisoned with NaN
 first); the command exits non-zero when one is past ``error_bound(dtype)``.
@@ -157,7 +158,8 @@ _OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
 
 
 def probe_header(timing: str) -> str:
-    """The first line of a ``benchmarks/probe_*`` report: device, versions, the seed shape."""
+    """The first line of a ``benchmarks/probes/probe_*`` report: device, versions, the seed
+    shape."""
     import torch
     import triton
 
@@ -212,28 +214,50 @@ def format_geometry(cfg: dict[str, Any]) -> str:
 
 
 def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | None]:
-    """-> (kind of provider, config or None). Kinds: reference, gather-sdpa, triton, registry."""
-    from plugins.generic import sparse_prefill_table_config as table_config
-    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
-    from plugins.nvidia_hopper import family_config
+    """-> (kind of provider, config or None). Kinds: reference, gather-sdpa, triton, registry.
 
+    ``table`` and ``h200`` are the configs the generic table and the H200 family resolve for the
+    case on this machine (asked of the registry: this module never imports a plugin);
+    ``config=NAME`` a config a plugin offers (``kreg_configs``: ``registry.get_registry()
+    .offered_configs("sparse_prefill")``)."""
     if name in _UNTIMED:
         return name, None
-    if name == "table":
-        return "triton", table_config(case.group_size, case.total_q)
-    if name == "h200":
-        cfg = H200_CONFIGS.get((case.kind, case.group_size))
-        if cfg is None:
-            raise click.BadParameter(f"h200: no measured config for ({case.kind}, "
-                                     f"group {case.group_size}); measured: {sorted(H200_CONFIGS)}")
-        import triton
+    if name in _RESOLVED:
+        return "triton", _resolved_config(_RESOLVED[name], case)
+    if name.startswith("config="):
+        import registry
 
-        return "triton", family_config(case.kind, case.group_size,
-                                       workload_of(case)["kv_len"], case.total_q,
-                                       triton.__version__)
+        offered = registry.get_registry().offered_configs("sparse_prefill")
+        key = name.split("=", 1)[1]
+        if key not in offered:
+            raise click.BadParameter(f"{name}: no offered config {key!r}; offered: "
+                                     f"{', '.join(offered) or '(none)'}")
+        return "triton", offered[key]
     if name.startswith("geometry="):
         return "triton", parse_geometry(name.split("=", 1)[1])
     return "registry", None
+
+
+# Named providers: the config an implementation's resolver gives for the case on this machine,
+# run on the Triton kernel whatever the implementation's requirements say.
+_RESOLVED = {"table": "generic.sparse_prefill_table", "h200": "nvidia_hopper.sparse_prefill_tuned"}
+
+
+def _resolved_config(implementation: str, case: BenchCase) -> dict[str, Any]:
+    import registry
+
+    reg = registry.get_registry()
+    try:
+        impl = reg.implementation("sparse_prefill", implementation)
+    except LookupError as exc:
+        raise click.BadParameter(f"{implementation} is not loaded ({exc})") from None
+    try:
+        cfg = impl.resolve_config(registry.probe(), reg.workload("sparse_prefill",
+                                                                 workload_of(case)))
+    except (KeyError, ValueError) as exc:
+        raise click.BadParameter(f"{implementation} has no config for ({case.kind}, group "
+                                 f"{case.group_size}): {type(exc).__name__}: {exc}") from None
+    return dict(cfg or {})
 
 
 def _gather_sdpa(inp: dict[str, Any], rows_per_chunk: int = 512) -> Any:
@@ -266,99 +290,62 @@ def _gather_sdpa(inp: dict[str, Any], rows_per_chunk: int = 512) -> Any:
     return out
 
 
-def _make_fn(provider: str, case: BenchCase, inp: dict[str, Any]) -> tuple[Any, str]:
-    """-> (zero-arg callable returning the output, description of what runs)."""
+def _trial(provider: str, case: BenchCase, inp: dict[str, Any]) -> Any:
+    """The harness trial of one provider (``auto`` and implementation names go through the
+    registry as a framework calls it)."""
+    import registry
     from backends.sparse_prefill.reference import sparse_prefill_reference
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
+    from registry.tuning import Trial
+    from registry.tuning.measure import registry_candidates
 
     kind, cfg = parse_provider(provider, case)
     q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
     if kind == "reference":
-        return (lambda: sparse_prefill_reference(q, k, v, idx, **kw)), "torch reference"
+        return Trial(provider, lambda: sparse_prefill_reference(q, k, v, idx, **kw),
+                     runs="torch reference", timed="isolated",
+                     implementation="reference.sparse_prefill")
     if kind == "gather-sdpa":
-        return (lambda: _gather_sdpa(inp)), "gather + torch SDPA"
+        return Trial(provider, lambda: _gather_sdpa(inp), runs="gather + torch SDPA",
+                     timed="isolated")
     if kind == "triton":
-        return (lambda: sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)), \
-            format_geometry(cfg)
+        geometry = dict(cfg or {})
+        return Trial(provider,
+                     lambda: sparse_prefill_triton(q, k, v, idx, config=geometry, **kw),
+                     runs=format_geometry(geometry), config=geometry)
     try:
-        import registry
-    except ImportError as exc:  # the registry is optional for this module
-        raise click.UsageError(
-            f"provider {provider!r} needs the registry package: {exc}") from None
-    name = provider
-    measure = name.endswith(":measure")
-    wl = workload_of(case)
-    if name in ("auto", "auto:measure"):
-        dec = registry.select("sparse_prefill", wl)
-        desc = f"{dec.implementation} {dec.config}"
-
-        def fn() -> Any:
-            return registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
-        return fn, desc
-    try:
-        with registry.override("sparse_prefill", name):
-            dec = registry.select("sparse_prefill", wl)
+        trial, = registry_candidates(
+            "sparse_prefill", [provider],
+            lambda: registry.dispatch("sparse_prefill", q, k, v, idx, **kw), workload_of(case))
     except LookupError as exc:  # UnknownImplementationError: a typo, not a failed check
         raise click.UsageError(f"provider {provider!r}: {exc}") from None
-    desc = f"{dec.implementation} {dec.config}" + (" (measure)" if measure else "")
-
-    def fn_override() -> Any:
-        with registry.override("sparse_prefill", name):
-            return registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
-    return fn_override, desc
-
-
-def _poison(like: Any) -> None:
-    import torch
-
-    t = torch.empty_like(like)
-    t.fill_(float("nan"))
-    del t
+    return trial
 
 
 def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: int = 30,
-             baseline: str | None = None, device: Any = None,
-             graphs: bool = False) -> list[dict[str, Any]]:
-    """Check every provider against the fp32 reference, then time them; one record each."""
+             baseline: str | None = None, device: Any = None, graphs: bool = False) -> Any:
+    """Check every provider against the fp32 reference, then time them, through the one
+    harness (:func:`registry.tuning.measure`); returns a
+    :class:`registry.tuning.measure.CaseResult`."""
     import torch
 
+    import registry
+    from backends.sparse_prefill.compare import max_abs_error
     from backends.sparse_prefill.reference import sparse_prefill_reference
-    from backends.sparse_prefill.triton_kernels import error_bound
-    from registry._timing import interleaved_median_ms, isolated_median_ms
+    from registry.tuning import measure
+    from registry.tuning.measure import CaseResult
 
     inp = make_inputs(case, device)
     ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
                                    out_dtype=torch.float32, **inp["kwargs"])
-    bound = error_bound(case.dtype)
-    recs: dict[str, dict[str, Any]] = {}
-    fns: dict[str, Any] = {}
-    for p in providers:
-        rec: dict[str, Any] = {"case": case.label(), "provider": p, "workload": workload_of(case)}
-        try:
-            fn, desc = _make_fn(p, case, inp)
-            _poison(inp["q"])
-            out = fn()
-            finite = bool(torch.isfinite(out).all())
-            err = float((out.float() - ref).abs().max()) if finite else float("inf")
-            rec.update(runs=desc, max_abs_err=err, bound=bound, ok=finite and err <= bound)
-            fns[p] = fn
-        except Exception as exc:  # report and continue with the other providers
-            if isinstance(exc, click.ClickException):
-                raise
-            rec.update(runs="-", error=f"{type(exc).__name__}: {exc}", ok=False)
-        recs[p] = rec
-    timed = {p: f for p, f in fns.items() if p not in _UNTIMED}
-    if timed:
-        for p, ms in interleaved_median_ms(timed, warmup=warmup, iters=iters,
-                                           graphs=graphs).items():
-            recs[p]["ms"] = ms
-    for p in (p for p in fns if p in _UNTIMED):
-        recs[p]["ms"] = isolated_median_ms(fns[p], warmup=1, iters=3)
-    base = recs.get(baseline or "", {}).get("ms")
-    for rec in recs.values():
-        if base and rec.get("ms"):
-            rec["ratio"] = rec["ms"] / base
-    return list(recs.values())
+    trials = [_trial(p, case, inp) for p in providers]
+    spec = registry.get_registry().spec("sparse_prefill")
+    results = measure(trials, expected=ref, compare=spec.load_compare(), metric=max_abs_error,
+                      warmup=warmup, iters=iters, graphs=graphs, baseline=baseline)
+    return CaseResult(case=case.label(), workload=workload_of(case), measurements=results,
+                      params={"req_lens": list(case.req_lens or ()), "page_size": case.page_size,
+                              "seed": case.seed, "indices": "walk"},
+                      baseline=baseline)
 
 
 def _ints(text: str | None) -> list[int]:
@@ -370,23 +357,7 @@ def _ints(text: str | None) -> list[int]:
         raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
 
 
-def _format_table(records: list[dict[str, Any]], baseline: str | None) -> str:
-    head = f"{'case':<40} {'provider':<28} {'ms':>9} {'ratio':>7} {'err':>9}  runs"
-    lines = [head, "-" * len(head)]
-    for r in records:
-        ms = f"{r['ms']:.4f}" if r.get("ms") is not None else "-"
-        ratio = f"{r['ratio']:.3f}" if r.get("ratio") is not None else "-"
-        err = f"{r['max_abs_err']:.2e}" if r.get("max_abs_err") is not None else "-"
-        flag = "" if r.get("ok") else "  FAIL " + r.get("error", f"err > {r.get('bound')}")
-        lines.append(f"{r['case']:<40} {r['provider']:<28} {ms:>9} {ratio:>7} {err:>9}  "
-                     f"{r.get('runs', '-')}{flag}")
-    if baseline:
-        lines.append(f"ratio = ms / ms of baseline {baseline!r} in the same window (lower is "
-                     "faster)")
-    return "\n".join(lines)
-
-
-def _plot(records: list[dict[str, Any]], path: str) -> None:
+def _plot(results: list[Any], path: str) -> None:
     try:
         import matplotlib
 
@@ -396,14 +367,24 @@ def _plot(records: list[dict[str, Any]], path: str) -> None:
         raise click.UsageError("--plot needs matplotlib (pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(8, 5))
     by_prov: dict[str, list[tuple[int, float]]] = {}
-    for r in records:
-        if r.get("ms") is not None:
-            by_prov.setdefault(f"{r['provider']} g{r['workload']['group_size']} "
-                               f"kv{r['case'].split('kv=')[1].split()[0]}", []).append(
-                (r["workload"]["total_q"], r["ms"]))
-    for name, pts in sorted(by_prov.items()):
+    for r in results:
+        for m in r.measurements:
+            if m.ms is not None:
+                by_prov.setdefault(f"{m.label} g{r.workload['group_size']} "
+                                   f"kv{r.workload['kv_len']}", []).append(
+                    (r.workload["total_q"], m.ms))
+    markers = "osD^v<>px*"
+    for i, (name, pts) in enumerate(sorted(by_prov.items())):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        # Distinct markers and dashes: coinciding lines must not hide each other (issue #24).
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
+                linestyle=("-", "--", ":", "-.")[i % 4], label=name, alpha=0.85)
+    p0 = results[0].workload
+    import registry
+
+    ax.set_title(f"sparse_prefill {p0['kind']}, {p0['dtype']}, KV "
+                 f"{sorted({r.workload['kv_len'] for r in results})}, on "
+                 f"{registry.probe().name}", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("total_q")
@@ -454,20 +435,24 @@ def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_
                        req_lens=reqs, topk=topk, head_dim=head_dim, dtype=dtype,
                        page_size=page_size)
              for g in _ints(group_size) for kv in _ints(kv_len) for tq in tqs]
-    records: list[dict[str, Any]] = []
+    results = []
     with click.progressbar(cases, label="sparse_prefill", file=sys.stderr,
                            item_show_func=lambda c: c.label() if c else None) as bar:
         for case in bar:
-            records.extend(run_case(case, provs, warmup=warmup, iters=iters, baseline=baseline,
+            results.append(run_case(case, provs, warmup=warmup, iters=iters, baseline=baseline,
                                     graphs=graphs))
     if as_json:
-        click.echo(json.dumps(records, indent=1))
+        from registry.tuning.measure import bench_report
+
+        click.echo(json.dumps(bench_report("sparse_prefill", results, graphs=graphs), indent=1))
     else:
-        click.echo(_format_table(records, baseline))
+        from registry.tuning.measure import format_table
+
+        click.echo(format_table(results, unit="ms", error_name="max_err"))
     if plot:
-        _plot(records, plot)
-    bad = [r for r in records if not r.get("ok")]
+        _plot(results, plot)
+    bad = [(r.case, m.label) for r in results for m in r.measurements if m.failed]
     if bad:
         click.echo(f"{len(bad)} provider run(s) failed the check against the fp32 reference "
-                   "or raised", err=True)
+                   f"or raised: {bad}", err=True)
         sys.exit(1)

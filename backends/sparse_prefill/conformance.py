@@ -47,7 +47,8 @@ def _qkv(g: Any, device: Any, dtype: Any, total_q: int, group: int, hkv: int, d:
     q = torch.randn(total_q, group * hkv, d, generator=g) * scale
     k = torch.randn(num_slots, hkv, d, generator=g)
     v = torch.randn(num_slots, hkv, d, generator=g)
-    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))  # type: ignore[return-value]
+    return (q.to(device=device, dtype=dtype), k.to(device=device, dtype=dtype),
+            v.to(device=device, dtype=dtype))
 
 
 def _i32(x: Any, device: Any) -> Any:

@@ -37,10 +37,11 @@ def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: t
                    page_size: int = 1, max_q: Optional[int] = None  # noqa: UP045
                    ) -> torch.Tensor:
     """Sparse GQA prefill attention through ``registry.dispatch`` (the pinned op contract)."""
-    return registry.dispatch("sparse_prefill", q, k, v, indices, kind=kind, lengths=lengths,
-                             sm_scale=sm_scale, cu_seqlens_q=cu_seqlens_q,
-                             prefix_lens=prefix_lens, page_table=page_table,
-                             page_size=page_size, max_q=max_q)
+    out: torch.Tensor = registry.dispatch(
+        "sparse_prefill", q, k, v, indices, kind=kind, lengths=lengths, sm_scale=sm_scale,
+        cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens, page_table=page_table,
+        page_size=page_size, max_q=max_q)
+    return out
 
 
 @sparse_prefill.register_fake

@@ -1,4 +1,9 @@
-"""The ``kreg tune sparse_prefill`` tuner (the protocol is in registry/_tune.py).
+"""The ``kreg tune sparse_prefill`` tuner (the protocol is in registry/tuning/tune.py).
+
+The search space comes from the registry, never from the plugins' modules: the table config the
+FAMILY implementation resolves for the point, every config a plugin offers through the
+``kreg_configs`` hook, and (``small``/``full``) a geometry grid crossed with the variant keys of
+the plain Triton configs on offer.
 
 Grid axes (``--grid AXIS=V1,V2``): ``kind`` (prefill, chunk), ``group_size`` (6, 12),
 ``kv_heads`` (1), ``kv_len`` (8192), ``total_q`` (32 .. 8192), ``topk`` (2051), ``head_dim``
@@ -18,6 +23,11 @@ from __future__ import annotations
 
 import itertools
 from typing import Any
+
+from backends.sparse_prefill.compare import max_abs_error as metric
+
+__all__ = ["FAMILY", "PLOT_AXIS", "baseline", "bucket", "candidates", "cases", "expected", "inputs",
+           "label", "metric"]
 
 FAMILY = "generic.sparse_prefill_table"
 PLOT_AXIS = "total_q"
@@ -57,7 +67,7 @@ def cases(grid: dict[str, list[str]]) -> list[Any]:
 
 
 def label(case: Any) -> str:
-    return case.label()
+    return str(case.label())
 
 
 def bucket(case: Any) -> dict[str, Any]:
@@ -73,42 +83,49 @@ def _fmt(cfg: dict[str, Any]) -> str:
     return str(format_geometry(cfg))
 
 
+def _table_config(case: Any, facts: Any) -> dict[str, Any]:
+    """What the FAMILY implementation (the table) resolves for the case on ``facts``."""
+    import registry
+
+    reg = registry.get_registry()
+    impl = reg.implementation("sparse_prefill", FAMILY)
+    cfg = impl.resolve_config(facts, reg.workload("sparse_prefill", bucket(case)))
+    return dict(cfg or {})
+
+
 def baseline(case: Any, facts: Any) -> str:
-    from plugins.generic import sparse_prefill_table_config
-
-    return _fmt(sparse_prefill_table_config(case.group_size, case.total_q))
+    return _fmt(_table_config(case, facts))
 
 
-def _space(case: Any) -> list[dict[str, Any]]:
-    from plugins.generic import sparse_prefill_table_config
-    from plugins.nvidia_hopper import (
-        H200_DENSE_CONFIGS,
-        H200_GLUON_CONFIGS,
-        H200_LONG_KV_CONFIGS,
-        H200_WGMMA_CONFIGS,
-    )
-    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS as H200_CONFIGS
-    from plugins.nvidia_sm120 import SM120_PREFILL_CONFIGS
+_GEOMETRY = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
-    g = case.group_size
-    base = [sparse_prefill_table_config(g, case.total_q),
-            *SM120_PREFILL_CONFIGS.values(), *H200_CONFIGS.values(),
-            *H200_LONG_KV_CONFIGS.values(), *H200_DENSE_CONFIGS.values(),
-            *H200_GLUON_CONFIGS.values(), *H200_WGMMA_CONFIGS.values()]
+
+def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
+    import registry
+
+    # Every config a loaded plugin offers (hook kreg_configs: the measured families of
+    # nvidia_hopper and nvidia_sm120, and any vendor's), beside the table's for this point.
+    offered = list(registry.get_registry().offered_configs("sparse_prefill").values())
+    base = [_table_config(case, facts), *offered]
+    # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
+    # family configs on offer (not the dense, slot-ordered or Gluon ones).
     variants: list[dict[str, Any]] = [{}]
-    for cfg in H200_CONFIGS.values():
-        var = {k: v for k, v in cfg.items()
-               if k not in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+    for cfg in offered:
+        if cfg.get("DENSE") or cfg.get("SLOT_ORDER") or cfg.get("ENGINE", "triton") != "triton":
+            continue
+        var = {k: v for k, v in cfg.items() if k not in _GEOMETRY}
         if var not in variants:
             variants.append(var)
-    if case.extra.get("space") == "tiny":
-        variants, bms = [], ()
+    bms: tuple[int, ...]
+    bns: tuple[int, ...]
+    ws: tuple[int, ...]
+    ss: tuple[int, ...]
     if case.extra.get("space") == "full":
         bms, bns, ws, ss = (8, 16, 32), (16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4)
     elif case.extra.get("space") != "tiny":
         bms, bns, ws, ss = (8, 16), (16, 32, 64), (2, 4), (2, 3)
-    else:
-        bns = ws = ss = ()
+    else:   # the table and the offered configs only
+        variants, bms, bns, ws, ss = [], (), (), (), ()
     grid = [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, **var}
             for bm, bn, w, s, var in itertools.product(bms, bns, ws, ss, variants)]
     seen, out = set(), []
@@ -151,7 +168,7 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     from registry.errors import ConfigError
 
     out: list[tuple[str, dict[str, Any] | None, str]] = []
-    for cfg in _space(case):
+    for cfg in _space(case, facts):
         try:
             validate_config(cfg, case.group_size, case.head_dim)
         except ConfigError as exc:
@@ -165,47 +182,19 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     return out
 
 
-def measure(case: Any, configs: dict[str, dict[str, Any]], *, warmup: int,
-            iters: int, include_auto: bool = False) -> dict[str, dict[str, Any]]:
-    """Check each config against the fp32 reference, then time the good ones interleaved.
-
-    ``include_auto`` adds the label ``auto``: ``registry.dispatch`` as a framework calls it, in
-    the same window (the selection-regret run).
-    """
-    import torch
-
+def inputs(case: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The bench's inputs for the point: ``(q, k, v, indices)`` and the call's keywords."""
     from backends.sparse_prefill.bench import make_inputs
-    from backends.sparse_prefill.reference import sparse_prefill_reference
-    from backends.sparse_prefill.triton_kernels import error_bound, sparse_prefill_triton
-    from registry._timing import interleaved_median_ms
 
     inp = make_inputs(case)
-    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
-    ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
-    bound = error_bound(case.dtype)
-    res: dict[str, dict[str, Any]] = {}
-    fns = {}
-    for lab, cfg in configs.items():
-        try:
-            out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
-            err = float((out.float() - ref).abs().max()) if bool(out.isfinite().all()) \
-                else float("inf")
-        except Exception as exc:  # a config that fails to compile is scored, not fatal
-            res[lab] = {"ms": None, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            continue
-        res[lab] = {"ms": None, "ok": err <= bound, "error": None, "max_abs_err": err}
-        if err <= bound:
-            fns[lab] = (lambda c=cfg: sparse_prefill_triton(q, k, v, idx, config=c, **kw))
-    if include_auto:
-        import registry
+    return (inp["q"], inp["k"], inp["v"], inp["indices"]), dict(inp["kwargs"])
 
-        out = registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
-        err = float((out.float() - ref).abs().max()) if bool(out.isfinite().all()) \
-            else float("inf")
-        res["auto"] = {"ms": None, "ok": err <= bound, "error": None, "max_abs_err": err}
-        fns["auto"] = lambda: registry.dispatch("sparse_prefill", q, k, v, idx, **kw)
-    # CUDA-graph replays: the GPU time of each config (and of what auto selected), without
-    # the host launch gaps that dominate small points (measured: up to 35% in one window).
-    for lab, ms in interleaved_median_ms(fns, warmup=warmup, iters=iters, graphs=True).items():
-        res[lab]["ms"] = ms
-    return res
+
+def expected(case: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The fp32 reference: every config is judged against the higher-precision result."""
+    import torch
+
+    from backends.sparse_prefill.reference import sparse_prefill_reference
+
+    return sparse_prefill_reference(*args, out_dtype=torch.float32, **kwargs)
+

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import registry
-from registry import _observe as observe
+from registry import observe
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore:Synchronization debug mode:UserWarning")]

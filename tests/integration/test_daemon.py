@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from registry._daemon import read_pid
-from registry._daemon_client import DaemonClient
+from registry.daemon.client import DaemonClient
+from registry.daemon.server import read_pid
 
 PYTHON = sys.executable
 _SCRIPT = Path(PYTHON).parent / "kreg"
@@ -138,7 +138,8 @@ def test_shared_decisions_status_live_explain_and_stop(node: Node) -> None:
         (second["pid"], True, "nvidia_sm120.sparse_prefill_tuned")]
     text = node.kreg(*env_live).stdout
     assert f"{first['pid']}" in text and f"{second['pid']}" in text
-    assert "nvidia_sm120.sparse_prefill_tuned  (8,16,4,3)" in text
+    assert ("nvidia_sm120.sparse_prefill_tuned  BLOCK_M=8 BLOCK_N=16 num_warps=4 num_stages=3"
+            in text)
     assert "highest priority (100)" in text
 
     out = node.kreg("daemon", "stop", "--socket", str(node.socket)).stdout
@@ -157,7 +158,7 @@ def test_second_daemon_refused_kill_fallback_and_stale_socket(node: Node) -> Non
     assert again.returncode != 0
     assert f"a kreg daemon (pid {pid}) already serves {node.socket}" in again.stderr
     # Bypassing the CLI's check: the daemon itself refuses (the pid file's lock is held).
-    direct = subprocess.run([PYTHON, "-m", "registry._daemon", "--socket", str(node.socket)],
+    direct = subprocess.run([PYTHON, "-m", "registry.daemon", "--socket", str(node.socket)],
                             env=node.env, capture_output=True, text=True, timeout=60)
     assert direct.returncode == 1
     assert f"another kreg daemon (pid {pid}) already serves {node.socket}" in direct.stderr
@@ -241,7 +242,7 @@ def test_client_of_another_uid_is_refused(tmp_path: Path) -> None:
 
         def ask() -> Any:
             import registry
-            from registry._daemon_client import remote_select, reset_links
+            from registry.daemon.client import remote_select, reset_links
 
             os.environ["KREG_DAEMON"] = str(node.socket)
             reset_links()
@@ -274,7 +275,7 @@ def test_client_of_another_uid_is_refused(tmp_path: Path) -> None:
 def test_daemon_start_imports_neither_torch_nor_triton(node: Node) -> None:
     node.home.mkdir(parents=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen([PYTHON, "-X", "importtime", "-m", "registry._daemon",
+    proc = subprocess.Popen([PYTHON, "-X", "importtime", "-m", "registry.daemon",
                              "--socket", str(node.socket)],
                             env=node.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
@@ -295,7 +296,7 @@ def test_daemon_start_imports_neither_torch_nor_triton(node: Node) -> None:
     assert proc.returncode == 0
     modules = {line.split("|")[-1].strip() for line in err.splitlines()
                if line.startswith("import time:")}
-    assert {"registry", "registry._daemon_client", "asyncio"} <= modules  # it did log imports
+    assert {"registry", "registry.daemon.protocol", "asyncio"} <= modules  # it did log imports
     assert not {m for m in modules if m.split(".")[0] in ("torch", "triton")}
     # Generous: this 2-core machine is shared; importing torch alone takes longer.
     assert ready < 10, f"the daemon took {ready:.1f} s to answer"

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 import registry
-from registry import _daemon_client as dc
-from registry._daemon_client import MAX_REQUEST, DaemonClient, remote_select
+from registry.daemon import client as dc
+from registry.daemon.client import DaemonClient, remote_select
+from registry.daemon.protocol import MAX_REQUEST
 
 WORKLOAD = {"kind": "chunk", "topk": 2051, "head_dim": 256, "group_size": 6, "num_kv_heads": 1,
             "total_q": 8192, "num_requests": 1, "max_q": 8192, "dtype": "bfloat16"}
@@ -30,7 +31,7 @@ READ_TIMEOUT = 0.5
 def _start(sock: Path, home: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "KREG_HOME": str(home)}
     env.pop("KREG_DAEMON", None)
-    proc = subprocess.Popen([sys.executable, "-m", "registry._daemon", "--socket", str(sock),
+    proc = subprocess.Popen([sys.executable, "-m", "registry.daemon", "--socket", str(sock),
                              "--read-timeout", str(READ_TIMEOUT)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -232,7 +233,7 @@ def test_slow_daemon_times_out_to_local(tmp_path: Path, monkeypatch: pytest.Monk
 def test_connection_limit_and_idle_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from registry._daemon import Daemon
+    from registry.daemon.server import Daemon
 
     monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
     sock = tmp_path / "d.sock"

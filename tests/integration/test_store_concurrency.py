@@ -9,7 +9,7 @@ import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from registry._store import SCHEMA_VERSION, DeviceIdentity, Software, TuningEntry, TuningStore
+from registry.tuning.store import SCHEMA_VERSION, DeviceIdentity, Software, TuningEntry, TuningStore
 
 PROCESSES = 8
 WRITES_PER_PROCESS = 100

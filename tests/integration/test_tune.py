@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import cli
 import registry
 from plugins.measured import identity_of, implementations_from
-from registry._store import TuningEntry, TuningStore
+from registry.tuning.store import TuningEntry, TuningStore
 
 GRID = ["--grid", "kind=prefill", "--grid", "group_size=2", "--grid", "head_dim=16",
         "--grid", "topk=24", "--grid", "kv_len=64", "--grid", "total_q=8,16",
@@ -89,7 +89,7 @@ def _entry(facts: registry.DeviceFacts, **software: str) -> TuningEntry:
 def test_mismatched_triton_version_is_ignored_with_the_reason() -> None:
     facts = registry.profiles()["h200"]
     stale = _entry(facts, triton="3.5.0")
-    impls = {i.name: i for i in implementations_from([stale])}
+    impls = {i.name: i for i in implementations_from([stale], registry.get_registry().ops)}
     reg = registry.Registry(load_entry_points=False)
     import backends.sparse_prefill as op
     import plugins.reference as ref
@@ -102,7 +102,7 @@ def test_mismatched_triton_version_is_ignored_with_the_reason() -> None:
     assert d.implementation == "reference.sparse_prefill"
     assert "measured with triton 3.5.0, running 3.6.0" in d.explain()
     fresh = _entry(facts)
-    impls = {i.name: i for i in implementations_from([fresh])}
+    impls = {i.name: i for i in implementations_from([fresh], registry.get_registry().ops)}
     ok = impls["measured.sparse_prefill"]
     assert all(r.check(facts, reg.workload("sparse_prefill", WL)).passed
                for r in ok.requirements if r.name != "triton_runtime")
@@ -132,7 +132,7 @@ def test_tuning_list_show_export_import_clear(home: Path) -> None:
 
 
 def test_points_of_one_bucket_merge_by_minimax_regret() -> None:
-    from registry._tune import _merge
+    from registry.tuning.tune import _merge
 
     # KV 8K: a fastest (1.00), b 3% slower; KV 128K: b fastest, a 20% slower. The bucket cannot
     # tell them apart, so it keeps b (worst ratio 1.03, not a's 1.20); c ran at one point only.
@@ -146,7 +146,7 @@ def test_points_of_one_bucket_merge_by_minimax_regret() -> None:
 
 
 def test_merge_keeps_the_baseline_unless_a_config_wins_by_more_than_min_gain() -> None:
-    from registry._tune import _merge
+    from registry.tuning.tune import _merge
 
     point = {"table": 1.017, "fam": 1.0, "other": 1.5}
     assert _merge([point], "table", 0.03)[0] == "table"     # 1.7% faster: inside the margin
@@ -165,9 +165,15 @@ def _fake_tuner(times: dict[str, float]) -> types.SimpleNamespace:
         cases=lambda grid: ["p"], label=lambda case: "point p",
         bucket=lambda case: {"total_q": 8},
         candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
-        baseline=lambda case, facts: "table",
-        measure=lambda case, valid, warmup, iters: {
-            lab: {"ms": times[lab], "ok": True} for lab in valid})
+        baseline=lambda case, facts: "table")
+
+
+def _fake_measure(times: dict[str, float]) -> Any:
+    """Stands in for the harness: every valid config measured at ``times``."""
+    from registry.tuning import Measurement
+
+    return lambda op, case, valid, **kw: {
+        lab: Measurement(label=lab, runs=lab, status="ok", ms=times[lab]) for lab in valid}
 
 
 @pytest.mark.parametrize(("min_gain", "stored"), [(0.03, "table"), (0.01, "fam")])
@@ -175,10 +181,11 @@ def test_tune_writes_the_baseline_when_the_win_is_inside_min_gain(
         home: Path, monkeypatch: pytest.MonkeyPatch, min_gain: float, stored: str) -> None:
     """The H200 regret run's failure: a config 1.7% faster at tune time measured 2.5% slower than
     the table in the next window; with the 3% margin the entry keeps the table."""
-    from registry import _tune
+    from registry.tuning import tune as _tune
 
     monkeypatch.setattr(_tune, "load_tuner",
                         lambda op: _fake_tuner({"table": 1.017, "fam": 1.0}))
+    monkeypatch.setattr(_tune, "measure_point", _fake_measure({"table": 1.017, "fam": 1.0}))
     (res,) = _tune.tune("sparse_prefill", {}, facts=registry.probe(), store=TuningStore(),
                         min_gain=min_gain, command="test")
     assert (res.winner, res.fastest) == (stored, "fam")
@@ -189,13 +196,14 @@ def test_tune_writes_the_baseline_when_the_win_is_inside_min_gain(
 
 def test_tune_cli_min_gain_is_checked_and_reported(home: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry import _tune
+    from registry.tuning import tune as _tune
 
     bad = CliRunner().invoke(cli.main, ["tune", "sparse_prefill", "--min-gain", "3"])
     assert bad.exit_code != 0 and "--min-gain" in bad.output and "[0, 1)" in bad.output
     assert TuningStore().load() == []
     monkeypatch.setattr(_tune, "load_tuner",
                         lambda op: _fake_tuner({"table": 1.017, "fam": 1.0}))
+    monkeypatch.setattr(_tune, "measure_point", _fake_measure({"table": 1.017, "fam": 1.0}))
     res = CliRunner().invoke(cli.main, ["tune", "sparse_prefill"])
     assert res.exit_code == 0, res.output
     assert ("kept the baseline table 1.0170 ms: the fastest, fam 1.0000 ms, was only 1.017x "
@@ -263,7 +271,7 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     sw = entries[0].software
     facts = registry.profiles()["h200"].what_if(torch_version=sw.torch, triton_version=sw.triton,
                                                  runtime_version=sw.runtime)
-    impls = {i.name: i for i in implementations_from(entries)}
+    impls = {i.name: i for i in implementations_from(entries, registry.get_registry().ops)}
     reg = registry.Registry(load_entry_points=False)
     import backends.sparse_prefill as op
     import plugins.reference as ref
@@ -338,7 +346,7 @@ def test_regret_bench_names_what_auto_ran(home: Path, monkeypatch: pytest.Monkey
 
 
 def load_tuner_candidates() -> list[tuple[str, Any, str]]:
-    from registry._tune import load_tuner
+    from registry.tuning.tune import load_tuner
 
     tuner = load_tuner("sparse_prefill")
     grid = {g.split("=", 1)[0]: g.split("=", 1)[1].split(",") for g in GRID[1::2]}

@@ -537,24 +537,27 @@ def test_bench_command_checks_and_times(monkeypatch):
             "geometry=FUSED=1", "--graphs", "--json"]
     res = CliRunner().invoke(bench.bench_command, args)
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output[res.output.index("["):])
-    prov = data[0]["providers"]
-    assert prov["triton"]["exact"] and prov["geometry=256x8x4:SPARSE=0"]["exact"]
-    assert prov["geometry=FUSED=1"]["exact"]
-    assert data[0]["graphs"] is False   # no GPU: plain calls, and the record says so
-    assert prov["torch-topk"]["check"] == "same set" and "us" in prov["triton"]
+    data = json.loads(res.output[res.output.index("{"):])
+    assert data["schema"] == "kreg.bench/1" and data["op"] == "indexer_topk"
+    assert data["graphs"] is False   # no GPU: plain calls, and the report says so
+    prov = {m["label"]: m for m in data["cases"][0]["results"]}
+    assert prov["triton"]["status"] == "ok" and prov["geometry=256x8x4:SPARSE=0"]["status"] == "ok"
+    assert prov["geometry=FUSED=1"]["status"] == "ok" and prov["triton"]["error"] == 0
+    assert prov["torch-topk"]["status"] == "unjudged" and prov["torch-topk"]["detail"] == "same set"
+    assert prov["triton"]["ms"] is not None
 
     # A wrong provider must fail the run (exit 1).
-    real = bench._provider_fn
+    real = bench._trial
 
     def broken(name, scores, lengths, k):
-        fn = real(name, scores, lengths, k)
-        if name != "triton":
-            return fn
-        return lambda: fn().flip(1)
-    monkeypatch.setattr(bench, "_provider_fn", broken)
+        trial = real(name, scores, lengths, k)
+        if name == "triton":
+            run = trial.run
+            trial.run = lambda: run().flip(1)
+        return trial
+    monkeypatch.setattr(bench, "_trial", broken)
     res = CliRunner().invoke(bench.bench_command, args[:-1])
-    assert res.exit_code == 1 and "MISMATCH" in res.output
+    assert res.exit_code == 1 and "FAIL" in res.output and "differ" in res.output
 
 
 def test_bench_parse_geometry():

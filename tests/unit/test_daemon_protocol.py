@@ -11,16 +11,11 @@ from typing import Any
 import pytest
 
 import registry
-from registry import _daemon_client as dc
-from registry._daemon import Daemon
-from registry._daemon_client import (
-    PROTOCOL_VERSION,
-    decode_frame,
-    encode_frame,
-    remote_select,
-    resolve_socket,
-)
-from registry._journal import Journal, journal_files, read_journal
+from registry.daemon import client as dc
+from registry.daemon.client import remote_select
+from registry.daemon.journal import Journal, journal_files, read_journal
+from registry.daemon.protocol import PROTOCOL_VERSION, decode_frame, encode_frame, resolve_socket
+from registry.daemon.server import Daemon
 from registry.errors import ConfigError
 
 DEVICE = "rtx-pro-6000-blackwell-server"

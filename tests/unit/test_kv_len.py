@@ -17,8 +17,8 @@ import torch
 import registry
 from backends.sparse_prefill.bench import BenchCase, make_inputs
 from plugins.measured import identity_of, implementations_from
-from registry._store import TuningEntry, TuningStore
 from registry.errors import WorkloadError
+from registry.tuning.store import TuningEntry, TuningStore
 
 from unit_helpers import seed_workload
 
@@ -121,7 +121,7 @@ def test_bad_chunk_paging_is_a_clear_error(change: dict[str, Any], match: str) -
 
 
 def _small_cases() -> list[BenchCase]:
-    from registry._tune import load_tuner
+    from registry.tuning.tune import load_tuner
 
     tuner = load_tuner("sparse_prefill")
     grid = {"kind": ["prefill", "chunk"], "group_size": ["2"], "head_dim": ["16"],
@@ -138,7 +138,7 @@ def _small_cases() -> list[BenchCase]:
 
 @pytest.mark.parametrize("case", _small_cases(), ids=lambda c: f"{c.label()} ps={c.page_size}")
 def test_tuner_bucket_is_the_workload_dispatch_derives(case: BenchCase) -> None:
-    from registry._tune import load_tuner
+    from registry.tuning.tune import load_tuner
 
     inp = make_inputs(case, device="cpu")
     wl = derived(inp["q"], inp["k"], inp["v"], inp["indices"], **inp["kwargs"])
@@ -183,7 +183,7 @@ def selector(entries: list[TuningEntry]) -> registry.Registry:
     import plugins.nvidia_hopper as hopper
     import plugins.reference as ref
 
-    impls = {i.name: i for i in implementations_from(entries)}
+    impls = {i.name: i for i in implementations_from(entries, registry.get_registry().ops)}
     reg = registry.Registry(load_entry_points=False)
     reg.register_plugin(op, "sparse_prefill")
     for mod, name in ((ref, "reference"), (generic, "generic"), (hopper, "nvidia_hopper")):

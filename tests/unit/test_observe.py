@@ -1,4 +1,4 @@
-"""Check mode and the launch recorder (registry/_observe.py), and ``kreg stats``.
+"""Check mode and the launch recorder (registry/observe/), and ``kreg stats``.
 
 The planted plugins here register at run time (``registry.register_plugin``) an implementation
 whose kernel returns a slightly wrong result; check mode must catch it at rate 1.0 and must not
@@ -21,9 +21,12 @@ from click.testing import CliRunner
 
 import registry
 from registry import Implementation, hookimpl
-from registry import _observe as obs
-from registry._observe_cli import stats as stats_command
+from registry import observe as obs
+from registry._default import build_registry
 from registry.errors import ConfigError, StrictModeError
+from registry.observe import checker, hub, persist
+from registry.observe.cli import stats as stats_command
+from registry.observe.state import _state
 
 PLANTED = "planted"
 WRONG = "planted.sparse_prefill_off"
@@ -53,7 +56,7 @@ def _clean_observe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
     obs.reset_stats()
     yield
     obs.check(0.0, seed=0)
-    obs._state.explicit = False
+    _state.explicit = False
     obs.reset_stats()  # nothing dirty: no write to the real KREG_HOME at exit
     for name in ("planted", "planted_ok", "planted_topk"):
         if name in registry.get_registry().plugins:
@@ -104,18 +107,18 @@ def test_no_observer_unless_check_or_record() -> None:
     reg = registry.get_registry()
     assert reg.observers == []
     with registry.check(0.5) as scope:
-        assert reg.observers == [obs._hub]
+        assert reg.observers == [hub._hub]
         assert registry.stats().rate == 0.5
         with registry.check(0.0):
             assert reg.observers == []  # rate 0: the hit path pays nothing
-        assert reg.observers == [obs._hub]
-        other = registry.Registry(load_entry_points=False)  # a second registry gets it too
-        assert other.observers == [obs._hub] and reg.observers == [obs._hub]
+        assert reg.observers == [hub._hub]
+        other = build_registry(load_entry_points=False)  # a second registry gets it too
+        assert other.observers == [hub._hub] and reg.observers == [hub._hub]
     assert scope.previous == 0.0 and reg.observers == [] and other.observers == []
     with registry.record():
         with registry.record():
-            assert reg.observers == [obs._hub]  # one hub however many recorders
-        assert reg.observers == [obs._hub]
+            assert reg.observers == [hub._hub]  # one hub however many recorders
+        assert reg.observers == [hub._hub]
     assert reg.observers == []
 
 
@@ -133,7 +136,7 @@ def test_planted_wrong_kernel_is_caught_at_rate_1_and_missed_at_rate_0(
         for _ in range(3):
             registry.dispatch("sparse_prefill", *args, **kwargs)
     assert registry.stats().counters == []  # never looked
-    with caplog.at_level(logging.WARNING, logger="registry._observe"), \
+    with caplog.at_level(logging.WARNING, logger="registry.observe"), \
             registry.check(1.0) as scope:
         for _ in range(3):
             out = registry.dispatch("sparse_prefill", *args, **kwargs)
@@ -171,7 +174,7 @@ def test_strict_mode_raises_on_a_violation(monkeypatch: pytest.MonkeyPatch) -> N
     registry.register_plugin(_plugin(PLANTED, WRONG, _off_by_a_bit), PLANTED)
     monkeypatch.setenv("KREG_STRICT", "1")
     args, kwargs = _inputs()
-    with registry.check(1.0), pytest.raises(obs.CheckViolationError) as info:
+    with registry.check(1.0), pytest.raises(registry.errors.CheckViolationError) as info:
         registry.dispatch("sparse_prefill", *args, **kwargs)
     assert isinstance(info.value, StrictModeError) and isinstance(info.value, AssertionError)
     assert WRONG in str(info.value) and "KREG_STRICT" in str(info.value)
@@ -221,9 +224,9 @@ def test_a_failing_check_never_breaks_the_dispatch(monkeypatch: pytest.MonkeyPat
 
     args, kwargs = _inputs()
     with registry.check(1.0):
-        monkeypatch.setattr(obs, "_resolve",
-                            lambda reg, op: obs._OpCheck(lambda *a, **k: None, boom))
-        obs._state.checks.clear()
+        monkeypatch.setattr(checker, "_resolve",
+                            lambda reg, op: checker._OpCheck(lambda *a, **k: None, boom))
+        _state.checks.clear()
         out = registry.dispatch("sparse_prefill", *args, **kwargs)
     assert out.shape == (4, 4, 16)
     c = registry.stats().counter("planted_ok.sparse_prefill")
@@ -272,21 +275,21 @@ def test_recorder_sees_the_generic_table_geometry() -> None:
     assert registry.stats().counter("generic.sparse_prefill_table").checked == 1
 
 
-def test_install_from_env_reads_kreg_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_reads_kreg_check(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = registry.Registry(load_entry_points=False)
     monkeypatch.setenv("KREG_CHECK", "0.25")
-    obs.install_from_env(fake)
-    assert fake.observers == [obs._hub] and registry.stats().rate == 0.25
+    obs.install(fake)
+    assert fake.observers == [hub._hub] and registry.stats().rate == 0.25
     obs.check(0.0)
     assert fake.observers == []
     other = registry.Registry(load_entry_points=False)
-    obs._state.explicit = False
+    _state.explicit = False
     monkeypatch.delenv("KREG_CHECK")
-    obs.install_from_env(other)
+    obs.install(other)
     assert other.observers == []
     monkeypatch.setenv("KREG_CHECK", "2")
     with pytest.raises(ConfigError, match="KREG_CHECK"):
-        obs.install_from_env(other)
+        obs.install(other)
 
 
 def test_counters_are_persisted_and_kreg_stats_shows_them(tmp_path: Path) -> None:
@@ -317,14 +320,14 @@ def test_persisting_is_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
     registry.register_plugin(_plugin("planted_ok", "planted_ok.sparse_prefill", _exact),
                              "planted_ok")
     writes: list[int] = []
-    monkeypatch.setattr(obs, "_write", lambda snap: writes.append(snap.checked))
-    obs._state.last_write = 0.0
+    monkeypatch.setattr(persist, "_write", lambda snap: writes.append(snap.checked))
+    _state.last_write = 0.0
     args, kwargs = _inputs(total_q=2)
     with registry.check(1.0):
         for _ in range(20):
             registry.dispatch("sparse_prefill", *args, **kwargs)
     assert len(writes) == 1  # the first change; the next ones fall within the same second
-    obs._maybe_persist(force=True)  # what the atexit hook does
+    persist._maybe_persist(force=True)  # what the atexit hook does
     assert writes[-1] == 20
 
 
@@ -368,8 +371,7 @@ def test_kreg_check_from_the_environment_persists_at_exit(tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    if "NOT-WIRED" in proc.stdout:
-        pytest.skip("registry creation does not call registry._observe.install_from_env yet")
+    assert "WIRED" in proc.stdout and "NOT-WIRED" not in proc.stdout, proc.stdout
     persisted = obs.read_persisted(home)
     [st] = persisted.values()
     c = st.counter("child.exact", {"TILE": 3})

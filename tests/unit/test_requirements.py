@@ -7,7 +7,7 @@ import pytest
 import registry
 from backends.sparse_prefill import SparsePrefillWorkload
 from registry import requirements as R
-from registry._versions import parse_version, version_at_least
+from registry.versions import parse_version, version_at_least
 
 from unit_helpers import profile, seed_workload
 

@@ -79,7 +79,8 @@ def test_config_resolver_sees_facts_and_workload(bare: registry.Registry) -> Non
         "SMS": f.sm_count, "K": w.k})), "cfg")
     d = bare.select("indexer_topk", TOPK, "h20")
     assert d.config == {"SMS": 78, "K": 64}
-    assert d.one_line().startswith("indexer_topk -> cfg.x (78,64) because ")
+    # Values in the fixed config-key order (geometry first, then the rest by name): K, SMS.
+    assert d.one_line().startswith("indexer_topk -> cfg.x (64,78) because ")
 
 
 def test_no_eligible_implementation_embeds_the_trace(bare: registry.Registry) -> None:

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from registry._store import (
+from registry.errors import StoreError
+from registry.tuning.store import (
     SCHEMA_VERSION,
     DeviceIdentity,
     Software,
@@ -26,7 +27,6 @@ from registry._store import (
     TuningStore,
     load_table,
 )
-from registry.errors import StoreError
 
 H200 = DeviceIdentity(name="NVIDIA H200", arch="sm_90", sm_count=132)
 SW = Software(torch="2.9.0", triton="3.6.0", runtime="12.8")
@@ -415,7 +415,7 @@ def test_corrupt_file_is_set_aside_on_load(store: TuningStore, tmp_path: Path, k
     store.path.parent.mkdir(parents=True)
     store.path.write_bytes(bad)
 
-    with caplog.at_level(logging.WARNING, logger="registry._store"):
+    with caplog.at_level(logging.WARNING, logger="registry.tuning.store"):
         assert store.load() == []
 
     [aside] = _quarantined(store)
@@ -443,7 +443,7 @@ def test_put_sets_a_corrupt_file_aside_before_writing(store: TuningStore, tmp_pa
     store.path.parent.mkdir(parents=True)
     store.path.write_bytes(bad)
 
-    with caplog.at_level(logging.WARNING, logger="registry._store"):
+    with caplog.at_level(logging.WARNING, logger="registry.tuning.store"):
         store.put([make_entry(7)])
 
     [aside] = _quarantined(store)
@@ -633,7 +633,7 @@ def test_store_module_imports_neither_torch_nor_triton() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, registry._store; "
+    code = ("import sys, registry.tuning.store; "
             "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -1,10 +1,10 @@
-"""registry._timing on the CPU: round-robin order, medians, and the GPU-only knobs ignored."""
+"""registry.tuning.timing on the CPU: round-robin order, medians, and the GPU-only knobs ignored."""
 
 from __future__ import annotations
 
 import pytest
 
-from registry import _timing
+from registry.tuning import timing as _timing
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,394 @@
+#!/usr/bin/env bash
+# Lease steps on the lent H200 for docs/BENCHMARKS.md. Usage:
+#   bash benchmarks/probes/device_run.sh STEP [STEP...]
+# Steps: tests (pytest -m gpu, then the torch.compile tests, which are CPU tests that -m gpu
+# deselects), hit-paths (bench_select on the device host), tune-sparse and regret-sparse (the
+# whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer, profile-indexer (the
+# per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel),
+# slices-indexer (gmax slices a row against the default, graph replays), tests-indexer (the
+# indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
+# samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
+# path variants side by side), shapes-indexer (8K and 512K keys, causal),
+# gmax16-indexer (GMAX_BITS=16 against the default, and the k2048 GPU tests),
+# ab-sparse (sparse_prefill: double-buffered 16-key tiles against the family),
+# stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
+# lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
+# lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
+# onewarp-sparse (group 6 on one warp), dense-sparse (DENSE thresholds, KV and total_q
+# sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads,
+# 16 requests), kv32k-sparse (prefill at KV 32K, 8192 rows: schedules around the family),
+# gluon-sparse (ENGINE=gluon: its GPU tests unless SKIP_TESTS is set, the group-6 prefill
+# total_q sweep at KV 8K-32K against the Triton family and the table, long KV, group 12),
+# wgmma-sparse (ENGINE=gluon_wgmma: the Gluon and dispatch GPU tests unless SKIP_TESTS is set,
+# the group-12 and group-6 prefill total_q sweeps at KV 8K-32K),
+# ncu-sparse (counters of the sparse_prefill table and
+# the H200 family).
+# Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
+#
+# The device image has no kreg installed, and plugins load through entry points only, so carry an
+# installed copy: before the call, here, `rm -f .whl/kreg-*.whl && .venv/bin/pip wheel --no-deps
+# -w .whl .` (next to the pydantic wheels the device README lists), and name `.whl` in `carry`.
+set -u
+ls .whl/kreg-*.whl >/dev/null 2>&1 || { echo "no .whl/kreg-*.whl: build it first (see above)"; exit 2; }
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
+stage() { echo "=== $1 ($(date +%T))"; }
+# ab_cells NAME G6 G12 SED6 SED12: sparse_prefill provider lists G6 (group 6) and G12 (group
+# 12; empty: skipped) side by side, prefill then chunk, 8192 rows, KV 8K, graph replays, into
+# $OUT/NAME.log; SED6/SED12 turn a prefill list into its chunk list (e.g. s/:rev/:pre:rev/g).
+# sparse_gpu_tests NAME [EXTRA]: the sparse_prefill GPU tests into $OUT/NAME.log, with the
+# comma-separated geometries EXTRA as extra candidates (KREG_SP_EXTRA_GEOMETRIES)
+sparse_gpu_tests() {
+  KREG_SP_EXTRA_GEOMETRIES="${2:-}" timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/kernels/test_sparse_prefill_triton.py > "$OUT/$1.log" 2>&1
+  echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/$1.log"
+}
+ab_cells() {
+  local name=$1 kind g p
+  for kind in prefill chunk; do
+    stage "sparse_prefill $kind: $name"
+    for g in 6 12; do
+      if [ $g = 6 ]; then p=$2; else p=$3; fi
+      [ -n "$p" ] || continue
+      if [ $kind = chunk ]; then p=$(echo "$p" | sed "$([ $g = 6 ] && echo "$4" || echo "$5")"); fi
+      timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size $g \
+        --kv-len 8192 --total-q 8192 --graphs --providers "$p" 2>/dev/null \
+        | tee -a "$OUT/$name.log" | grep -v "^-"
+    done
+  done
+}
+GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
+GRID="$GRID --grid total_q=32,64,128,256,512,1024,2048,4096,8192 --grid space=tiny"
+IGRID="--grid rows=1,64,1024,4096 --grid keys=131072"
+stage "environment"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for step in "$@"; do
+  case "$step" in
+    tests)
+      stage "gpu tests"
+      timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+      echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/unit/test_torch_ops.py \
+        >> "$OUT/gpu_tests.log" 2>&1
+      echo "torch.compile tests rc=$?"; tail -2 "$OUT/gpu_tests.log" ;;
+    hit-paths)
+      stage "hit paths"
+      timeout 60 python3 benchmarks/bench_select.py 2>&1 | tee "$OUT/bench_select.log" ;;
+    tune-sparse)
+      stage "tune sparse_prefill"
+      timeout 330 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
+        ${PLOT:+--plot "$OUT/tune_sparse_prefill.png"} > "$OUT/tune_sparse_prefill.log" 2>&1
+      echo "rc=$?"; tail -5 "$OUT/tune_sparse_prefill.log" ;;
+    regret-sparse)
+      stage "regret sparse_prefill"
+      timeout 240 python3 benchmarks/bench_regret.py sparse_prefill $GRID --top 3 --warmup 3 \
+        --iters 15 > "$OUT/regret_sparse_prefill.log" 2>&1
+      echo "rc=$?"; tail -8 "$OUT/regret_sparse_prefill.log" ;;
+    tune-indexer)
+      stage "tune indexer_topk"
+      timeout 150 python3 -m cli tune indexer_topk $IGRID --warmup 3 --iters 15 \
+        > "$OUT/tune_indexer_topk.log" 2>&1
+      echo "rc=$?"; tail -30 "$OUT/tune_indexer_topk.log" ;;
+    regret-indexer)
+      stage "regret indexer_topk"
+      timeout 100 python3 benchmarks/bench_regret.py indexer_topk $IGRID --warmup 3 --iters 20 \
+        > "$OUT/regret_indexer_topk.log" 2>&1
+      echo "rc=$?"; tail -8 "$OUT/regret_indexer_topk.log" ;;
+    profile-indexer)
+      stage "profile indexer_topk"
+      timeout 120 python3 benchmarks/probes/profile_indexer.py --rows 1,64,1024,4096 --phases \
+        2>&1 | grep -v -i warn | tee "$OUT/profile_indexer.log" ;;
+    ncu-indexer)
+      stage "ncu indexer_topk row kernel (1024 rows)"
+      timeout 240 ncu --clock-control none -k regex:_row_kernel --set full -c 1 \
+        python3 benchmarks/probes/profile_indexer.py --rows 1024 --iters 1 > "$OUT/ncu_row_kernel.log" 2>&1
+      echo "rc=$?"; grep -E "Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Stall" \
+        "$OUT/ncu_row_kernel.log" | head -20 ;;
+    slices-indexer)
+      # The gmax slices a row when rows < SMs (kreg tune: 8 a row at 64 rows beat the default
+      # 5 by 7%) and at 4096 rows (2 beat 1 by 3%): the data for default_config's rule.
+      stage "indexer_topk gmax slices a row"
+      S="torch-topk,triton"
+      for sk in 8192 16384 32768 65536; do S="$S,geometry=SLICE_KEYS=$sk"; done
+      timeout 200 python3 cli.py bench indexer_topk --rows 32,64,128,256,4096 \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/slices_indexer.log" | grep -v "^-" ;;
+    tests-indexer)
+      stage "gpu tests: indexer_topk kernels and graphs"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_indexer_topk_triton.py tests/gpu/test_graphs.py \
+        > "$OUT/gpu_tests_indexer.log" 2>&1
+      echo "pytest rc=$?"; tail -3 "$OUT/gpu_tests_indexer.log" ;;
+    pdl-indexer)
+      # Programmatic dependent launches (PDL=1) against plain ones, and the gmax slices with
+      # them, graph replays (the launch gaps PDL hides are what a graph still has).
+      stage "indexer_topk PDL and slices"
+      S="torch-topk,triton,geometry=PDL=1,geometry=SLICE_KEYS=16384:PDL=1"
+      S="$S,geometry=SLICE_KEYS=65536:PDL=1"
+      timeout 200 python3 cli.py bench indexer_topk --rows 1,8,32,64,256,1024,4096 \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/pdl_indexer.log" | grep -v "^-" ;;
+    ncu-source)
+      # Per-instruction stall samples of the fused row kernel (SASS), 64 and 4096 rows.
+      for r in 64 4096; do
+        stage "ncu source counters, row kernel, $r rows"
+        timeout 150 ncu --clock-control none -k regex:_row_kernel -c 1 -f \
+          --section SourceCounters --section WarpStateStats --section Occupancy \
+          --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          -o "/tmp/row$r" python3 benchmarks/probes/profile_indexer.py --rows $r --iters 1 \
+          > /dev/null 2>&1
+        echo "ncu rc=$?"
+        ncu -i "/tmp/row$r.ncu-rep" --page details >> "$OUT/ncu_row_details.log" 2>&1
+        ncu -i "/tmp/row$r.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
+          | gzip > "$OUT/row${r}_sass.csv.gz"
+        grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" \
+          "$OUT/ncu_row_details.log" | tail -4
+      done ;;
+    ab-indexer)
+      # Variants of the fused path side by side (graph replays); AB_PROVIDERS overrides.
+      stage "indexer_topk variants"
+      S="torch-topk,triton,geometry=GATHER_VEC=0,geometry=SEARCH_BITS=2,geometry=PDL=1"
+      S="$S,geometry=SLICE_KEYS=16384,geometry=SLICE_KEYS=16384:PDL=1:SEARCH_BITS=2"
+      timeout 330 python3 cli.py bench indexer_topk --rows ${AB_ROWS:-64,1024,4096} \
+        --keys 131072 --graphs --warmup 5 --iters 30 --providers "${AB_PROVIDERS:-$S}" \
+        2>/dev/null | tee "$OUT/ab_indexer.log" | grep -v "^-" ;;
+    shapes-indexer)
+      # The other shapes of docs/BENCHMARKS.md: 8K and 512K keys, and a causal batch.
+      stage "indexer_topk other shapes"
+      W=${SHAPES_PROVIDERS:-torch-topk,torch-topk-unsorted,triton}
+      timeout 150 python3 cli.py bench indexer_topk --rows 1,64 --keys 8192,524288 \
+        --graphs --providers "$W" 2>/dev/null | tee "$OUT/shapes_indexer.log" | grep -v "^-"
+      timeout 100 python3 cli.py bench indexer_topk --rows 1024 --keys 131072 --ragged \
+        --graphs --providers "$W" 2>/dev/null | tee -a "$OUT/shapes_indexer.log" | grep -v "^-" ;;
+    gmax16-indexer)
+      # GMAX_BITS=16 (group maxima as the keys' top 16 bits) against the default, graph
+      # replays, and its GPU tests.
+      stage "indexer_topk GMAX_BITS=16"
+      S="torch-topk,triton,geometry=GMAX_BITS=16"
+      timeout 150 python3 cli.py bench indexer_topk --rows 64,1024,4096 --keys 131072 \
+        --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
+        | tee "$OUT/gmax16_indexer.log" | grep -v "^-"
+      timeout 100 python3 cli.py bench indexer_topk --rows 1024 --keys 131072 --ragged \
+        --graphs --providers "$S" 2>/dev/null | tee -a "$OUT/gmax16_indexer.log" | grep -v "^-"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_indexer_topk_triton.py -k "k2048" 2>&1 | tail -2 ;;
+    ab-sparse)
+      # sparse_prefill: the gathered K/V double-buffered in 16-key tiles (num_stages 5: two
+      # buffers; 7: three) against the family's single-buffered 32-key tiles, at the same
+      # shared memory (8x16x4x5 and 8x32x4x2 both 37,504 B, 96 registers, cross-compiled with
+      # Triton 3.6): each program then overlaps its next gather with its compute without
+      # losing resident programs (v5's deeper 32-key variants halved them).
+      G6="table,h200,geometry=8x16x4x5:rev:split2:r96,geometry=8x16x4x5:rev:split2"
+      G6="$G6,geometry=8x16x4x7:rev:split2:r96,geometry=8x16x2x5:rev:split2"
+      G12="table,h200,geometry=16x16x2x5:rev:split2,geometry=16x16x2x5:rev:split2:r128"
+      G12="$G12,geometry=16x16x1x5:rev:split2,geometry=16x16x4x5:rev:split2:r96"
+      ab_cells ab_sparse "$G6" "$G12" 's/:rev/:pre:rev/g' 's/:rev/:pre:rev/g' ;;
+    stage-sparse)
+      # chunk: CHUNK_MODE=staged (each program translates its own row into a scratch before its
+      # loop) against pretranslate (a separate kernel) at the family geometries; the
+      # pretranslate kernel timed alone; the sparse_prefill GPU tests (staged included).
+      stage "sparse_prefill chunk: staged against pretranslate"
+      timeout 60 python3 benchmarks/probes/time_chunk_translate.py 2>&1 | tee -a "$OUT/stage_sparse.log"
+      S6="table,h200,geometry=8x32x4x2:stage:rev:split2:r96"
+      S12="table,h200,geometry=16x16x1x2:stage:rev:split2"
+      timeout 120 python3 cli.py bench sparse_prefill --kind chunk --group-size 6 \
+        --kv-len 8192 --total-q 8192 --graphs --providers "$S6" 2>/dev/null \
+        | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      timeout 200 python3 cli.py bench sparse_prefill --kind chunk --group-size 12 \
+        --kv-len 8192,32768,131072 --total-q 8192 --graphs --providers "$S12" 2>/dev/null \
+        | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      timeout 120 python3 cli.py bench sparse_prefill --kind chunk --group-size 6,12 \
+        --kv-len 8192 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
+        --providers "table,h200,geometry=8x32x4x2:stage:rev:split2:r96,geometry=16x16x1x2:stage:rev:split2" \
+        2>/dev/null | tee -a "$OUT/stage_sparse.log" | grep -v "^-"
+      sparse_gpu_tests stage_sparse_tests ;;
+    lean-sparse)
+      # LEAN (then with int32 row offsets, K of invalid entries read unmasked from slot 0) and
+      # SPLIT_V=2 (V gathered in the K halves' layout: one offset per row for K and V) against
+      # the family, all four cells; then the sparse GPU tests with them as extra geometries.
+      L6="table,h200,geometry=8x32x4x2:rev:split2:v2:lean,geometry=8x32x4x2:rev:split2:lean:r96"
+      L6="$L6,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
+      L6="$L6,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
+      L12="table,h200,geometry=16x16x1x2:rev:split2:lean,geometry=16x16x1x2:rev:split2:v2:lean"
+      L12="$L12,geometry=16x32x4x2:rev:split2:v2:lean,geometry=16x32x4x2:rev:split2:v2:lean:r96"
+      L12="$L12,geometry=16x16x2x2:rev:split2:v2:lean,geometry=16x16x2x2:rev:split2:v2:lean:r128"
+      ab_cells lean_sparse "$L6" "$L12" \
+        's/:rev/:stage:rev/g; s/$/,geometry=8x32x4x2:pre:rev:split2:v2:lean/' \
+        's/:rev/:pre:rev/g; s/$/,geometry=16x16x1x2:stage:rev:split2:lean/'
+      X="8x32x4x2:rev:split2:v2:lean,16x16x1x2:rev:split2:lean,16x16x1x2:rev:split2:v2:lean"
+      sparse_gpu_tests lean_sparse_tests "$X,8x32x4x2:stage:rev:split2:v2:lean" ;;
+    lean2-sparse)
+      # second round: LEAN (unmasked K) and OFFS32 (int32 row offsets) apart, register caps
+      # for six (group 6) or nine (group 12) resident programs; all four cells
+      M6="table,h200,geometry=8x32x4x2:rev:split2:v2:r96,geometry=8x32x4x2:rev:split2:v2:r80"
+      M6="$M6,geometry=8x32x4x2:rev:split2:v2:o32:r80,geometry=8x32x4x2:rev:split2:v2:o32:r96"
+      M6="$M6,geometry=8x32x4x2:rev:split2:v2:lean:r96,geometry=8x32x4x2:rev:split2:v2:lean:r80"
+      M12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean,geometry=16x16x1x2:rev:split2:v2:o32"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r224"
+      M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r240"
+      M12="$M12,geometry=16x16x1x2:rev:split2:lean:o32:r224"
+      ab_cells lean2_sparse "$M6" "$M12" 's/:rev/:stage:rev/g' 's/:rev/:pre:rev/g' ;;
+    lazy-sparse)
+      # LAZY_RESCALE (rescale the accumulator only when a row's max grew by > 2**8) on the
+      # best of lean2-sparse, and one-warp group-6 geometries; all four cells
+      Z6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
+      Z6="$Z6,geometry=8x32x4x2:rev:split2:v2:o32:lazy:r80"
+      Z6="$Z6,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:o32:lazy,geometry=8x16x2x2:rev:split2:v2:o32:lazy"
+      Z12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:o32:lazy"
+      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy:r224"
+      ab_cells lazy_sparse "$Z6" "$Z12" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' \
+        's/:rev/:pre:rev/g; s/$/,geometry=16x16x1x2:stage:rev:split2:v2:lean:o32:lazy/'
+      X="8x32x4x2:rev:split2:v2:o32:lazy:r80,16x16x1x2:rev:split2:v2:lean:o32:lazy"
+      sparse_gpu_tests lazy_sparse_tests "$X,16x16x1x2:stage:rev:split2:v2:lean:o32:lazy" ;;
+    onewarp-sparse)
+      # group 6 on one warp (BLOCK_M 8, BLOCK_N 16) without LAZY_RESCALE, against the best
+      # four-warp geometry; prefill and chunk (staged)
+      W6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
+      W6="$W6,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x1x2:rev:split2:v2:o32"
+      W6="$W6,geometry=8x16x1x2:rev:split2:lean:o32"
+      ab_cells onewarp_sparse "$W6" "" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' "" ;;
+    envelope-sparse)
+      # the other chunk shapes nvidia_hopper serves with the family: 2 KV heads, and 16 requests
+      # of 512 rows (8192 rows, KV 8K, graph replays; family against the table)
+      stage "sparse_prefill chunk: 2 KV heads, 16 requests"
+      timeout 150 python3 cli.py bench sparse_prefill --kind chunk --group-size 6,12 \
+        --kv-heads 2 --kv-len 8192 --total-q 8192 --graphs --providers table,h200 2>/dev/null \
+        | tee -a "$OUT/envelope_sparse.log" | grep -v "^-"
+      timeout 150 python3 cli.py bench sparse_prefill --kind chunk --group-size 6,12 \
+        --kv-len 8192,131072 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
+        --providers table,h200 2>/dev/null | tee -a "$OUT/envelope_sparse.log" | grep -v "^-" ;;
+    ncu-sparse)
+      # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
+      # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
+      stage "ncu sparse_prefill (prefill g6, 8192 rows, KV 8K)"
+      timeout 200 ncu --clock-control none -k regex:_sparse_prefill_fwd -c 2 -f \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section SourceCounters --section MemoryWorkloadAnalysis_Tables \
+        -o /tmp/sparse python3 cli.py bench sparse_prefill --kind prefill \
+        --group-size 6 --kv-len 8192 --total-q 8192 --providers table,h200 --iters 1 \
+        --warmup 0 > "$OUT/ncu_sparse_run.log" 2>&1
+      echo "ncu rc=$?"
+      ncu -i /tmp/sparse.ncu-rep --page details > "$OUT/ncu_sparse_details.log" 2>&1
+      ncu -i /tmp/sparse.ncu-rep --page source --csv --print-source sass 2>/dev/null \
+        | gzip > "$OUT/sparse_sass.csv.gz"
+      grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|L1/TEX Hit|Shared" \
+        "$OUT/ncu_sparse_details.log" | head -24
+      # warp stall reasons (cycles per issued instruction) of both launches
+      ncu -i /tmp/sparse.ncu-rep --page raw --csv 2>/dev/null > /tmp/sparse_raw.csv
+      python3 -c "
+import csv; rows = list(csv.reader(open('/tmp/sparse_raw.csv')))
+hdr = rows[0]; data = [r for r in rows[2:] if r]
+cols = [i for i, h in enumerate(hdr) if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio')]
+out = []
+for i in cols:
+    vals = [float(r[i].replace(',', '') or 0) for r in data]
+    if max(vals) >= 0.05: out.append((max(vals), hdr[i][34:-23], vals))
+for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'{v:7.2f}' for v in vals))
+" | tee "$OUT/ncu_sparse_stalls.log" ;;
+    gluon-sparse)
+      if [ -z "${SKIP_TESTS:-}" ]; then
+        stage "sparse_prefill ENGINE=gluon: GPU tests"
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/kernels/test_sparse_prefill_gluon.py > "$OUT/gluon_tests.log" 2>&1
+        echo "gluon gpu tests rc=$?"; tail -3 "$OUT/gluon_tests.log"
+      fi
+      SBG="python3 cli.py bench sparse_prefill --kind prefill --graphs --warmup 3 --iters 15"
+      GL6="geometry=8x16x2x1:gl:o32"
+      stage "prefill group 6: Gluon against the Triton family and the table, total_q sweep"
+      timeout 330 $SBG --group-size 6 --kv-len 8192,16384,32768 \
+        --total-q 32,64,128,256,512,1024,2048,4096,8192 --providers \
+        "table,geometry=8x16x1x2:rev:split2:v2:lean:o32,$GL6,geometry=8x32x2x1:gl:o32" \
+        2>/dev/null | tee "$OUT/gluon_sweep.log" | grep -v "^-"
+      stage "long KV (slot ordering), and group 12 on the 16-line kernel, 8192 rows"
+      timeout 200 $SBG --group-size 6 --kv-len 65536,131072 --total-q 8192 --providers \
+        "table,h200,$GL6:ord1" 2>/dev/null | tee -a "$OUT/gluon_sweep.log" | grep -v "^-"
+      timeout 200 $SBG --group-size 12 --kv-len 32768 --total-q 8192 --providers \
+        "table,h200,geometry=16x16x2x1:gl:o32,geometry=16x16x1x1:gl:o32" 2>/dev/null \
+        | tee -a "$OUT/gluon_sweep.log" | grep -v "^-" ;;
+    wgmma-sparse)
+      # ENGINE=gluon_wgmma (session 12): its GPU tests and the dispatch tests unless SKIP_TESTS
+      # is set, then the prefill total_q sweeps at KV 8K-32K against the Triton family, the
+      # mma_v2 Gluon kernel (group 6), the table and the h200 policy, graph replays
+      if [ -z "${SKIP_TESTS:-}" ]; then
+        stage "sparse_prefill Gluon engines and dispatch: GPU tests"
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/kernels/test_sparse_prefill_gluon.py tests/gpu/test_dispatch_gpu.py \
+          > "$OUT/wgmma_tests.log" 2>&1
+        echo "gluon + dispatch gpu tests rc=$?"; tail -3 "$OUT/wgmma_tests.log"
+      fi
+      SBG="python3 cli.py bench sparse_prefill --kind prefill --graphs --warmup 3 --iters 15"
+      for g in 12 6; do
+        if [ "$g" = 6 ]; then
+          provs="table,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x2x1:gl:o32"
+          provs="$provs,geometry=8x64x4x2:wg:o32:r96"
+        else
+          provs="table,geometry=16x16x1x2:rev:split2:v2:lean:o32,geometry=16x64x4x2:wg:o32:r96"
+          provs="$provs,geometry=16x64x4x2:wg:o32:r128"
+        fi
+        stage "prefill group $g: wgmma against the family, total_q sweep"
+        timeout 300 $SBG --group-size $g --kv-len 8192,16384,32768 \
+          --total-q ${WG_TOTAL_Q:-512,1024,2048,4096,8192} --providers "$provs,h200" 2>/dev/null \
+          | tee -a "$OUT/wgmma_sweep.log" | grep -v "^-"
+      done ;;
+    kv32k-sparse)
+      stage "sparse_prefill prefill KV 32K: schedules around the family"
+      for g in 6 12; do
+        if [ "$g" = 6 ]; then
+          geos="8x32x1x2:rev:split2:v2:lean:o32 8x16x1x3:rev:split2:v2:lean:o32
+                8x16x2x2:rev:split2:v2:lean:o32 8x32x2x2:rev:split2:v2:lean:o32
+                16x16x1x2:rev:split2:v2:lean:o32 8x16x1x2:rev:split2:v2:o32
+                8x32x4x2:rev:split2:v2:o32:r80 8x16x1x2:split2:v2:lean:o32"
+        else
+          geos="16x16x1x3:rev:split2:v2:lean:o32 16x16x2x2:rev:split2:v2:lean:o32
+                16x32x1x2:rev:split2:v2:lean:o32 16x32x2x2:rev:split2:v2:lean:o32
+                16x16x1x2:rev:split2:v2:o32 16x32x4x2:rev:split2:v2:o32:r96"
+        fi
+        provs="table,h200"
+        for p in $geos; do provs="$provs,geometry=$p"; done
+        timeout 250 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
+          --kv-len 32768 --total-q 8192 --graphs --warmup 3 --iters 15 --providers "$provs" \
+          2>&1 | tee -a "$OUT/kv32k_sweep.log" | grep -v "^-"
+      done ;;
+    dense-sparse)
+      # DENSE=N (dense tiles walk the KV blocks with per-slot counts, the rest gathers) against
+      # the table and the family: prefill, 8192 rows, KV 8K, thresholds N; then KV-length and
+      # total_q sweeps of DENSE6 / DENSE12 (graph replays)
+      F6=8x16x1x2:rev:split2:v2:lean:o32 F12=16x16x1x2:rev:split2:v2:lean:o32
+      D6="table,h200,geometry=$F6:dense1000000,geometry=$F6:dense250,geometry=$F6:dense370"
+      D6="$D6,geometry=$F6:dense500,geometry=$F6:dense370:dt128x64x8x2"
+      D12="table,h200,geometry=$F12:dense1000000,geometry=$F12:dense150"
+      D12="$D12,geometry=$F12:dense200,geometry=$F12:dense250,geometry=$F12:dense300"
+      for g in 6 12; do
+        stage "sparse_prefill prefill g$g: DENSE thresholds"
+        if [ $g = 6 ]; then p=$D6; else p=$D12; fi
+        timeout 300 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
+          --kv-len 8192 --total-q 8192 --graphs --warmup 3 --iters 20 --providers "$p" \
+          2>&1 | tee -a "$OUT/dense_sparse.log" | grep -v "^-"
+      done
+      for g in 6 12; do
+        if [ $g = 6 ]; then p=$F6:${DENSE6:-dense370}; else p=$F12:${DENSE12:-dense150}; fi
+        stage "sparse_prefill prefill g$g: sweeps of $p"
+        timeout 300 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
+          --kv-len 4096,16384,32768 --total-q 8192 --graphs --warmup 3 --iters 15 \
+          --providers "table,h200,geometry=$p" 2>&1 | tee -a "$OUT/dense_sweep.log" \
+          | grep -v "^-"
+        timeout 300 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
+          --kv-len 8192 --total-q 512,1024,2048,4096 --graphs --warmup 3 --iters 15 \
+          --providers "table,h200,geometry=$p" 2>&1 | tee -a "$OUT/dense_sweep.log" \
+          | grep -v "^-"
+      done ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+cp "$KREG_HOME/tuning.json" "$OUT/tuning.json" 2>/dev/null
+stage "done"

@@ -1,0 +1,190 @@
+"""``kreg tune``: sweep an op's config space on this device and keep the winners.
+
+The op supplies a *tuner* module (``OpSpec.tuner``) with:
+
+* ``FAMILY`` — the implementation family whose kernel the configs drive;
+* ``cases(grid) -> list`` — the workload points of a grid (``{option: [values]}``);
+* ``label(case)``, ``bucket(case) -> dict`` (the workload fields of the point);
+* ``candidates(case, facts) -> [(label, config | None, note)]`` — the valid config space, with
+  invalid configs pruned (config None) and the reason in ``note``;
+* ``baseline(case, facts) -> label`` — the config this device gets without tuning (the
+  table; the same label as that config's candidate, so the tuner can keep it);
+* ``inputs(case) -> (args, kwargs)`` — the op's call arguments for the point, on this device;
+* optionally ``expected(case, args, kwargs)`` — the output to judge against (default: the op's
+  reference implementation on the same inputs; sparse_prefill judges against its fp32
+  reference) and ``metric(actual, expected) -> float`` — the error measure shown beside each
+  candidate.
+
+:func:`measure_point` checks each config on the op's ``OpSpec.tuned_kernel`` with the op's
+compare, then times the good ones interleaved as CUDA-graph replays (the one harness,
+:mod:`registry.tuning.measure`), and returns ``{label: Measurement}``.
+
+Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
+run resumes where it stopped (a resumed run skips buckets already in the store). Points of one
+run whose buckets coincide (grid axes the workload cannot see, such as sparse_prefill's
+``space``; its KV length was one until the workload gained ``kv_len``) merge into one entry: its
+config is the candidate with the smallest worst ratio to each point's fastest (minimax regret
+over those points), its ``timings_ms`` the mean over them of the candidates measured at every
+one. The baseline keeps the entry unless a candidate beats it by more than ``min_gain`` (a
+worst ratio more than that much lower): a win inside timing noise would serve a config the
+table does as well, and could serve a slower one (the selection-regret run catches exactly
+that on ~0.1 ms kernels). A candidate that fails to compile or run is scored as failed, not
+fatal; one past the op's error bound makes the run exit non-zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry._facts import DeviceFacts
+from registry._spec import load_object
+from registry.errors import ConfigError
+from registry.tuning.measure import Measurement, Trial, measure, registry_candidates
+from registry.tuning.store import TuningEntry, TuningStore, identity_of, utc_now
+
+__all__ = ["DEFAULT_MIN_GAIN", "PointResult", "load_tuner", "measure_point", "tune"]
+
+DEFAULT_MIN_GAIN = 0.03
+
+
+@dataclass
+class PointResult:
+    label: str
+    bucket: dict[str, Any]
+    status: str  # "measured", "skipped (in store)", "dry-run", "no valid candidate"
+    candidates: list[tuple[str, dict[str, Any] | None, str]] = field(default_factory=list)
+    timings: dict[str, Measurement] = field(default_factory=dict)
+    winner: str | None = None      # the config written for this point
+    baseline: str | None = None
+    fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.winner or not self.baseline:
+            return None
+        base, win = self.timings.get(self.baseline), self.timings.get(self.winner)
+        return base.ms / win.ms if base and win and base.ms and win.ms else None
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{label}: {t.detail}" for label, t in self.timings.items()
+                if t.status == "violation"]
+
+
+def load_tuner(op: str) -> Any:
+    import registry
+
+    spec = registry.get_registry().spec(op)
+    if not spec.tuner:
+        raise ConfigError(f"op {op!r} has no tuner; ops with one: " + ", ".join(
+            n for n in registry.ops() if registry.get_registry().spec(n).tuner))
+    return load_object(spec.tuner)
+
+
+def measure_point(op: str, case: Any, configs: Mapping[str, Mapping[str, Any]], *,
+                  warmup: int = 5, iters: int = 30, include_auto: bool = False,
+                  tuner: Any = None) -> dict[str, Measurement]:
+    """Check then time ``configs`` (label -> config) of ``op``'s tuned kernel at one tuning
+    point; ``include_auto`` adds ``auto``, ``registry.dispatch`` as a framework calls it, in the
+    same window (the selection-regret bench)."""
+    import registry
+
+    reg = registry.get_registry()
+    spec = reg.spec(op)
+    tuner = load_tuner(op) if tuner is None else tuner
+    args, kwargs = tuner.inputs(case)
+    kernel = load_object(spec.tuned_kernel)
+    if hasattr(tuner, "expected"):
+        expected = tuner.expected(case, args, kwargs)
+    else:
+        expected = reg.reference_kernel(op)(*args, **kwargs)
+    trials = [Trial(label, functools.partial(kernel, *args, config=dict(cfg), **kwargs),
+                    implementation=getattr(tuner, "FAMILY", None), config=dict(cfg))
+              for label, cfg in configs.items()]
+    if include_auto:
+        trials += registry_candidates(op, ["auto"], lambda: registry.dispatch(op, *args, **kwargs),
+                                      tuner.bucket(case))
+    results = measure(trials, expected=expected, compare=spec.load_compare(),
+                      metric=getattr(tuner, "metric", None), warmup=warmup, iters=iters,
+                      graphs=True)
+    return {m.label: m for m in results}
+
+
+def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: TuningStore,
+         dry_run: bool = False, resume: bool = True, warmup: int = 5, iters: int = 30,
+         on_point: Callable[[PointResult], None] | None = None,
+         command: str | None = None, min_gain: float = DEFAULT_MIN_GAIN) -> list[PointResult]:
+    if not 0.0 <= min_gain < 1.0:
+        raise ConfigError(f"min_gain={min_gain}: expected a fraction in [0, 1), e.g. 0.03 for "
+                          f"3%")
+    tuner = load_tuner(op)
+    device, software = identity_of(facts)
+    command = command or "kreg " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    done: set[str] = set()
+    if resume:
+        for e in store.load():
+            if e.op == op and e.family == tuner.FAMILY and e.device == device and \
+                    e.software == software:
+                done.add(_bucket_key(e.bucket))
+    results = []
+    merged: dict[str, list[dict[str, float]]] = {}
+    for case in tuner.cases(grid):
+        bucket = dict(tuner.bucket(case))
+        res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
+                          candidates=list(tuner.candidates(case, facts)),
+                          baseline=tuner.baseline(case, facts))
+        valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
+        if resume and _bucket_key(bucket) in done:
+            res.status = "skipped (in store)"
+        elif dry_run:
+            res.status = "dry-run"
+        elif not valid:
+            res.status = "no valid candidate"
+        else:
+            res.timings = measure_point(op, case, valid, warmup=warmup, iters=iters, tuner=tuner)
+            ok = {lab: t.ms for lab, t in res.timings.items() if t.ok and t.ms}
+            if ok:
+                res.fastest = min(ok, key=lambda lab: ok[lab])
+                res.winner = _merge([ok], res.baseline, min_gain)[0]
+                points = merged.setdefault(_bucket_key(bucket), [])
+                points.append(ok)
+                config_label, timings = _merge(points, res.baseline, min_gain)
+                store.put([TuningEntry(
+                    op=op, family=tuner.FAMILY, device=device, software=software, bucket=bucket,
+                    config=valid[config_label], timings_ms=timings, command=command,
+                    measured_at=utc_now())])
+            else:
+                res.status = "no candidate ran"
+        results.append(res)
+        if on_point is not None:
+            on_point(res)
+    return results
+
+
+def _merge(points: list[dict[str, float]], baseline: str | None = None,
+           min_gain: float = 0.0) -> tuple[str, dict[str, float]]:
+    """(label, mean ms) over the points of one bucket, among the labels that ran at every point:
+    the minimax-regret label (the smallest worst ratio to each point's fastest), unless
+    ``baseline`` ran everywhere and that label's worst ratio is not more than ``min_gain``
+    below the baseline's; then the baseline. A single point: its fastest (or the baseline by
+    that rule), its timings."""
+    common = set(points[0]).intersection(*points[1:])
+    if not common:   # nothing ran everywhere: the latest point decides
+        last = points[-1]
+        common, points = set(last), [last]
+    best = [min(p.values()) for p in points]
+    worst = {lab: max(p[lab] / b for p, b in zip(points, best, strict=True)) for lab in common}
+    mean = {lab: sum(p[lab] for p in points) / len(points) for lab in common}
+    label = min(common, key=lambda lab: (worst[lab], mean[lab]))
+    if baseline in common and worst[baseline] <= worst[label] * (1.0 + min_gain):
+        label = baseline
+    return label, mean
+
+
+def _bucket_key(bucket: dict[str, Any]) -> str:
+    return repr(sorted(bucket.items()))
