@@ -161,9 +161,9 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # backends/sparse_prefill/gluon_kernels.py: transposed products so the 6 heads pad to 8 lines, two
 # warps splitting head_dim, one 16-key cp.async stage; 128 registers and 20 KB a program, 8
 # programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 32..8192 rows
-# (docs/BENCHMARKS.md, "Session 11"): 1.8-4.4% faster than the Triton family from 2048 rows
-# (1.29-1.31x over the table at 4096-8192 rows), 0.6-1.7% at 1024 (within the windows' spread, so
-# not used there); below 1024 rows both lose to the table. Capping its registers to fit 9-10
+# (docs/notes/benchmarks-history.md, "Session 11"): 1.8-4.4% faster than the Triton family
+# from 2048 rows (1.29-1.31x over the table at 4096-8192 rows), 0.6-1.7% at 1024 (within the
+# windows' spread, so not used there); below 1024 rows both lose to the table. Capping its registers to fit 9-10
 # programs an SM made it slower.
 # Gluon is Triton's experimental dialect (its API changed after 3.6): the config is used only on
 # the Triton release it was measured on (GLUON_TRITON); on any other the Triton family runs.
@@ -184,8 +184,9 @@ H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # ring of three 64-wide head_dim chunk buffers with two chunks in flight, S^T and O^T on wgmma,
 # per-thread softmax sums). Group 6 at 96 registers (MAXNREG; 30 KB, 5 programs an SM), group 12
 # at 128 (35 KB, 4 programs an SM: no spills, and 1024-4096 rows quantize better than at 5).
-# Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows (docs/BENCHMARKS.md,
-# "Session 13"): group 12 is 5-8% faster than the Triton family at every row count from 1024
+# Measured with CUDA graphs at KV 8K / 16K / 32K and 512..8192 rows
+# (docs/notes/benchmarks-history.md, "Session 13"): group 12 is 5-8% faster than the Triton
+# family at every row count from 1024
 # (1.33x over the table at KV 32K and 8192 rows) and at KV 8K / 8192 rows faster than the dense
 # tiles too (1.54 against 1.67 ms; WGMMA_OVER_DENSE); group 6 1-3% faster than the mma_v2 Gluon
 # kernel at 8192 rows (1.34x) and slower at 1024-4096 (5 programs an SM quantize worse), so from

@@ -20,8 +20,8 @@ in Triton 3.6):
 On the H200 at the seed's prefill shape (group 6, top-k 2051, head_dim 256, bf16, KV 16K-32K,
 8192 rows) it is about 4% faster than the Triton family: at 128 registers and 20 KB of shared
 memory a program (16 keys, 2 warps, 1 stage) eight programs share an SM, and the gather keeps
-more of them busy (docs/BENCHMARKS.md, "Session 11"). For groups of 9-16 heads the 16-line
-accumulator needs ~255 registers and the kernel is slower than the Triton family there.
+more of them busy (docs/notes/benchmarks-history.md, "Session 11"). For groups of 9-16 heads
+the 16-line accumulator needs ~255 registers and the kernel is slower than the Triton family there.
 
 ``ENGINE="gluon_wgmma"`` (``_sparse_prefill_wg``) runs the same transposed products on Hopper's
 wgmma, one warpgroup a (row, KV head), head_dim 256: a tile of 64 keys moves through a ring of
@@ -32,7 +32,7 @@ the running softmax sums stay per thread (one cross-warp reduction a tile fewer)
 [64, lines] accumulators (32 registers a thread at 16 lines). With 8 lines at 96 registers
 (``MAXNREG``) and 30 KB five programs share an SM, with 16 lines at 128 registers and 35 KB four;
 on the H200 at 8192 rows and KV 32K it is 6-7% faster than the Triton family for group 12 and
-2-3% faster than the mma_v2 kernel for group 6 (docs/BENCHMARKS.md, "Session 13").
+2-3% faster than the mma_v2 kernel for group 6 (docs/notes/benchmarks-history.md, "Session 13").
 
 Scope (checked by :func:`check_gluon`): prefill rows (and chunk rows after
 ``CHUNK_MODE="pretranslate"``), float16/bfloat16, head_dim 64, 128 or 256 (wgmma: 256), a CUDA
@@ -54,8 +54,9 @@ __all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_g
 GLUON_HEAD_DIMS = (64, 128, 256)
 WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
 # ENGINE="gluon_wgmma": [64 keys, 64 head_dim] ring buffers and the chunks in flight (each issued
-# WG_AHEAD steps before its use; at most WG_RING - 1). Measured on the H200 (docs/BENCHMARKS.md,
-# "Session 13"): 3 and 2 are 1.2-2.5% faster than 2 and 1 at 8192-16384 rows; 4 buffers spill
+# WG_AHEAD steps before its use; at most WG_RING - 1). Measured on the H200
+# (docs/notes/benchmarks-history.md, "Session 13"): 3 and 2 are 1.2-2.5% faster than 2 and 1 at
+# 8192-16384 rows; 4 buffers spill
 WG_RING = 3
 WG_AHEAD = 2
 _LOG2E = 1.4426950408889634

@@ -25,8 +25,8 @@ and entries past ``lengths`` (zero-filled copies, -inf scores). Variant families
 passes alone), ``--rows`` other row counts, ``--match`` a subset of the variants.
 
 Each checked against the fp32 reference and timed next to the table geometry and the Triton
-family (CUDA-graph replays, one window per case). Results: docs/BENCHMARKS.md, "Session 11"
-and "Session 12".
+family (CUDA-graph replays, one window per case). Results: docs/notes/benchmarks-history.md,
+"Session 11" and "Session 12".
 
     python benchmarks/probes/probe_gluon_attention.py [--kv 32768,8192] [--groups 6,12]
         [--variants plain,T,WS,WG,WG1,WG2,WGP,SD] [--ordered] [--bits 1,2,4] [--rows 8192]
@@ -967,7 +967,8 @@ def _attn_sd(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt, s_
     gl.store(optr, o.to(gl.bfloat16), mask=(mo < group)[None, None, :] & (ocol >= 0))
 
 
-# The variants of each family, as run in sessions 10-11 (docs/BENCHMARKS.md, "Session 11"):
+# The variants of each family, as run in sessions 10-11 (docs/notes/benchmarks-history.md,
+# "Session 11"):
 # plain (BN, warps, Q_REGS, stages, LEAN, PF)
 _SHAPES = ((16, 1, 1, 1, 0, 0), (16, 2, 0, 1, 1, 1))
 # transposed (BN, warps, stages, WN[, maxnreg]): WN = 2 splits 16 lines over two warps (groups
