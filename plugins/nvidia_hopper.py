@@ -163,8 +163,8 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # programs an SM). Measured with CUDA graphs at KV 8K / 16K / 32K and 32..8192 rows
 # (docs/notes/benchmarks-history.md, "Session 11"): 1.8-4.4% faster than the Triton family
 # from 2048 rows (1.29-1.31x over the table at 4096-8192 rows), 0.6-1.7% at 1024 (within the
-# windows' spread, so not used there); below 1024 rows both lose to the table. Capping its registers to fit 9-10
-# programs an SM made it slower.
+# windows' spread, so not used there); below 1024 rows both lose to the table. Capping its
+# registers to fit 9-10 programs an SM made it slower.
 # Gluon is Triton's experimental dialect (its API changed after 3.6): the config is used only on
 # the Triton release it was measured on (GLUON_TRITON); on any other the Triton family runs.
 # Not for group 12: its 16 lines need ~255 registers in this kernel (at KV 32K and 8192 rows
