@@ -228,6 +228,9 @@ def ops() -> None:
             click.echo(f"    {field:<13} {info.description or ''}")
         for impl in registry.implementations(name):
             click.echo(f"  impl {impl.name} (priority {impl.priority}) {impl.description}")
+            contract = (impl.contract.describe() if isinstance(impl.contract, registry.Contract)
+                        else "depends on the config (kreg explain shows the chosen one's)")
+            click.echo(f"       guarantees: {contract}")
 
 
 class OpBenchGroup(click.Group):

@@ -7,6 +7,8 @@ Rows:
   baseline hashes the same inputs (op, workload items, device name) and returns a stored answer.
 * dispatch overhead: ``registry.dispatch`` of a no-op implementation vs calling the bound
   kernel directly, on real CPU tensors with the real sparse_prefill call-key extraction.
+* dispatch with ``registry.record_outputs(every=16)``: the observer path on every dispatch and
+  an output digest every 16th, against plain dispatch (the cost of leaving output agreement on).
 * cold selection: a decision from scratch over every in-tree implementation (cache cleared).
 * ``--fuzz N``: runs the hypothesis fuzz test with N examples and reports the count.
 """
@@ -100,9 +102,14 @@ def bench_dispatch() -> tuple[float, float]:
             "dispatch": lambda: registry.dispatch("sparse_prefill", q, k, k, idx, kind="prefill"),
             "direct": lambda: direct(q, k, k, idx, kind="prefill"),
         }, n=50_000)
+        # registry.record_outputs at its default rate: the observer path on every dispatch,
+        # an output digest on every 16th (what agree(outputs=True) compares across ranks).
+        with registry.record_outputs(["sparse_prefill"], every=16):
+            rec = interleaved({"recorded": lambda: registry.dispatch(
+                "sparse_prefill", q, k, k, idx, kind="prefill")}, n=20_000)
     finally:
         registry.unregister_plugin("bench")
-    return res["dispatch"], res["direct"]
+    return res["dispatch"], res["direct"], rec["recorded"]
 
 
 def bench_cold() -> float:
@@ -131,9 +138,11 @@ def main() -> None:
     kreg_ns, lru_ns = bench_select()
     print(f"{'select, cache hit vs lru_cache selector':<44} {kreg_ns:>8.0f}ns {lru_ns:>8.0f}ns "
           f"{kreg_ns / lru_ns:>11.2f}x  <= 1.5x", flush=True)
-    disp_ns, direct_ns = bench_dispatch()
+    disp_ns, direct_ns, rec_ns = bench_dispatch()
     print(f"{'dispatch vs direct call (overhead)':<44} {disp_ns:>8.0f}ns {direct_ns:>8.0f}ns "
           f"{(disp_ns - direct_ns) / 1000:>10.2f}us  <= 2 us", flush=True)
+    print(f"{'dispatch with record_outputs(every=16)':<44} {rec_ns:>8.0f}ns {disp_ns:>8.0f}ns "
+          f"{(rec_ns - disp_ns) / 1000:>10.2f}us  (added per dispatch)", flush=True)
     cold_ns, n_impls = bench_cold()
     print(f"{'cold select over all impls (' + str(n_impls) + ' in-tree)':<44} "
           f"{cold_ns / 1000:>8.1f}us {'':>10} {'':>12}", flush=True)

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-from backends.indexer_topk import IndexerTopkWorkload
+from backends.indexer_topk import EXACT, IndexerTopkWorkload
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.guarantees import kernel_contract as sparse_kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import field_at_most, triton_runtime
 
@@ -54,11 +55,11 @@ def kreg_implementations() -> list[Implementation]:
     return [
         Implementation(op="sparse_prefill", name="generic.sparse_prefill_table", priority=PRIORITY,
                        requirements=(triton_runtime(), field_at_most("head_dim", 256)),
-                       config=_table,
+                       config=_table, contract=sparse_kernel_contract,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        description="portable Triton kernel, geometry from the total_q table"),
         Implementation(op="indexer_topk", name="generic.indexer_topk_radix", priority=PRIORITY,
-                       requirements=(triton_runtime(),), config=_radix,
+                       requirements=(triton_runtime(),), config=_radix, contract=EXACT,
                        kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
                        description="portable sliced radix select, exact"),
     ]

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from registry import DeviceFacts, Implementation, OpSpec, Workload, hookimpl
+from registry import Contract, DeviceFacts, Implementation, OpSpec, Workload, hookimpl
 from registry.requirements import CAPABILITY, ENVELOPE, predicate
 from registry.tuning import TuningEntry, TuningStore, identity_of
 
@@ -184,6 +184,7 @@ def implementations_from(entries: Sequence[TuningEntry],
         out.append(Implementation(op=name, name=f"measured.{name}", priority=PRIORITY,
                                   requirements=reqs, config=table.config,
                                   kernel=spec.tuned_kernel,
+                                  contract=spec.kernel_contract or Contract(),
                                   description="configs kreg tune measured on this device"))
     return out
 

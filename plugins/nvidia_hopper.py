@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
     ENVELOPE,
@@ -242,6 +243,13 @@ def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
                          w.total_q, f.triton_version)
 
 
+def _invariant_config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
+    """While batch invariance is required: the family's config without the dense tiles (a
+    tile's dense path depends on its neighbouring rows; every other config is row-local)."""
+    cfg = family_config(w.kind, w.group_size, w.kv_len, w.total_q, f.triton_version)
+    return cfg if not cfg.get("DENSE") else dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
+
+
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
            "dense": H200_DENSE_CONFIGS, "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
@@ -263,6 +271,7 @@ def kreg_implementations() -> list[Implementation]:
         Implementation(op="sparse_prefill", name="nvidia_hopper.sparse_prefill_tuned",
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
+                       contract=kernel_contract, invariant_config=_invariant_config,
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
                                    "the Gluon kernels for prefill at KV 8K-64K (wgmma from "

@@ -12,6 +12,7 @@ envelope; sm_121 (GB10) is a different architecture and is never eligible.
 from __future__ import annotations
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
     ENVELOPE,
@@ -73,5 +74,6 @@ def kreg_implementations() -> list[Implementation]:
         Implementation(op="sparse_prefill", name="nvidia_sm120.sparse_prefill_tuned",
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
+                       contract=kernel_contract,
                        description="sm120 Server Edition tuned geometry (seed family)"),
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from registry import DeviceFacts, Implementation, Workload, hookimpl
+from registry import Contract, DeviceFacts, Implementation, Workload, hookimpl
 from registry.requirements import CAPABILITY, predicate
 
 PRIORITY = 0
@@ -21,9 +21,13 @@ def kreg_implementations() -> list[Implementation]:
         Implementation(op="sparse_prefill", name="reference.sparse_prefill", priority=PRIORITY,
                        requirements=(TORCH,), configurable=False, fallback=True,
                        kernel="backends.sparse_prefill.reference:sparse_prefill_reference",
+                       # Not batch-invariant: it runs rows in chunks sized by the batch, and a
+                       # batched matmul of another size may take another kernel (cuBLAS, MKL).
+                       contract=Contract(deterministic=True),
                        description="torch reference: fp32 online-softmax over gathered slots"),
         Implementation(op="indexer_topk", name="reference.indexer_topk", priority=PRIORITY,
                        requirements=(TORCH,), configurable=False, fallback=True,
                        kernel="backends.indexer_topk.reference:indexer_topk_reference",
+                       contract=Contract(exact=True),
                        description="torch reference: exact sort by (score desc, position asc)"),
     ]

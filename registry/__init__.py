@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from registry import errors
+from registry._contract import Contract
 from registry._decision import Candidate, Decision, OverrideInfo
 from registry._default import get_registry, reset_registry
 from registry._facts import DeviceFacts
@@ -37,6 +38,7 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "Candidate",
     "Check",
+    "Contract",
     "Decision",
     "DeviceFacts",
     "Implementation",
@@ -65,7 +67,9 @@ __all__ = [
     "probe",
     "profiles",
     "record",
+    "record_outputs",
     "register_plugin",
+    "require",
     "reset_registry",
     "select",
     "stats",
@@ -121,6 +125,19 @@ def override(op: str, implementation: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def require(op: str, *guarantees: str) -> Iterator[None]:
+    """Require ``guarantees`` (``exact``, ``deterministic``, ``batch_invariant``) of ``op``'s
+    implementations in the block, as ``KREG_REQUIRE_<OP>`` does for the process: candidates
+    without them fail a ``contract`` check, and with ``batch_invariant`` one implementation and
+    config serve every batch size."""
+    from registry._contract import parse_guarantees
+
+    wanted = parse_guarantees(guarantees, f"registry.require({op!r}, ...)")
+    with get_registry().require(op, wanted):
+        yield
+
+
 def invalidate() -> None:
     """Forget every cached decision (e.g. after changing ``KREG_SELECT_<OP>`` in-process)."""
     get_registry().invalidate()
@@ -163,12 +180,22 @@ def stats() -> Any:
     return _stats()
 
 
-def agree(group: Any = None, adopt: bool = False) -> Any:
+def agree(group: Any = None, adopt: bool = False, outputs: bool = False) -> Any:
     """A torch.distributed collective: all-gather every rank's decision digests, report each
-    divergence, and with ``adopt=True`` pin rank 0's decisions on every rank."""
+    divergence, and with ``adopt=True`` pin rank 0's decisions on every rank. ``outputs=True``
+    also compares the output digests ``record_outputs`` took since the last call."""
     from registry._agree import agree as _agree
 
-    return _agree(group=group, adopt=adopt)
+    return _agree(group=group, adopt=adopt, outputs=outputs)
+
+
+def record_outputs(ops: Any = None, every: int = 16) -> Any:
+    """``with registry.record_outputs(["indexer_topk"], every=16):`` digests every 16th dispatch
+    of the named ops (default: all) for ``registry.agree(outputs=True)`` to compare across
+    ranks (the digest runs on the output's device; the dispatch never synchronizes)."""
+    from registry.observe.digests import record_outputs as _record_outputs
+
+    return _record_outputs(get_registry(), ops, every)
 
 
 def ops() -> list[str]:

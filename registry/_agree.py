@@ -28,7 +28,7 @@ from typing import Any
 from registry._decision import Decision
 from registry._format import format_config
 
-__all__ = ["AgreeReport", "Divergence", "agree", "digest"]
+__all__ = ["AgreeReport", "Divergence", "OutputDivergence", "agree", "digest"]
 
 Choice = tuple[str, dict[str, Any] | None]
 
@@ -99,6 +99,34 @@ class Divergence:
 
 
 @dataclass
+class OutputDivergence:
+    """One replicated dispatch whose output digests differ across ranks."""
+
+    op: str
+    seq: int
+    # rank -> (implementation and config that ran, digest); None where the rank has no record
+    outputs: dict[int, tuple[str, tuple[int, int]] | None]
+
+    @property
+    def ranks(self) -> dict[tuple[int, int] | None, list[int]]:
+        """Digest -> the ranks that produced it."""
+        out: dict[tuple[int, int] | None, list[int]] = {}
+        for rank, rec in sorted(self.outputs.items()):
+            out.setdefault(None if rec is None else rec[1], []).append(rank)
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{self.op} dispatch #{self.seq}: outputs differ across ranks"]
+        for n, (digest, ranks) in enumerate(self.ranks.items()):
+            if digest is None:
+                lines.append(f"  ranks {ranks}: (not recorded)")
+                continue
+            ran = next(rec[0] for r in ranks if (rec := self.outputs[r]) is not None)
+            lines.append(f"  ranks {ranks}: output digest #{n} from {ran}")
+        return "\n".join(lines)
+
+
+@dataclass
 class AgreeReport:
     """What ``registry.agree()`` found (identical on every rank, except ``rank``)."""
 
@@ -108,10 +136,13 @@ class AgreeReport:
     divergences: list[Divergence]
     adopt: bool = False
     pinned: int = 0  # local entries this rank re-bound to rank 0's choice
+    # agree(outputs=True): replicated dispatches compared, and those whose outputs differ
+    outputs_compared: int = 0
+    output_divergences: list[OutputDivergence] = field(default_factory=list)
 
     @property
     def agreed(self) -> bool:
-        return not self.divergences
+        return not self.divergences and not self.output_divergences
 
     def __bool__(self) -> bool:
         return self.agreed
@@ -121,13 +152,21 @@ class AgreeReport:
                 f"{len(self.divergences)} divergent")
         if self.adopt:
             head += f"; rank {self.rank} pinned {self.pinned} entries to rank 0's choice"
-        return "\n".join([head, *(str(d) for d in self.divergences)])
+        if self.outputs_compared or self.output_divergences:
+            head += (f"; {self.outputs_compared} replicated outputs compared, "
+                     f"{len(self.output_divergences)} differ")
+        return "\n".join([head, *(str(d) for d in self.divergences),
+                          *(str(d) for d in self.output_divergences)])
 
 
-def agree(group: Any = None, adopt: bool = False) -> AgreeReport:
+def agree(group: Any = None, adopt: bool = False, outputs: bool = False,
+          strict: bool | None = None) -> AgreeReport:
     """All-gather every rank's decision digest over ``group`` (default: the world), report each
-    divergence, and with ``adopt=True`` pin rank 0's choices. A collective: every rank of the
-    group must call it."""
+    divergence, and with ``adopt=True`` pin rank 0's choices. ``outputs=True`` also compares
+    the output digests recorded since the last call (``registry.record_outputs``) and reports
+    each replicated dispatch whose outputs differ; under KREG_STRICT=1 (or ``strict=True``) such
+    a divergence raises :class:`~registry.errors.StrictModeError` on every rank. A collective:
+    every rank of the group must call it."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -152,6 +191,8 @@ def agree(group: Any = None, adopt: bool = False) -> AgreeReport:
             divergences.append(Divergence(key=key, choices=choices))
     report = AgreeReport(rank=rank, world_size=world, keys=len(keys), divergences=divergences,
                          adopt=adopt)
+    if outputs:
+        _compare_outputs(report, group, strict)
     if adopt:
         _adopt(report, digests[0])
         # Every rank learns who could not adopt, so the report reads the same everywhere.
@@ -165,6 +206,37 @@ def agree(group: Any = None, adopt: bool = False) -> AgreeReport:
                     d.not_adopted[r] = refused[d.key]
             d.adopted = d.choices.get(0) is not None and not d.not_adopted
     return report
+
+
+def _compare_outputs(report: AgreeReport, group: Any, strict: bool | None) -> None:
+    import torch.distributed as dist
+
+    from registry._default import get_registry
+    from registry.errors import ConfigError, StrictModeError
+    from registry.observe.digests import active
+
+    rec = active()
+    mine = rec.collect() if rec is not None else None
+    gathered: list[Any] = [None] * report.world_size
+    dist.all_gather_object(gathered, mine, group=group)
+    missing = [r for r, g in enumerate(gathered) if g is None]
+    if missing:
+        raise ConfigError(f"registry.agree(outputs=True): ranks {missing} record no outputs; "
+                          f"call registry.record_outputs(...) on every rank before dispatching")
+    keys = sorted(set().union(*gathered))
+    report.outputs_compared = len(keys)
+    for key in keys:
+        per_rank = {r: g.get(key) for r, g in enumerate(gathered)}
+        if len({None if v is None else v[1] for v in per_rank.values()}) > 1:
+            report.output_divergences.append(OutputDivergence(key[0], key[1], per_rank))
+    strict = get_registry().strict if strict is None else strict
+    if strict and report.output_divergences:
+        raise StrictModeError(
+            f"KREG_STRICT=1: {len(report.output_divergences)} replicated dispatches gave "
+            f"different outputs across ranks:\n" + "\n".join(
+                str(d) for d in report.output_divergences[:8])
+            + "\nfix: require deterministic implementations (KREG_REQUIRE_<OP>="
+              "deterministic,batch_invariant) or find the rank whose software differs")
 
 
 def _adopt(report: AgreeReport, rank0: dict[str, Choice]) -> None:

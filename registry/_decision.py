@@ -60,6 +60,11 @@ class Decision(BaseModel):
     cached: bool = False
     source: Literal["local", "daemon", "adopted"] = "local"
     notes: list[str] = []
+    # The chosen implementation's contract for the chosen config (registry/_contract.py), and
+    # the guarantees the caller required (KREG_REQUIRE_<OP>, registry.require()).
+    guarantees: list[str] = []
+    order_class: str | None = None
+    required: list[str] = []
 
     @property
     def chosen(self) -> Candidate:

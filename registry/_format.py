@@ -79,6 +79,9 @@ def format_decision(d: Decision, verbose: bool = False) -> str:
              f"   because {d.reason}"]
     if d.fallback:
         lines.append("   (fallback: the torch reference runs; no kernel qualifies here)")
+    tail = f" (order class {d.order_class})" if d.order_class else ""
+    lines.append(f"   guarantees: {', '.join(d.guarantees) or 'none declared'}{tail}"
+                 + (f"; required: {', '.join(d.required)}" if d.required else ""))
     if d.override is not None:
         o = d.override
         state = "honoured" if o.honoured else "NOT honoured"

@@ -17,7 +17,7 @@ from registry.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["knobs", "select_override_var"]
+__all__ = ["knobs", "require_var", "required_from_env", "select_override_var"]
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -133,3 +133,18 @@ knobs = _Knobs()
 def select_override_var(op: str) -> str:
     """The name of the per-op override variable: ``KREG_SELECT_SPARSE_PREFILL``."""
     return "KREG_SELECT_" + op.upper()
+
+
+def require_var(op: str) -> str:
+    """The name of the per-op contract variable: ``KREG_REQUIRE_SPARSE_PREFILL``."""
+    return "KREG_REQUIRE_" + op.upper()
+
+
+def required_from_env(op: str) -> frozenset[str]:
+    """``KREG_REQUIRE_<OP>=deterministic,batch_invariant``: the guarantees every implementation
+    of ``op`` must declare (registry/_contract.py); unset or empty requires none. An unknown name
+    is a ConfigError naming the variable and the known guarantees."""
+    from registry._contract import parse_guarantees
+
+    name = require_var(op)
+    return parse_guarantees(os.environ.get(name, ""), name)

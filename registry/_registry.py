@@ -32,13 +32,16 @@ import pluggy
 from registry import hookspecs
 from registry._decision import Decision
 from registry._facts import DeviceFacts, probe_index, profiles
-from registry._knobs import knobs, select_override_var
+from registry._format import format_config
+from registry._knobs import knobs, required_from_env, select_override_var
 from registry._select import OverrideRequest, parse_override, select_pure
 from registry._spec import Implementation, OpSpec
 from registry._workload import Workload, make_workload
 from registry.errors import (
     ConfigError,
     KernelUnavailableError,
+    KregError,
+    NoEligibleImplementationError,
     PluginError,
     UnknownDeviceError,
     UnknownImplementationError,
@@ -86,6 +89,10 @@ class Registry:
         self.impls: dict[str, dict[str, Implementation]] = {}
         self.generation = 0
         self._context_overrides: dict[str, list[str]] = {}
+        # Required guarantees per op: registry.require() scopes (innermost last) over
+        # KREG_REQUIRE_<OP> (read at invalidation).
+        self._context_required: dict[str, list[frozenset[str]]] = {}
+        self._env_required: dict[str, frozenset[str]] = {}
         self._env_overrides: dict[str, str | None] = {}
         self._env_strict = False
         self._strict_set: bool | None = None  # set through the property; wins over KREG_STRICT
@@ -94,7 +101,9 @@ class Registry:
         self.decision_cache_size = decision_cache_size
         self._lru = functools.lru_cache(maxsize=decision_cache_size)(self._lru_miss)
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        self._override_now: dict[str, str | None] = {}
+        # The override value, or (override value, required guarantees) while some are required:
+        # the part of the selection key that settings decide (one lookup on the hit path).
+        self._override_now: dict[str, Any] = {}
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
         # Dispatch keys pinned to a decision (registry.agree(adopt=True)): they survive
@@ -267,7 +276,8 @@ class Registry:
         with self._lock:
             self._env_overrides = {op: os.environ.get(select_override_var(op)) for op in self.ops}
             self._env_strict = knobs.strict
-            self._override_now = {op: self._override_value(op) for op in self.ops}
+            self._env_required = {op: required_from_env(op) for op in self.ops}
+            self._override_now = {op: self._selection_setting(op) for op in self.ops}
             self._lru.cache_clear()
             self._decisions.clear()
             self.dispatch_map.clear()
@@ -431,7 +441,8 @@ class Registry:
             return known
         facts = self.resolve_device(dkey)
         decision = self._decide(op, facts, make_workload(self.spec(op).workload_model,
-                                                         dict(items)), self._override_raw(op))
+                                                         dict(items)), self._override_raw(op),
+                                self.required(op))
         cached = decision.model_copy(update={"cached": True})
         with self._lock:
             self._decisions[key] = cached
@@ -461,11 +472,42 @@ class Registry:
         stack = self._context_overrides.get(op)
         return stack[-1] if stack else self._env_overrides.get(op)
 
+    def required(self, op: str) -> frozenset[str]:
+        """The guarantees required of ``op``'s implementations now (registry.require() scopes
+        over KREG_REQUIRE_<OP>)."""
+        stack = self._context_required.get(op)
+        return stack[-1] if stack else self._env_required.get(op, frozenset())
+
+    def _selection_setting(self, op: str) -> Any:
+        req = self.required(op)
+        raw = self._override_value(op)
+        return (raw, tuple(sorted(req))) if req else raw
+
+    @contextmanager
+    def require(self, op: str, guarantees: frozenset[str]) -> Iterator[None]:
+        """Require ``guarantees`` of ``op``'s implementations inside the block."""
+        self.spec(op)
+        with self._lock:
+            self._context_required.setdefault(op, []).append(frozenset(guarantees))
+        try:
+            self.invalidate()
+            yield
+        finally:
+            with self._lock:
+                self._context_required[op].pop()
+            self.invalidate()
+
     def _decide(self, op: str, facts: DeviceFacts, wl: Workload,
-                raw: tuple[str, str] | None) -> Decision:
+                raw: tuple[str, str] | None,
+                required: frozenset[str] = frozenset()) -> Decision:
         override = None
         if raw is not None:
             override = parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
+        if required:
+            # Decided in-process: the daemon shares decisions made without requirements.
+            decision = self._decide_required(op, facts, wl, override, required)
+            self._notify(decision)
+            return decision
         note = None
         if self.remote is not None:
             # The daemon shares one decision per key across the node's processes; when it is
@@ -487,6 +529,46 @@ class Registry:
                                decision.override.reason)
         self._notify(decision)
         return decision
+
+    def _decide_required(self, op: str, facts: DeviceFacts, wl: Workload,
+                         override: OverrideRequest | None,
+                         required: frozenset[str]) -> Decision:
+        """Selection under required guarantees. With ``batch_invariant``, the decision is made
+        at the op's batch reference point, so one implementation and one config serve every
+        batch size of the remaining workload fields; the chosen one's capability checks must
+        also pass at the real workload."""
+        spec = self.spec(op)
+        impls = list(self.impls.get(op, {}).values())
+        at = wl
+        if "batch_invariant" in required and spec.batch_fields:
+            at = spec.at_batch_reference(wl)
+        decision = select_pure(op, facts, at, impls, override, strict=self.strict,
+                               required=required)
+        if at is wl:
+            return decision
+        chosen = self.impls[op][decision.implementation]
+        failed = [str(c) for r in chosen.requirements if r.kind == "capability"
+                  for c in [r.check(facts, wl)] if not c.passed]
+        if failed:
+            raise NoEligibleImplementationError(
+                f"{op}: batch-invariant selection chose {chosen.name} at the batch reference "
+                f"point [{at.short()}], but it cannot run [{wl.short()}]: {'; '.join(failed)}; "
+                f"fix: unset KREG_REQUIRE_{op.upper()} or require fewer guarantees")
+        point = " ".join(f"{k}={getattr(at, k)}" for k in spec.batch_fields)
+        notes = [f"batch-invariant: decided at the batch reference point {point} for every "
+                 f"batch size of this workload's other fields"]
+        try:
+            per_batch = select_pure(op, facts, wl, impls, override, strict=False,
+                                    required=required - {"batch_invariant"})
+            if (per_batch.implementation, per_batch.config) != (decision.implementation,
+                                                                decision.config):
+                notes.append(f"the per-batch-size choice would be {per_batch.implementation} "
+                             f"{format_config(per_batch.config)} (not batch-invariant across "
+                             f"batch sizes; docs/BENCHMARKS.md gives the measured cost)")
+        except KregError:
+            pass
+        return decision.model_copy(update={"workload": wl.model_dump(),
+                                           "notes": [*decision.notes, *notes]})
 
     def decide_local(self, op: str, facts: DeviceFacts, workload: Mapping[str, Any] | Workload,
                      override: str | None = None) -> Decision:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from registry._contract import GUARANTEES, Contract
 from registry._decision import Candidate, Decision, OverrideInfo
 from registry._facts import DeviceFacts
 from registry._format import format_candidates
@@ -59,8 +60,30 @@ def sort_key(impl: Implementation) -> tuple[int, str]:
     return (-impl.priority, impl.name)
 
 
+def _contract_check(impl: Implementation, facts: DeviceFacts, workload: Workload,
+                    required: frozenset[str]) -> Check:
+    """The ``contract`` check of a required guarantee set: the implementation's contract for the
+    config it would run here (capability: a requirement of the caller, never waived)."""
+    want = ", ".join(g for g in GUARANTEES if g in required)
+    try:
+        config = impl.resolve_config(facts, workload, invariant="batch_invariant" in required)
+        contract = impl.contract_for(config)
+    except Exception as exc:  # a broken resolver or contract disqualifies only its candidate
+        return Check(name="contract", kind="capability", passed=False,
+                     observed=f"contract raised {type(exc).__name__}: {exc}",
+                     required=f"{want} (a contract that evaluates: a bug in plugin "
+                              f"{impl.plugin!r})")
+    missing = [g for g in GUARANTEES if g in required and g not in contract.names]
+    observed = contract.describe()
+    if missing:
+        observed += f"; lacks {', '.join(missing)}"
+    return Check(name="contract", kind="capability", passed=not missing, observed=observed,
+                 required=want)
+
+
 def _assess(impl: Implementation, facts: DeviceFacts, workload: Workload,
-            waive_envelope: bool) -> tuple[bool, list]:  # type: ignore[type-arg]
+            waive_envelope: bool,
+            required: frozenset[str] = frozenset()) -> tuple[bool, list]:  # type: ignore[type-arg]
     checks = []
     for req in impl.requirements:
         try:
@@ -73,22 +96,28 @@ def _assess(impl: Implementation, facts: DeviceFacts, workload: Workload,
         if not c.passed and waive_envelope and c.kind == "envelope":
             c = c.model_copy(update={"waived": True})
         checks.append(c)
+    if required:
+        checks.append(_contract_check(impl, facts, workload, required))
     return all(c.ok for c in checks), checks
 
 
 def select_pure(op: str, facts: DeviceFacts, workload: Workload,
                 implementations: Sequence[Implementation],
-                override: OverrideRequest | None = None, *, strict: bool = False) -> Decision:
+                override: OverrideRequest | None = None, *, strict: bool = False,
+                required: frozenset[str] = frozenset()) -> Decision:
     """Choose an implementation for ``workload`` on ``facts``; every candidate gets a verdict.
 
-    Raises NoEligibleImplementationError (with the full trace) when nothing qualifies, and
-    StrictModeError under ``strict`` when an override is not honoured or the reference is chosen.
+    ``required``: guarantees every candidate's contract must hold (``KREG_REQUIRE_<OP>``), a
+    capability check named ``contract``. Raises NoEligibleImplementationError (with the full
+    trace) when nothing qualifies, and StrictModeError under ``strict`` when an override is not
+    honoured or the reference is chosen.
     """
     impls = sorted(implementations, key=sort_key)
+    invariant = "batch_invariant" in required
     assessed: list[tuple[Implementation, bool, list]] = []  # type: ignore[type-arg]
     for impl in impls:
         waive = bool(override and override.measure and override.implementation == impl.name)
-        ok, checks = _assess(impl, facts, workload, waive)
+        ok, checks = _assess(impl, facts, workload, waive, required)
         assessed.append((impl, ok, checks))
     eligible = [impl for impl, ok, _ in assessed if ok]
     rank = {impl.name: i for i, impl in enumerate(eligible)}
@@ -96,7 +125,8 @@ def select_pure(op: str, facts: DeviceFacts, workload: Workload,
     def candidates(chosen: Implementation | None) -> list[Candidate]:
         out = []
         for impl, ok, checks in assessed:
-            config = impl.resolve_config(facts, workload) if ok and impl is chosen else None
+            config = impl.resolve_config(facts, workload, invariant) \
+                if ok and impl is chosen else None
             out.append(Candidate(implementation=impl.name, plugin=impl.plugin,
                                  priority=impl.priority, eligible=ok, checks=checks,
                                  config=config, rank=rank.get(impl.name)))
@@ -156,6 +186,14 @@ def select_pure(op: str, facts: DeviceFacts, workload: Workload,
             f"kernel that covers this workload")
     cands = candidates(chosen)
     config = next(c.config for c in cands if c.implementation == chosen.name)
+    contract = Contract()
+    try:
+        contract = chosen.contract_for(config)
+    except Exception as exc:  # shown, never fatal: nothing was required of it
+        notes.append(f"{chosen.name}'s contract raised {type(exc).__name__}: {exc}")
     return Decision(op=op, implementation=chosen.name, config=config, fallback=chosen.fallback,
                     reason=reason, candidates=cands, override=info, facts=facts,
-                    workload=workload.model_dump(), notes=notes)
+                    workload=workload.model_dump(), notes=notes,
+                    guarantees=[g for g in GUARANTEES if g in contract.names],
+                    order_class=contract.order_class,
+                    required=[g for g in GUARANTEES if g in required])

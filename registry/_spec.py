@@ -8,12 +8,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from registry._contract import Contract
 from registry._facts import DeviceFacts
 from registry._workload import Workload
 from registry.errors import KernelUnavailableError, WorkloadError
 from registry.requirements import Requirement
 
 __all__ = ["Implementation", "OpSpec", "default_compare", "load_object"]
+
+NO_GUARANTEES = Contract()  # frozen: one shared default
 
 # ``resolver(facts, workload)``; the workload is the op's own Workload subclass, so a resolver
 # declares that type (``w: SparsePrefillWorkload``) and reads its fields type-checked.
@@ -68,6 +71,23 @@ class OpSpec:
     # "module" whose import registers ``torch.ops.<namespace>.<op>`` (a torch custom op whose
     # real implementation dispatches through the registry), or "".
     custom_op: str = ""
+    # The workload fields that grow with the batch (sparse_prefill: total_q, num_requests,
+    # max_q; indexer_topk: num_rows), and the point selection decides at for every batch size
+    # when ``batch_invariant`` is required (the envelope's reference point: where the policies
+    # were measured).
+    batch_fields: tuple[str, ...] = ()
+    batch_reference: Mapping[str, Any] = field(default_factory=dict)
+    # The contract of ``tuned_kernel`` per config (what the ``measured`` implementation, and
+    # policies running the same kernel, declare), or None (no guarantee declared).
+    kernel_contract: Contract | Callable[[Mapping[str, Any] | None], Contract] | None = None
+
+    def at_batch_reference(self, workload: Workload) -> Workload:
+        """``workload`` with its batch fields at the reference point (batch-invariant selection)."""
+        from registry._workload import make_workload
+
+        data = workload.model_dump()
+        data.update({k: v for k, v in self.batch_reference.items() if k in self.batch_fields})
+        return make_workload(self.workload_model, data)
 
     def load_compare(self) -> Callable[[Any, Any], str | None]:
         """The op's ``compare(actual, expected)``: ``OpSpec.compare`` when it names one, else
@@ -91,7 +111,7 @@ class OpSpec:
     def check_consistent(self) -> None:
         """Raise ValueError naming the field when the spec contradicts itself (at load)."""
         names = set(self.workload_model.model_fields)
-        for attr in ("point_fields", "later_point_fields", "unmatched_fields"):
+        for attr in ("point_fields", "later_point_fields", "unmatched_fields", "batch_fields"):
             unknown = [f for f in getattr(self, attr) if f not in names]
             if unknown:
                 raise ValueError(f"op {self.name!r}: OpSpec.{attr} names {unknown}, which are not "
@@ -161,6 +181,13 @@ class Implementation:
     configurable: bool = True
     fallback: bool = False
     description: str = ""
+    # What the implementation guarantees (registry/_contract.py): a Contract, or a function of the
+    # resolved config returning one (a guarantee that holds for some configs only).
+    contract: Contract | Callable[[Mapping[str, Any] | None], Contract] = NO_GUARANTEES
+    # The config to run when ``batch_invariant`` is required, where it differs from ``config``
+    # (a policy whose best config at some points is not batch-invariant designates the best one
+    # that is), or None: ``config`` serves then too.
+    invariant_config: ConfigResolver | None = None
     _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,8 +200,16 @@ class Implementation:
     def plugin(self) -> str:
         return self.name.split(".", 1)[0]
 
-    def resolve_config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:
-        cfg = self.config
+    def contract_for(self, config: Mapping[str, Any] | None) -> Contract:
+        """The contract of this implementation run with ``config``."""
+        c = self.contract
+        return c if isinstance(c, Contract) else c(config)
+
+    def resolve_config(self, facts: DeviceFacts, workload: Workload,
+                       invariant: bool = False) -> dict[str, Any] | None:
+        """The config for ``workload`` on ``facts``; ``invariant``: the one to run while
+        ``batch_invariant`` is required (``invariant_config`` when the policy gives one)."""
+        cfg = self.invariant_config if invariant and self.invariant_config else self.config
         if cfg is None:
             return None
         if callable(cfg):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from registry import OpSpec, Workload, hookimpl
+from registry import Contract, OpSpec, Workload, hookimpl
 from registry.errors import WorkloadError
 from registry.requirements import triton_runtime
 
@@ -52,6 +52,10 @@ def decode_key(rest: tuple[Any, ...]) -> tuple[Any, ...]:
     return (k, rows, keys, str(dtype).removeprefix("torch."))
 
 
+# Every kernel of the op returns the one defined answer (membership by score then position,
+# ascending order, -1 padding): exact, hence deterministic and batch-invariant.
+EXACT = Contract(exact=True)
+
 SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
               decode_key=decode_key,
               reference="reference.indexer_topk", error_bound=lambda dtype: 0.0,
@@ -63,6 +67,8 @@ SPEC = OpSpec(name=OP, workload_model=IndexerTopkWorkload, call_key=call_key,
               point_fields=("num_rows", "max_keys"),
               measured_requirements=(triton_runtime(),),
               custom_op="backends.indexer_topk.torch_op",
+              batch_fields=("num_rows",), batch_reference={"num_rows": 1024},
+              kernel_contract=EXACT,
               doc=(__doc__ or "").strip().splitlines()[0])
 
 

@@ -167,7 +167,8 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
         if trial is None:
             trial, = registry_candidates(
                 "indexer_topk", [name],
-                lambda: registry.dispatch("indexer_topk", scores, lengths, k=case.k), workload)
+                lambda: registry.dispatch("indexer_topk", scores, lengths, k=case.k), workload,
+                inputs=((scores, lengths), {"k": case.k}))
         trials.append(trial)
     spec = registry.get_registry().spec("indexer_topk")
     results = measure(trials, expected=want, compare=spec.load_compare(), metric=differing_entries,

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from backends.sparse_prefill.guarantees import kernel_contract
 from registry import OpSpec, Workload, hookimpl
 from registry.errors import WorkloadError
 from registry.requirements import grid_bound, triton_runtime, when
@@ -174,6 +175,11 @@ SPEC = OpSpec(name=OP, workload_model=SparsePrefillWorkload, call_key=call_key,
               # bound keeps them off its family.
               measured_requirements=(triton_runtime(), when("kind", "chunk", grid_bound(2))),
               custom_op="backends.sparse_prefill.torch_op",
+              # Batch-invariant selection decides at the seed's measurement point (8192 rows of
+              # one request: where every family's envelope was measured).
+              batch_fields=("total_q", "num_requests", "max_q"),
+              batch_reference={"total_q": 8192, "num_requests": 1, "max_q": 8192},
+              kernel_contract=kernel_contract,
               doc=(__doc__ or "").strip().splitlines()[0])
 
 

@@ -316,7 +316,8 @@ def _trial(provider: str, case: BenchCase, inp: dict[str, Any]) -> Any:
     try:
         trial, = registry_candidates(
             "sparse_prefill", [provider],
-            lambda: registry.dispatch("sparse_prefill", q, k, v, idx, **kw), workload_of(case))
+            lambda: registry.dispatch("sparse_prefill", q, k, v, idx, **kw), workload_of(case),
+            inputs=((q, k, v, idx), kw))
     except LookupError as exc:  # UnknownImplementationError: a typo, not a failed check
         raise click.UsageError(f"provider {provider!r}: {exc}") from None
     return trial

@@ -188,9 +188,15 @@ def _cuda() -> bool:
 
 
 def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
-                        workload: Mapping[str, Any]) -> list[Trial]:
+                        workload: Mapping[str, Any],
+                        inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+                        ) -> list[Trial]:
     """``auto`` and implementation names (``impl`` or ``impl:measure``) as candidates that run
     ``call`` (``registry.dispatch(op, ...)`` on the harness's inputs) as a framework would.
+    ``auto+GUARANTEE[+...]`` (``auto+batch_invariant``) is what ``auto`` runs under
+    ``registry.require(op, GUARANTEE, ...)``, what requiring the guarantees costs: the decision
+    is made once under the requirement and its kernel is called on ``inputs`` (``(args,
+    kwargs)``; entering the requirement per call would re-decide every call and time that).
 
     A named implementation must be the one that serves: when the override cannot be honoured
     for this workload (an ineligible implementation), the candidate fails with the reason
@@ -202,6 +208,23 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
 
     out = []
     for name in names:
+        if name.startswith("auto+"):
+            if inputs is None:
+                raise ValueError(f"{name}: the bench passes no inputs, so the required "
+                                 f"decision's kernel cannot be called")
+            wanted = name.split("+")[1:]
+            with registry.require(op, *wanted):
+                d = registry.select(op, dict(workload))
+            bound = registry.get_registry().implementation(op, d.implementation).bind(d.config)
+            args, kwargs = inputs
+
+            def required(bound: Callable[..., Any] = bound) -> Any:
+                return bound(*args, **kwargs)
+
+            out.append(Trial(label=name, run=required, implementation=d.implementation,
+                             config=d.config,
+                             runs=f"{d.implementation} {format_config(d.config)}"))
+            continue
         if name == "auto":
             d = registry.select(op, dict(workload))
             out.append(Trial(label=name, run=call, implementation=d.implementation,
