@@ -656,10 +656,10 @@ def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
     else:
         # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
         # the buffer here would cost every row registers for a rare tier).
-        offs = tl.arange(0, MEM_CH)
+        mo = tl.arange(0, MEM_CH)
         hi32 = tl.full([], -2147483648, tl.int32)
         for c0 in range(0, n, MEM_CH):
-            v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            v = tl.load(kp + c0 + mo, mask=c0 + mo < n, other=-2147483648)
             hi32 = tl.maximum(hi32, tl.max(v, axis=0))
         t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2)
         t = t.to(tl.int32)
