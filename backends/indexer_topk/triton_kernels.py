@@ -970,13 +970,36 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
     (k groups have ``max >> 16 >= H``, so k distinct keys are >= L). That search spilled the
     row program's registers at 96 (H200 SASS: 112 bytes of stack against 16 without it).
 
-    Returns ``(L, cnt, lvl, n_lvl, w, exact, sep)``: the bound, the number of the searched
-    maxima that are ``>= L``, the searched level (``n_lvl`` int32 maxima of ``w`` keys each at
-    ``lvl``), whether it is exact int32 maxima with at least k entries (so that the tie
-    selection can list its entries above L), and whether it lies outside the group maxima
-    (the supergroup area, which the active list never overwrites)."""
+    Returns ``(L, tie)``: the bound, and whether it sits in a tie of the searched level's
+    maxima (the row program then takes the tie tier at once)."""
     lb = tl.full([], -2147483648, tl.int32)
     cnt = tl.full([], 0, tl.int64)
+    lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2,
+                                            n_groups2, GS, GS2, B16)
+    if exact:
+        lb, cnt = _loose_kth(lvl, n_lvl, k, slack, GT2)
+    elif B16:
+        if FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
+            if ng >= k:
+                lb, cnt = _loose_kth(gsrc, ng, k, slack, GT2, 1)
+                lb = lb << 16
+    # A tie at the bound: more than 3/4 of the searched maxima, and over 1.5k, are >= L (the
+    # search can only stop that far above k + slack when L is the exact k-th largest and many
+    # maxima equal it), so the bound cuts almost nothing (all-equal rows, a few repeated
+    # values, mostly zeros).
+    tie = exact & (cnt * 4 > n_lvl.to(tl.int64) * 3) & (cnt * 2 > 3 * k)
+    return lb, tie
+
+
+@triton.jit
+def _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2, n_groups2, GS: tl.constexpr,
+                GS2: tl.constexpr, B16: tl.constexpr):
+    """The level :func:`_fused_bound` searches for a row: ``(lvl, n_lvl, w, exact, sep)``, its
+    ``n_lvl`` int32 maxima of ``w`` keys each at ``lvl``, whether they are exact int32 maxima
+    with at least k entries (so that the tie tier can list the entries above L), and whether
+    they lie outside the group maxima (the supergroup area, never overwritten by the active
+    list). Pure arithmetic: computed again at the selection rather than kept live through the
+    gather (registers)."""
     if B16:
         n2 = tl.full([], 0, tl.int32)
         level = tl.full([], 0, tl.int32)
@@ -984,20 +1007,12 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
             level, n2 = _level16(length, k, n_groups2, GS, GS2)
         lvl = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
         w = tl.where(level == 0, GS * GS2, tl.where(level == 1, GS * (GS2 // 2), GS))
-        exact = n2 >= k
-        sep = exact
         n_lvl = n2
-        if n2 >= k:
-            lb, cnt = _loose_kth(lvl, n2, k, slack, GT2)
-        elif FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
-            if ng >= k:
-                lb, cnt = _loose_kth(gsrc, ng, k, slack, GT2, 1)
-                lb = lb << 16
+        sep = n2 >= k
     else:
         w = tl.full([], GS, tl.int32)
         sep = length < 0
         if GS2 > 1:
-            # (The count written out: a helper reordered the default's SASS, as measured.)
             ng2 = (length + GS * GS2 - 1) // (GS * GS2)
             w = tl.full([], GS * GS2, tl.int32)
             if _half_level(length, k, n_groups2, GS, GS2):
@@ -1013,10 +1028,7 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
         else:
             lvl = gsrc
             n_lvl = ng
-        exact = n_lvl >= k
-        if n_lvl >= k:
-            lb, cnt = _loose_kth(lvl, n_lvl, k, slack, GT2)
-    return lb, cnt, lvl, n_lvl, w, exact, sep
+    return lvl, n_lvl, w, n_lvl >= k, sep
 
 
 @triton.jit
@@ -1222,9 +1234,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             gsrc = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + row.to(tl.int64) * n_groups
         else:
             gsrc = ws_ptr + row.to(tl.int64) * n_groups
-        lb, cnt, lvl, n_lvl, w, exact, sep = _fused_bound(ws_ptr, gsrc, row, length, ng, k,
-                                                          slack, off_gm2, n_groups2, GS, GS2,
-                                                          GT2, B16, FALL16)
+        lb, tie = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
+                               GS, GS2, GT2, B16, FALL16)
         if STOP == 1:
             tl.store(out + part, lb)
         else:
@@ -1238,15 +1249,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             row_c = row.to(tl.int64) * cap
             cpos = ws_ptr + off_cpos + row_c
             ckey = ws_ptr + off_ckey + row_c
-            # A tie at the bound: more than 3/4 of the searched maxima, and over 1.5k, are
-            # >= L (the search can only stop that far above k + slack when L is the exact
-            # k-th largest and many maxima equal it), so the bound cuts almost nothing
-            # (all-equal rows, a few repeated values, mostly zeros): the tie tier at once,
-            # by one program a row, instead of gathering an overflow.
-            tie = exact & (cnt * 4 > n_lvl.to(tl.int64) * 3) & (cnt * 2 > 3 * k)
-            # After an overflow, the tie tier needs the level intact: not the group maxima
-            # when the active list went over them.
-            tie_ok = tie | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
+            # A tie at the bound (see _fused_bound): the tie tier at once, by one program a
+            # row, instead of gathering an overflow.
             run = tl.full([], 0, tl.int32) + cap + 1
             last = part == 0
             if tie:
@@ -1277,6 +1281,11 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                                 run = _join_parts(ws_ptr + off_cnt + row * SPLIT, cpos, ckey,
                                                   capp, cap, SPLIT)
             if last:
+                lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k,
+                                                        off_gm2, n_groups2, GS, GS2, B16)
+                # After an overflow, the tie tier needs the level intact: not the group maxima
+                # when the active list went over them.
+                tie_ok = tie | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, run, k, cap, lvl, n_lvl,
                               w // GS, tie_ok, glist, GS, max(1, min(GB, 1024 // GS)), CAP, SB,
                               False, PCH, GB, HALF, B16 == 2, CT)
