@@ -34,8 +34,12 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
    maxima for its bound).
 3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
    order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
-4. Selection as in stage 3 below (the row tier reads the whole row: the group maxima were
-   overwritten by the active list).
+4. Selection as in stage 3 below. A row whose bound sits in a tie (more than 3/4, and more
+   than 1.5k, of the searched maxima are >= L: all-equal rows, a few repeated values, mostly
+   zeros) skips steps 2-3 and takes the tie tier at once, by one program (part 0 of a split
+   row); a row whose gather overflowed the buffer takes it afterwards when the searched level
+   is still intact (the supergroup area, or the list in an area of its own), else the row
+   tier.
 
 **Four-launch path** (``FUSED=0``; the default below 32 rows, where many slice programs a row
 beat one program's latency): 3 launches with one slice a row, 5 with several (by default the
@@ -59,6 +63,17 @@ bound in a launch of its own, then the count pass).
    equal, a few repeated values) and the buffer is not trusted: the same search (four-way,
    three probes a pass) and placement run over the row itself, reading the groups whose
    maximum reaches the probe. Exact in every tier; the buffer is never silently truncated.
+
+   **Tie tier** (issue 25; before the row tier whenever the level the bound was searched over
+   holds exact int32 maxima): the level's entries ``> L`` are listed (fewer than k when the
+   bound search ended in a tie, at most k + slack otherwise) and only their groups read: the
+   keys ``> L`` go to the buffer in position order (count ``c``). ``c >= k`` (and fits): they
+   are the candidates of the tiers above, with bound ``L + 1``. ``c < k``: ``T = L``; one pass
+   over the row from its start takes, in position order, the keys ``> L`` and the first
+   ``k - c`` keys ``== L``, and stops there; the keys ``> L`` after that point are copied from
+   the buffer. So a tie costs a pass over the tied keys' positions up to the last one taken
+   (2048 keys of an all-zero row), not a search pass over the row per probe. ``c`` above the
+   buffer (rows whose scores grow with position: ``ramp``) still ends in the row tier.
 
 Config keys (dict of ints; keys left out come from :func:`resolve_config`: the
 :func:`default_config` of the call's shape, of the path the config pins; the bare defaults are
@@ -100,12 +115,13 @@ ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts 
 GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
-GMAX_BITS       16 / 32     fused: 16 stores the group maxima as the keys' top 16 bits (half
+GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
                             their traffic; the bound still from exact int32 supergroup or
                             group maxima, the active test as conservative as the truncation;
                             the active list over them as uint16 entries with one program a
-                            row and <= 65536 groups, else in an area of its own). Default 16
-                            where that list goes in place (from 67 rows), else 32
+                            row and <= 65536 groups, else in an area of its own). Default 32
+                            since issue 25: with 16, rows equal in their top 16 bits make
+                            every group active (2x the random-row time, H200)
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -115,7 +131,7 @@ Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per 
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
 ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
 131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
-maximum, the list over them (180,224 bytes, the default from 67 rows), or with more than 65536
+maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with more than 65536
 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT`` > 1 adds the list
 and the parts' counts. Four-launch: ``4 * ceil(max_keys /
 GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
