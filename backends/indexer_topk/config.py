@@ -245,6 +245,9 @@ def list_in_place(config: dict[str, Any], max_keys: int) -> bool:
 
 
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
+    """Bytes of workspace a row for ``config`` (resolved, e.g. by :func:`resolve_config`) at
+    ``max_keys`` keys: what the wrapper allocates per call, divided by the rows. ``k`` is
+    unused (kept for the callers' signature)."""
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
     if cfg["FUSED"]:
@@ -254,8 +257,8 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         return (2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0) \
             + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0) \
             + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
-    extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
-    return 4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra
+    # The list area (SPARSE=2's active list, the tie tier's) is allocated on every call.
+    return 8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2)
 
 
 def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:

@@ -131,10 +131,11 @@ Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per 
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
 ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
 131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
-maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with more than 65536
-groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT`` > 1 adds the list
-and the parts' counts. Four-launch: ``4 * ceil(max_keys /
-GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
+maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with
+more than 65536 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT``
+> 1 adds the list and the parts' counts. Four-launch: ``8 * ceil(max_keys / GROUP)`` (group
+maxima, and the list area of SPARSE=2 and the tie tier) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
+163,852 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,
@@ -990,11 +991,11 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
     maxima (the row program then takes the tie tier at once)."""
     lb = tl.full([], -2147483648, tl.int32)
     cnt = tl.full([], 0, tl.int64)
-    lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2,
-                                            n_groups2, GS, GS2, B16)
+    lvl, n_lvl, _w, exact, _sep = _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2,
+                                              n_groups2, GS, GS2, B16)
     if exact:
         lb, cnt = _loose_kth(lvl, n_lvl, k, slack, GT2)
-    elif B16:
+    elif B16:  # noqa: SIM102 (constexprs, then a runtime test: compiled only where needed)
         if FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
             if ng >= k:
                 lb, cnt = _loose_kth(gsrc, ng, k, slack, GT2, 1)

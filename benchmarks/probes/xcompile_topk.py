@@ -73,7 +73,7 @@ def main() -> int:
             opts = {k: kw.pop(k) for k in ("num_warps", "maxnreg") if k in kw}
             const = {k: v for k, v in kw.items()}
             sig, attrs = {}, {}
-            for i, (n, v) in enumerate(zip(names, args)):
+            for i, (n, v) in enumerate(zip(names, args, strict=False)):
                 if isinstance(v, torch.Tensor):
                     sig[n] = tpt[v.dtype]
                     attrs[(i,)] = [["tt.divisibility", 16]]
@@ -93,7 +93,7 @@ def main() -> int:
                                     target=GPUTarget("cuda", 90, 32), options=opts)
                 print(f"rows {rows:5d} {fn.fn.__name__:15s} {_usage(ck.asm['cubin'])} "
                       f"shared {ck.metadata.shared:6d} {opts}", flush=True)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 bad += 1
                 print(f"rows {rows:5d} {fn.fn.__name__:15s} FAILED: {str(e)[-1500:]}")
     return 1 if bad else 0
