@@ -127,12 +127,13 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
 
 
 def _gmax_bits(cfg: dict[str, Any], max_keys: int) -> int:
-    """16-bit group maxima on the fused path with one program a row, where the active list
-    goes over them in place (H200, 131072 keys, against 32 bits in one window: 4096 rows 1188
-    -> 1161 us, 1024 rows 325 -> 318, 256 rows 102.2 -> 101.7, 128 rows 64.9 -> 63.7, causal
-    1024 rows 266 -> 263; with two programs a row, 64 rows, 41.0 -> 42.6: 32 there)."""
-    return 16 if cfg["ROW_SPLIT"] == 1 and list_in_place({**cfg, "GMAX_BITS": 16},
-                                                         max_keys) else 32
+    """32-bit group maxima by default (session 7, issue 25): 16-bit ones (the keys' top 16
+    bits) were 2% faster on N(0, 1) rows (4096 x 131072: 1161 against 1188 us), but on rows
+    equal in their top 16 bits every group becomes active and the gather reads the whole row
+    (``lowbits``: 2.0x the random-row time at 1024 and 4096 rows, H200), and the tie tier
+    needs exact maxima. ``GMAX_BITS=16`` stays selectable."""
+    del cfg, max_keys
+    return 32
 
 
 def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
@@ -244,6 +245,9 @@ def list_in_place(config: dict[str, Any], max_keys: int) -> bool:
 
 
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
+    """Bytes of workspace a row for ``config`` (resolved, e.g. by :func:`resolve_config`) at
+    ``max_keys`` keys: what the wrapper allocates per call, divided by the rows. ``k`` is
+    unused (kept for the callers' signature)."""
     cfg = {**DEFAULT_CONFIG, **config}
     p = plan(cfg, max_keys)
     if cfg["FUSED"]:
@@ -253,8 +257,8 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         return int((2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0)
                    + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0)
                    + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"]))
-    extra = 4 * p["groups"] if cfg["SPARSE"] == 2 else 0
-    return int(4 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2) + extra)
+    # The list area (SPARSE=2's active list, the tie tier's) is allocated on every call.
+    return int(8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2))
 
 
 def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:

@@ -34,8 +34,12 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
    maxima for its bound).
 3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
    order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
-4. Selection as in stage 3 below (the row tier reads the whole row: the group maxima were
-   overwritten by the active list).
+4. Selection as in stage 3 below. A row whose bound sits in a tie (more than 3/4, and more
+   than 1.5k, of the searched maxima are >= L: all-equal rows, a few repeated values, mostly
+   zeros) skips steps 2-3 and takes the tie tier at once, by one program (part 0 of a split
+   row); a row whose gather overflowed the buffer takes it afterwards when the searched level
+   is still intact (the supergroup area, or the list in an area of its own), else the row
+   tier.
 
 **Four-launch path** (``FUSED=0``; the default below 32 rows, where many slice programs a row
 beat one program's latency): 3 launches with one slice a row, 5 with several (by default the
@@ -59,6 +63,17 @@ bound in a launch of its own, then the count pass).
    equal, a few repeated values) and the buffer is not trusted: the same search (four-way,
    three probes a pass) and placement run over the row itself, reading the groups whose
    maximum reaches the probe. Exact in every tier; the buffer is never silently truncated.
+
+   **Tie tier** (issue 25; before the row tier whenever the level the bound was searched over
+   holds exact int32 maxima): the level's entries ``> L`` are listed (fewer than k when the
+   bound search ended in a tie, at most k + slack otherwise) and only their groups read: the
+   keys ``> L`` go to the buffer in position order (count ``c``). ``c >= k`` (and fits): they
+   are the candidates of the tiers above, with bound ``L + 1``. ``c < k``: ``T = L``; one pass
+   over the row from its start takes, in position order, the keys ``> L`` and the first
+   ``k - c`` keys ``== L``, and stops there; the keys ``> L`` after that point are copied from
+   the buffer. So a tie costs a pass over the tied keys' positions up to the last one taken
+   (2048 keys of an all-zero row), not a search pass over the row per probe. ``c`` above the
+   buffer (rows whose scores grow with position: ``ramp``) still ends in the row tier.
 
 Config keys (dict of ints; keys left out come from :func:`resolve_config`: the
 :func:`default_config` of the call's shape, of the path the config pins; the bare defaults are
@@ -100,12 +115,13 @@ ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts 
 GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
                             whole (16-byte loads at GROUP 8), one a thread; else every key
                             masked by the row's length, one group a thread
-GMAX_BITS       16 / 32     fused: 16 stores the group maxima as the keys' top 16 bits (half
+GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
                             their traffic; the bound still from exact int32 supergroup or
                             group maxima, the active test as conservative as the truncation;
                             the active list over them as uint16 entries with one program a
-                            row and <= 65536 groups, else in an area of its own). Default 16
-                            where that list goes in place (from 67 rows), else 32
+                            row and <= 65536 groups, else in an area of its own). Default 32
+                            since issue 25: with 16, rows equal in their top 16 bits make
+                            every group active (2x the random-row time, H200)
 PDL             0           1: programmatic dependent launches (each kernel waits for the one
                             before it, the next one is scheduled during its tail); Hopper and
                             later on NVIDIA only, ignored elsewhere
@@ -115,10 +131,11 @@ Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per 
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
 ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
 131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
-maximum, the list over them (180,224 bytes, the default from 67 rows), or with more than 65536
-groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT`` > 1 adds the list
-and the parts' counts. Four-launch: ``4 * ceil(max_keys /
-GROUP) + 8 * CAND_CAP + 4 * (slices + 2)``: 147,468 bytes at 131072 keys, GROUP 32, one slice.
+maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with
+more than 65536 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT``
+> 1 adds the list and the parts' counts. Four-launch: ``8 * ceil(max_keys / GROUP)`` (group
+maxima, and the list area of SPARSE=2 and the tie tier) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
+163,852 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,
@@ -374,7 +391,7 @@ def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
         src = ws_ptr + row.to(tl.int64) * n_groups
         lb = tl.full([], -2147483648, tl.int32)
         if ng >= k:
-            lb = _loose_kth(src, ng, k, slack, GT)
+            lb, _ = _loose_kth(src, ng, k, slack, GT)
         tl.store(ws_ptr + off_bound + row, lb)
     _pdl_done(PDL)
 
@@ -626,23 +643,19 @@ def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
 
 
 @triton.jit
-def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
-                  off_cpos, off_ckey, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
-                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr):
-    """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) sit in
-    the row's buffer in position order (``n > cap``: the buffer is not trusted, the row tier
-    runs). USE_GM: the row's group maxima are in ``ws`` (row tier pruning). PCH: keys a step
-    of the placement (``>= CAP``: placed from the register tile)."""
-    row_c = row.to(tl.int64) * cap
-    if (n > CAP) & (n <= cap) & (n <= 4 * CAP):
-        # In the buffer, a few times too many for the tile (a row with fewer than k groups).
-        n, lb = _refine_cands(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, n, k, lb,
-                              CAP)
+def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
+                     PCH: tl.constexpr):
+    """Stage 3 when the buffer (keys at ``kp``, positions at ``pp``, position order) holds all
+    ``n`` candidates (keys >= ``lb``) of a row: in the register tile of CAP (after a refinement
+    when there are a few times more), else searched and placed over the buffer."""
+    if (n > CAP) & (n <= 4 * CAP):
+        # A few times too many for the tile (a row with fewer than k groups).
+        n, lb = _refine_cands(kp, pp, n, k, lb, CAP)
     if n <= CAP:
         # The candidates fit the register tile.
         offs = tl.arange(0, CAP)
         cm = offs < n
-        keys = tl.load(ws_ptr + off_ckey + row_c + offs, mask=cm, other=-2147483648)
+        keys = tl.load(kp + offs, mask=cm, other=-2147483648)
         hi = tl.max(keys, axis=0).to(tl.int64)
         t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
         gt = keys > t
@@ -652,82 +665,178 @@ def _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_group
             sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
             si = sel.to(tl.int32)
             dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(ws_ptr + off_cpos + row_c + offs, mask=sel, other=0)
+            p = tl.load(pp + offs, mask=sel, other=0)
             tl.store(out + dst, p, mask=sel)
         else:
             # Place from memory, PCH at a time (fewer live registers than the whole tile).
-            _place_selected(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n, t,
-                            need, PCH)
-    elif n <= cap:
-        # The buffer holds them all: search and place over it, MEM_CH at a time
-        # (four-way: a register tile of CAP here would cost every row registers for a rare tier).
-        kp = ws_ptr + off_ckey + row_c
-        pp = ws_ptr + off_cpos + row_c
-        offs = tl.arange(0, MEM_CH)
+            _place_selected(kp, pp, out, n, t, need, PCH)
+    else:
+        # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
+        # the buffer here would cost every row registers for a rare tier).
+        mo = tl.arange(0, MEM_CH)
         hi32 = tl.full([], -2147483648, tl.int32)
         for c0 in range(0, n, MEM_CH):
-            v = tl.load(kp + c0 + offs, mask=c0 + offs < n, other=-2147483648)
+            v = tl.load(kp + c0 + mo, mask=c0 + mo < n, other=-2147483648)
             hi32 = tl.maximum(hi32, tl.max(v, axis=0))
         t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2)
         t = t.to(tl.int32)
         need = k - _count_gt_mem(kp, n, t, MEM_CH)
         _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
-    else:
-        # Too many candidates for the buffer (tie-heavy row): search and place over the row.
-        src = scores_ptr + row.to(tl.int64) * stride_s
-        gsrc = ws_ptr + row.to(tl.int64) * n_groups
-        ng = (length + GS - 1) // GS
-        go = tl.arange(0, GB)
-        hi32 = tl.full([], 0x7F800000, tl.int32)  # +inf's key: no real key is larger
-        if USE_GM:
-            hi32 = tl.full([], -2147483648, tl.int32)
-            for g0 in range(0, ng, GB):
-                gv = tl.load(gsrc + g0 + go, mask=g0 + go < ng, other=-2147483648)
-                hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
-        lo64 = lb.to(tl.int64)
-        hi64 = hi32.to(tl.int64)
-        # Four-way search (three probes a pass over the row: the pass is memory-bound).
-        while lo64 < hi64:
-            step = (hi64 - lo64 + 4) // 4
-            p1 = tl.minimum(lo64 + step, hi64 + 1).to(tl.int32)
-            p2 = tl.minimum(lo64 + 2 * step, hi64 + 1).to(tl.int32)
-            p3 = tl.minimum(lo64 + 3 * step, hi64 + 1).to(tl.int32)
-            c1, c2, c3 = _count3_ge_row(src, gsrc, length, p1, p2, p3, GS, GB, USE_GM)
-            js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
-            lo64 = lo64 + js * step
-            hi64 = tl.minimum(hi64, lo64 + step - 1)
-        t = lo64.to(tl.int32)
-        # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
-        need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB, USE_GM)
-        j = tl.arange(0, GS)
-        run_sel = tl.full([], 0, tl.int32)
-        run_eq = tl.full([], 0, tl.int32)
-        for c0 in range(0, length, GB * GS):
-            act = _active_groups(gsrc, c0, go, length, t, GS, USE_GM)
-            if tl.sum(act.to(tl.int32), axis=0) > 0:
-                pos = c0 + go[:, None] * GS + j[None, :]
-                m = act[:, None] & (pos < length)
-                key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
-                fm = tl.reshape(m, [GB * GS])
-                fk = tl.reshape(key, [GB * GS])
-                fp = tl.reshape(pos, [GB * GS])
-                eq = (fm & (fk == t)).to(tl.int32)
-                gt = fm & (fk > t)
-                sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-                si = sel.to(tl.int32)
-                dst = run_sel + tl.cumsum(si, axis=0) - si
-                tl.store(out + dst, fp, mask=sel)
-                run_sel += tl.sum(si, axis=0)
-                run_eq += tl.sum(eq, axis=0)
 
 
+@triton.jit
+def _row_tier(src, gsrc, out, length, lb, k, GS: tl.constexpr, GB: tl.constexpr,
+              USE_GM: tl.constexpr):
+    """The last resort (more keys above the bound than the buffer holds, and no exact level to
+    tighten it): search and place over the row itself, three probes a pass (USE_GM: reading
+    only the groups whose maximum at ``gsrc`` reaches the probe)."""
+    ng = (length + GS - 1) // GS
+    go = tl.arange(0, GB)
+    hi32 = tl.full([], 0x7F800000, tl.int32)  # +inf's key: no real key is larger
+    if USE_GM:
+        hi32 = tl.full([], -2147483648, tl.int32)
+        for g0 in range(0, ng, GB):
+            gv = tl.load(gsrc + g0 + go, mask=g0 + go < ng, other=-2147483648)
+            hi32 = tl.maximum(hi32, tl.max(gv, axis=0))
+    lo64 = lb.to(tl.int64)
+    hi64 = hi32.to(tl.int64)
+    # Four-way search (three probes a pass over the row: the pass is memory-bound).
+    while lo64 < hi64:
+        step = (hi64 - lo64 + 4) // 4
+        p1 = tl.minimum(lo64 + step, hi64 + 1).to(tl.int32)
+        p2 = tl.minimum(lo64 + 2 * step, hi64 + 1).to(tl.int32)
+        p3 = tl.minimum(lo64 + 3 * step, hi64 + 1).to(tl.int32)
+        c1, c2, c3 = _count3_ge_row(src, gsrc, length, p1, p2, p3, GS, GB, USE_GM)
+        js = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
+        lo64 = lo64 + js * step
+        hi64 = tl.minimum(hi64, lo64 + step - 1)
+    t = lo64.to(tl.int32)
+    # t + 1 cannot overflow: the largest real key is +inf's (0x7F800000).
+    need = k - _count_ge_row(src, gsrc, length, t + 1, GS, GB, USE_GM)
+    j = tl.arange(0, GS)
+    run_sel = tl.full([], 0, tl.int32)
+    run_eq = tl.full([], 0, tl.int32)
+    for c0 in range(0, length, GB * GS):
+        act = _active_groups(gsrc, c0, go, length, t, GS, USE_GM)
+        if tl.sum(act.to(tl.int32), axis=0) > 0:
+            pos = c0 + go[:, None] * GS + j[None, :]
+            m = act[:, None] & (pos < length)
+            key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
+            fm = tl.reshape(m, [GB * GS])
+            fk = tl.reshape(key, [GB * GS])
+            fp = tl.reshape(pos, [GB * GS])
+            eq = (fm & (fk == t)).to(tl.int32)
+            gt = fm & (fk > t)
+            sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+            si = sel.to(tl.int32)
+            dst = run_sel + tl.cumsum(si, axis=0) - si
+            tl.store(out + dst, fp, mask=sel)
+            run_sel += tl.sum(si, axis=0)
+            run_eq += tl.sum(eq, axis=0)
+
+
+@triton.jit
+def _tie_list(lvl, n_lvl, m, lb, glist, CT: tl.constexpr, L16: tl.constexpr):
+    """Tie tier, step 1: the groups (of GS keys) of the level's entries above ``lb`` (each
+    entry the maximum of ``m`` consecutive groups), in order, from ``glist`` on; returns their
+    number. Fewer than k entries lie above L when the bound search ended in a tie (L is then
+    the exact k-th largest entry), at most k + slack otherwise. ``glist`` may be the level
+    itself (m == 1): each store lands at or below an entry already read."""
+    o = tl.arange(0, CT)
+    n_f = tl.full([], 0, tl.int32)
+    for c0 in range(0, n_lvl, CT):
+        v = tl.load(lvl + c0 + o, mask=c0 + o < n_lvl, other=-2147483648)
+        f = ((c0 + o < n_lvl) & (v > lb)).to(tl.int32)
+        dst = (n_f + tl.cumsum(f, axis=0) - f) * m
+        n_f += tl.sum(f, axis=0)
+        tl.debug_barrier()
+        for i in range(0, m):
+            g = (c0 + o) * m + i
+            if L16:
+                tl.store(glist + dst + i, g.to(tl.int16), mask=f != 0)
+            else:
+                tl.store(glist + dst + i, g, mask=f != 0)
+    tl.debug_barrier()
+    return n_f * m
+
+
+@triton.jit
+def _eq_scan(src, out, length, t, need, n_gt, pp, S: tl.constexpr):
+    """Tie tier, T == L: the output is every key > t (``n_gt`` of them, their positions in
+    order at ``pp``) and the first ``need`` keys == t. One pass over the row from its start in
+    steps of S, writing both in position order, that stops once ``need`` keys == t are taken;
+    then the keys > t after that point are copied from ``pp``."""
+    offs = tl.arange(0, S)
+    run_sel = tl.full([], 0, tl.int32)
+    run_gt = tl.full([], 0, tl.int32)
+    run_eq = tl.full([], 0, tl.int32)
+    c0 = tl.full([], 0, tl.int32)
+    while (run_eq < need) & (c0 < length):
+        p = c0 + offs
+        m = p < length
+        key = tl.where(m, _to_key(tl.load(src + p, mask=m, other=0.0).to(tl.float32)),
+                       -2147483648)
+        gt = key > t
+        eq = (key == t).to(tl.int32)
+        sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+        si = sel.to(tl.int32)
+        tl.store(out + run_sel + tl.cumsum(si, axis=0) - si, p, mask=sel)
+        run_sel += tl.sum(si, axis=0)
+        run_gt += tl.sum(gt.to(tl.int32), axis=0)
+        run_eq += tl.sum(eq, axis=0)
+        c0 += S
+    rest = n_gt - run_gt
+    for c in range(0, rest, S):
+        i = c + offs
+        v = tl.load(pp + run_gt + i, mask=i < rest, other=0)
+        tl.store(out + run_sel + i, v, mask=i < rest)
+
+
+@triton.jit
+def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, tie_ok,
+                  glist, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
+                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr,
+                  TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr):
+    """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) in the
+    row's buffer (``kp``/``pp``, ``cap`` entries) in position order; ``n > cap``: the buffer
+    overflowed (or was skipped: a tie at the bound) and is not trusted.
+
+    Tie tier (``n > cap`` and ``tie_ok``: ``lvl`` holds ``n_lvl`` exact maxima of ``m`` groups
+    each, the level the bound came from, unchanged since): the keys > L, read only from the
+    groups of the level entries above L (:func:`_tie_list`, :func:`_gather_cands`), go to the
+    buffer. With at least k of them (and no more than the buffer) they are the candidates of
+    an ordinary selection (bound L + 1); with fewer, T = L and :func:`_eq_scan` takes the
+    first ``k - #(> L)`` keys equal to L. Otherwise (or with more keys above L than the
+    buffer) :func:`_row_tier`. USE_GM: the row's group maxima are at ``gsrc`` (row tier
+    pruning). PCH: keys a step of the placement (``>= CAP``: placed from the register tile).
+    TGB, HALF, L16: the tie gather's groups a step, half groups, uint16 list entries."""
+    buffered = n <= cap
+    row_tier = n > cap
+    if row_tier & tie_ok:
+        n_list = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
+        c_gt = _gather_cands(src, glist, length, lb + 1, n_list, cap, pp, kp, GS, TGB, HALF,
+                             L16)
+        if c_gt < k:
+            _eq_scan(src, out, length, lb, k - c_gt, c_gt, pp, 2048)
+            row_tier = False
+        elif c_gt <= cap:
+            n = c_gt
+            lb = lb + 1
+            buffered = True
+            row_tier = False
+    if buffered:
+        _select_buffered(kp, pp, out, n, lb, k, CAP, SB, PCH)
+    if row_tier:
+        _row_tier(src, gsrc, out, length, lb, k, GS, GB, USE_GM)
 
 
 @triton.jit
 def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
-                   cap, off_bound, off_ncand, off_cpos, off_ckey,
+                   cap, off_bound, off_ncand, off_cpos, off_ckey, off_list,
                    GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
-                   SB: tl.constexpr, PDL: tl.constexpr = 0):
+                   SB: tl.constexpr, CT: tl.constexpr = 16, PDL: tl.constexpr = 0):
+    """Four-launch stage 3; the tie tier lists the row's exact group maxima (GS keys each)
+    into the area at ``off_list``."""
     _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -737,8 +846,13 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
     else:
         lb = tl.load(ws_ptr + off_bound + row)
         n = tl.load(ws_ptr + off_ncand + row)
-        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, n, stride_s, n_groups, k, cap,
-                      off_cpos, off_ckey, GS, GB, CAP, SB, True, CAP)
+        src = scores_ptr + row.to(tl.int64) * stride_s
+        gsrc = ws_ptr + row.to(tl.int64) * n_groups
+        row_c = row.to(tl.int64) * cap
+        _select_cands(src, gsrc, ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out,
+                      length, lb, n, k, cap, gsrc, (length + GS - 1) // GS, 1, length > k,
+                      ws_ptr + off_list + row.to(tl.int64) * n_groups, GS, GB, CAP, SB, True,
+                      CAP, GB, 0, 0, CT)
     _pdl_done(PDL)
 
 
@@ -766,7 +880,7 @@ def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
         lo = tl.where(ge, mid, lo)
         hi = tl.where(ge, hi, mid - 1)
         cnt_lo = tl.where(ge, c, cnt_lo)
-    return lo
+    return lo, cnt_lo
 
 
 @triton.jit
@@ -796,7 +910,7 @@ def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr, B16: tl.constexpr = 0):
         lo = tl.where(ge, mid, lo)
         hi = tl.where(ge, hi, mid - 1)
         cnt_lo = tl.where(ge, c64, cnt_lo)
-    return lo.to(tl.int32)
+    return lo.to(tl.int32), cnt_lo
 
 
 @triton.jit
@@ -831,10 +945,11 @@ def _loose_kth(ptr, n, k, slack, GT: tl.constexpr, B16: tl.constexpr = 0):
         v = _load_gm(ptr, o, m, B16)
         hi = tl.max(v, axis=0).to(tl.int64)
         lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
-        lb = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack).to(tl.int32)
+        lb, cnt = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack)
+        lb = lb.to(tl.int32)
     else:
-        lb = _loose_kth_mem(ptr, n, k, slack, MEM_CH, B16)
-    return lb
+        lb, cnt = _loose_kth_mem(ptr, n, k, slack, MEM_CH, B16)
+    return lb, cnt
 
 
 @triton.jit
@@ -870,34 +985,67 @@ def _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
     ``FALL16`` (shapes where a row with k groups may have no such level, see ``_fall16``)
     compiles the search over the int16 maxima (``gsrc``): a bound H over those gives L = H << 16
     (k groups have ``max >> 16 >= H``, so k distinct keys are >= L). That search spilled the
-    row program's registers at 96 (H200 SASS: 112 bytes of stack against 16 without it)."""
+    row program's registers at 96 (H200 SASS: 112 bytes of stack against 16 without it).
+
+    Returns ``(L, tie)``: the bound, and whether it sits in a tie of the searched level's
+    maxima (the row program then takes the tie tier at once)."""
     lb = tl.full([], -2147483648, tl.int32)
+    cnt = tl.full([], 0, tl.int64)
+    lvl, n_lvl, _w, exact, _sep = _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2,
+                                              n_groups2, GS, GS2, B16)
+    if exact:
+        lb, cnt = _loose_kth(lvl, n_lvl, k, slack, GT2)
+    elif B16:  # noqa: SIM102 (constexprs, then a runtime test: compiled only where needed)
+        if FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
+            if ng >= k:
+                lb, cnt = _loose_kth(gsrc, ng, k, slack, GT2, 1)
+                lb = lb << 16
+    # A tie at the bound: more than 3/4 of the searched maxima, and over 1.5k, are >= L (the
+    # search can only stop that far above k + slack when L is the exact k-th largest and many
+    # maxima equal it), so the bound cuts almost nothing (all-equal rows, a few repeated
+    # values, mostly zeros).
+    tie = exact & (cnt * 4 > n_lvl.to(tl.int64) * 3) & (cnt * 2 > 3 * k)
+    return lb, tie
+
+
+@triton.jit
+def _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2, n_groups2, GS: tl.constexpr,
+                GS2: tl.constexpr, B16: tl.constexpr):
+    """The level :func:`_fused_bound` searches for a row: ``(lvl, n_lvl, w, exact, sep)``, its
+    ``n_lvl`` int32 maxima of ``w`` keys each at ``lvl``, whether they are exact int32 maxima
+    with at least k entries (so that the tie tier can list the entries above L), and whether
+    they lie outside the group maxima (the supergroup area, never overwritten by the active
+    list). Pure arithmetic: computed again at the selection rather than kept live through the
+    gather (registers)."""
     if B16:
         n2 = tl.full([], 0, tl.int32)
+        level = tl.full([], 0, tl.int32)
         if GS2 > 1:
-            _, n2 = _level16(length, k, n_groups2, GS, GS2)
-        if n2 >= k:
-            lb = _loose_kth(ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2, n2, k, slack, GT2)
-        elif FALL16:   # noqa: SIM102 (constexpr: the search is compiled only where needed)
-            if ng >= k:
-                lb = _loose_kth(gsrc, ng, k, slack, GT2, 1) << 16
+            level, n2 = _level16(length, k, n_groups2, GS, GS2)
+        lvl = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+        w = tl.where(level == 0, GS * GS2, tl.where(level == 1, GS * (GS2 // 2), GS))
+        n_lvl = n2
+        sep = n2 >= k
     else:
+        w = tl.full([], GS, tl.int32)
+        sep = length < 0
         if GS2 > 1:
-            # (The count written out: a helper reordered the default's SASS, as measured.)
             ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+            w = tl.full([], GS * GS2, tl.int32)
             if _half_level(length, k, n_groups2, GS, GS2):
                 ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
-            src = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
-            n = ng2
+                w = tl.full([], GS * (GS2 // 2), tl.int32)
+            lvl = ws_ptr + off_gm2 + row.to(tl.int64) * n_groups2
+            n_lvl = ng2
+            sep = ng2 >= k
             if ng2 < k:
-                src = gsrc
-                n = ng
+                lvl = gsrc
+                n_lvl = ng
+                w = tl.full([], GS, tl.int32)
         else:
-            src = gsrc
-            n = ng
-        if n >= k:
-            lb = _loose_kth(src, n, k, slack, GT2)
-    return lb
+            lvl = gsrc
+            n_lvl = ng
+    return lvl, n_lvl, w, n_lvl >= k, sep
 
 
 @triton.jit
@@ -1103,47 +1251,61 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             gsrc = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + row.to(tl.int64) * n_groups
         else:
             gsrc = ws_ptr + row.to(tl.int64) * n_groups
-        lb = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2, GS, GS2,
-                          GT2, B16, FALL16)
+        lb, tie = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
+                               GS, GS2, GT2, B16, FALL16)
         if STOP == 1:
             tl.store(out + part, lb)
         else:
-            per = (ng + SPLIT - 1) // SPLIT
-            g0 = tl.minimum(part * per, ng)
             # One part: the list overwrites the row's group maxima. Several: the other parts may
             # still be searching them for the bound (rows with fewer than k supergroups), so
             # the list goes to an area of its own.
             glist = gsrc
             if (SPLIT > 1) | (B16 == 1):
                 glist = ws_ptr + off_list + row.to(tl.int64) * n_groups
-            n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT, B16)
-            if STOP == 2:
-                tl.store(out + part, n_act)
+            src = scores_ptr + row.to(tl.int64) * stride_s
+            row_c = row.to(tl.int64) * cap
+            cpos = ws_ptr + off_cpos + row_c
+            ckey = ws_ptr + off_ckey + row_c
+            # A tie at the bound (see _fused_bound): the tie tier at once, by one program a
+            # row, instead of gathering an overflow.
+            run = tl.full([], 0, tl.int32) + cap + 1
+            last = part == 0
+            if tie:
+                last = part == 0
             else:
-                src = scores_ptr + row.to(tl.int64) * stride_s
-                row_c = row.to(tl.int64) * cap
-                cpos = ws_ptr + off_cpos + row_c
-                ckey = ws_ptr + off_ckey + row_c
-                capp = cap // SPLIT
-                run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
-                                    cpos + part * capp, ckey + part * capp, GS, GB, HALF,
-                                    B16 == 2)
-                if STOP == 3:
-                    tl.store(out + part, run)
+                per = (ng + SPLIT - 1) // SPLIT
+                g0 = tl.minimum(part * per, ng)
+                n_act = _compact_active(gsrc, glist, g0, tl.minimum(per, ng - g0), lb, CT, B16)
+                if STOP == 2:
+                    tl.store(out + part, n_act)
+                    last = part < 0
                 else:
-                    last = True
-                    if SPLIT > 1:
-                        tl.store(ws_ptr + off_cnt + row * SPLIT + part, run)
-                        tl.debug_barrier()   # the whole program's stores, then the arrival
-                        arrived = tl.atomic_add(ws_ptr + off_arr + row, 1, sem="acq_rel")
-                        last = arrived == SPLIT - 1
-                        if last:
-                            run = _join_parts(ws_ptr + off_cnt + row * SPLIT, cpos, ckey, capp,
-                                              cap, SPLIT)
-                    if last:
-                        _select_cands(scores_ptr, ws_ptr, out, row, length, lb, run, stride_s,
-                                      n_groups, k, cap, off_cpos, off_ckey, GS,
-                                      max(1, min(GB, 1024 // GS)), CAP, SB, False, PCH)
+                    capp = cap // SPLIT
+                    run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
+                                        cpos + part * capp, ckey + part * capp, GS, GB, HALF,
+                                        B16 == 2)
+                    if STOP == 3:
+                        tl.store(out + part, run)
+                        last = part < 0
+                    else:
+                        last = part >= 0
+                        if SPLIT > 1:
+                            tl.store(ws_ptr + off_cnt + row * SPLIT + part, run)
+                            tl.debug_barrier()   # the whole program's stores, then the arrival
+                            arrived = tl.atomic_add(ws_ptr + off_arr + row, 1, sem="acq_rel")
+                            last = arrived == SPLIT - 1
+                            if last:
+                                run = _join_parts(ws_ptr + off_cnt + row * SPLIT, cpos, ckey,
+                                                  capp, cap, SPLIT)
+            if last:
+                lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k,
+                                                        off_gm2, n_groups2, GS, GS2, B16)
+                # After an overflow, the tie tier needs the level intact: not the group maxima
+                # when the active list went over them.
+                tie_ok = tie | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
+                _select_cands(src, gsrc, ckey, cpos, out, length, lb, run, k, cap, lvl, n_lvl,
+                              w // GS, tie_ok, glist, GS, max(1, min(GB, 1024 // GS)), CAP, SB,
+                              False, PCH, GB, HALF, B16 == 2, CT)
     _pdl_done(PDL)
 
 
@@ -1308,6 +1470,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     import torch
 
     _check_inputs(scores, lengths, k)
+    # The kernels index lengths[row] as if contiguous: a strided view (lengths[:, 0]) is copied.
+    lengths = lengths.contiguous()
     rows, n = scores.shape
     cfg, p = _resolve(config, k, n, rows, _sm_count(scores.device))
     dev = scores.device
@@ -1321,7 +1485,7 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     pdl = _pdl(cfg, dev)
     if n <= k:
         # Every row has <= k valid keys: only the fast path runs.
-        _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0,
+        _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0, 0,
                                 GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw, **pdl)
         return out
     nw = cfg["num_warps"]
@@ -1336,7 +1500,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
     chunked = groups > p["gt"]
     sp = cfg["SPARSE"] if not (chunked and cfg["SPARSE"] == 2) else 1
     off_list = off_ckey + rows * cap
-    ws = _alloc(torch, off_list + (rows * groups if sp == 2 else 0), dev)
+    # The list area: SPARSE=2's active list, and the tie tier's (both per row, never together).
+    ws = _alloc(torch, off_list + rows * groups, dev)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
                                  GS=gs, GB=gb, GS2=1, num_warps=nw, **pdl)
     bp = cfg["BOUND_PASS"]
@@ -1357,8 +1522,8 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                                   SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
                                   SPARSE=sp, BOUND_IN=bound_in, num_warps=nw, **pdl)
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
-                            off_ncand, off_cpos, off_ckey, GS=gs, GB=max(1, min(gb, 1024 // gs)),
-                            CAP=cfg["CAND_TILE"],
-                            KB=p["kb"],
-                            SB=sb, num_warps=sw, **pdl)
+                            off_ncand, off_cpos, off_ckey, off_list,
+                            GS=gs, GB=max(1, min(gb, 1024 // gs)), CAP=cfg["CAND_TILE"],
+                            KB=p["kb"], SB=sb, CT=min(1024, _next_pow2(groups)), num_warps=sw,
+                            **pdl)
     return out

@@ -216,10 +216,9 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
             with registry.require(op, *wanted):
                 d = registry.select(op, dict(workload))
             bound = registry.get_registry().implementation(op, d.implementation).bind(d.config)
-            args, kwargs = inputs
-
-            def required(bound: Callable[..., Any] = bound) -> Any:
-                return bound(*args, **kwargs)
+            def required(bound: Callable[..., Any] = bound,
+                         inputs: tuple[tuple[Any, ...], dict[str, Any]] = inputs) -> Any:
+                return bound(*inputs[0], **inputs[1])
 
             out.append(Trial(label=name, run=required, implementation=d.implementation,
                              config=d.config,

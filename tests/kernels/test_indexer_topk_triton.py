@@ -405,21 +405,19 @@ def test_default_config_and_scratch():
     assert TK.plan(cfg, 131072)["slices"] == 8 and cfg["GATHER_HALF"] == 1
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
-    # 16-bit group maxima with one program a row (the list in their place): from 67 rows, and
-    # not where a row has more groups than uint16 list entries hold; 32 bits with a split row,
-    # also when the config pins the split or the group size.
+    # 32-bit group maxima by default (issue 25: 16-bit ones make every group active on rows
+    # equal in their top 16 bits, and the tie tier needs exact maxima); 16 when pinned.
     assert [TK.default_config(r, 131072, 2048)["GMAX_BITS"] for r in (64, 66, 67, 4096)] \
-        == [32, 32, 16, 16]
-    assert TK.default_config(4096, 2**24, 2048)["GMAX_BITS"] == 16      # GROUP 256
-    assert TK.resolve_config({"ROW_SPLIT": 2}, 4096, 131072, 2048)["GMAX_BITS"] == 32
-    assert TK.resolve_config({"GROUP": 2}, 4096, 2**17 + 2, 2048)["GMAX_BITS"] == 32
-    assert TK.resolve_config({"GROUP": 2}, 4096, 2**17, 2048)["GMAX_BITS"] == 16
+        == [32, 32, 32, 32]
+    assert TK.default_config(4096, 2**24, 2048)["GMAX_BITS"] == 32
+    assert TK.resolve_config({"GROUP": 2}, 4096, 2**17, 2048)["GMAX_BITS"] == 32
     assert TK.resolve_config({"ROW_SPLIT": 2, "GMAX_BITS": 16}, 4096, 131072)["GMAX_BITS"] == 16
     assert TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)["GMAX_BITS"] == 32
     # Scratch: 2-byte group maxima, the active list in their place with one part a row and up
     # to 65536 groups, else in an area of its own; 4-byte maxima the list overwrites.
-    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) == 2 * 16384 + 4 * 4096 + 8 * 16384
-    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 32}, 2048, 131072) \
+    assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
+        == 2 * 16384 + 4 * 4096 + 8 * 16384
+    assert TK.scratch_bytes_per_row(cfg, 2048, 131072) \
         == 4 * 16384 + 4 * 4096 + 8 * 16384
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16, "ROW_SPLIT": 2}, 2048, 131072) \
         == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 3 + 4 * 16384
@@ -427,7 +425,7 @@ def test_default_config_and_scratch():
     assert TK.list_in_place(wide, 131072) and not TK.list_in_place(wide, 131074)
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
-    assert TK.scratch_bytes_per_row(old, 2048, 131072) == 4 * 4096 + 8 * 16384 + 4 * 3
+    assert TK.scratch_bytes_per_row(old, 2048, 131072) == 8 * 4096 + 8 * 16384 + 4 * 3
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -671,8 +669,8 @@ def test_tuner_candidates_cover_both_paths():
 
 
 def test_fused_phase_stops_for_profiling():
-    """``_stop`` (benchmarks/profile_indexer.py --phases) ends the row program after a phase and
-    writes its scalar, each part of a split row at the row's output entry of its index: the
+    """``_stop`` (benchmarks/probes/profile_indexer.py --phases) ends the row program after a
+    phase and writes its scalar, each part of a split row at the row's output entry of its index: the
     active groups and the candidates both number at least k (the bound's guarantee) and the
     candidates at most GROUP per active group; split in two, the parts add up to the whole."""
     k, n = 40, 700

@@ -1,0 +1,224 @@
+"""indexer_topk on every score distribution of ``backends.indexer_topk.distributions``.
+
+The distributions module itself (names, determinism, the property each one is meant to have
+at k = 2048), then the Triton kernels against the torch reference, entry by entry, on every
+distribution at small sizes under the interpreter: the tie tier (a tie at the bound, taken at
+once; and after a gather that overflowed the buffer), with strided score views, short, empty
+and ragged rows, NaN and +-inf sprinkled in; and k = 2048 on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from backends.indexer_topk import distributions as D  # noqa: E402
+from backends.indexer_topk.reference import (  # noqa: E402
+    indexer_topk_reference,
+    score_keys,
+    topk_mismatches,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ------------------------------------------------------------------------- distributions.py
+
+def test_names_and_descriptions():
+    for name in ("randn", "ties", "zeros", "recent", "lowbits", "relu", "quant256"):
+        assert name in D.DISTRIBUTIONS
+    assert len(set(D.DISTRIBUTIONS)) == len(D.DISTRIBUTIONS)
+    for name in D.DISTRIBUTIONS:
+        d = D.describe(name)
+        assert isinstance(d, str) and d and "\n" not in d
+    with pytest.raises(ValueError, match=r"randn.*ties"):
+        D.describe("nope")
+    with pytest.raises(ValueError, match="known: randn"):
+        D.make_scores("nope", 2, 8)
+
+
+@pytest.mark.parametrize("name", D.DISTRIBUTIONS)
+def test_shape_dtype_and_seed(name):
+    a = D.make_scores(name, 3, 1000, seed=5)
+    assert a.shape == (3, 1000) and a.dtype == torch.float32 and a.device.type == "cpu"
+    assert torch.equal(a.view(torch.int32), D.make_scores(name, 3, 1000, seed=5).view(torch.int32))
+    if name != "zeros":
+        assert not torch.equal(a, D.make_scores(name, 3, 1000, seed=6))
+    h = D.make_scores(name, 2, 64, dtype=torch.float16, seed=1)
+    assert h.dtype == torch.float16 and h.shape == (2, 64)
+    assert D.make_scores(name, 0, 16).shape == (0, 16)
+    assert D.make_scores(name, 2, 0).shape == (2, 0)
+
+
+def _kth_tie(scores, k):
+    """(k-th largest key, how many keys equal it, how many are larger) per row."""
+    keys = score_keys(scores)
+    kth = keys.topk(k, dim=1).values[:, -1:]
+    return kth, (keys == kth).sum(1), (keys > kth).sum(1)
+
+
+def test_each_distribution_stresses_what_it_claims():
+    k, n = 2048, 131072
+    kth, eq, gt = _kth_tie(D.make_scores("ties", 2, n), k)
+    assert bool((eq > 8 * k).all()) and bool((gt < k).all())       # the k-th inside a big tie
+    z = D.make_scores("zeros", 2, n)
+    assert bool((z == 0).all()) and bool(torch.signbit(z).any()) and bool((~torch.signbit(z)).any())
+    kth, eq, gt = _kth_tie(D.make_scores("relu", 2, n), k)
+    assert bool((kth == 0).all()) and bool((eq > n // 2).all()) and bool((gt > k // 4).all())
+    r10 = D.make_scores("relu10", 2, n)
+    assert 0.05 < float((r10 > 0).float().mean()) < 0.15
+    q = D.make_scores("quant256", 2, n)
+    assert q.unique().numel() == 256
+    kth, eq, gt = _kth_tie(q, k)
+    assert bool((eq > 256).all())
+    f8 = D.make_scores("fp8", 2, n)
+    assert 100 < f8.unique().numel() <= 256
+    lb = D.make_scores("lowbits", 2, n).view(torch.int32)
+    assert bool(((lb >> 16) == (0x3F800000 >> 16)).all()) and lb.unique().numel() > 30000
+    rec = D.make_scores("recent", 2, n)
+    assert rec[:, -4096:].abs().mean() > 6 * rec[:, :-4096].abs().mean()
+    ramp = D.make_scores("ramp", 1, n)
+    assert bool((ramp[0, 1000:] > ramp[0, :-1000]).all())
+
+
+# ------------------------------------------------------------------------- kernels (CPU/GPU)
+
+@pytest.fixture()
+def tk(monkeypatch):
+    """The Triton module with poisoned outputs and workspace (every entry starts INT32_MAX)."""
+    pytest.importorskip("triton")
+    from backends.indexer_topk import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "_POISON", 2147483647)
+    return triton_kernels
+
+
+# Small geometries whose tiers match the H200 defaults' at 131072 keys: a tie at the bound
+# (the tie tier at once) on the fused path with 32- and 16-bit maxima, one or two programs a
+# row; a buffer the gathers overflow (the tie tier after an overflow, or the row tier); the
+# four-launch path (its tie tier after the placement's overflow).
+GEOMS = {
+    "fused32": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                "CAND_CAP": 256, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 1,
+                "GMAX_BITS": 32},
+    "fused16_half": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                     "CAND_CAP": 256, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 1,
+                     "GMAX_BITS": 16, "GATHER_HALF": 1},
+    "fused_split": {"FUSED": 1, "GROUP": 4, "GROUP2": 4, "PLACE_KEYS": 64, "CAND_TILE": 64,
+                    "CAND_CAP": 256, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 2,
+                    "GATHER_HALF": 1},
+    "fused_overflow": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32, "CAND_TILE": 16,
+                       "CAND_CAP": 32, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 2},
+    "fused16_overflow": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32,
+                         "CAND_TILE": 16, "CAND_CAP": 32, "BOUND_SLACK": 8,
+                         "COMPACT_TILE": 32, "ROW_SPLIT": 1, "GMAX_BITS": 16},
+    "four_launch": {"FUSED": 0, "SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8,
+                    "CAND_TILE": 32, "CAND_CAP": 64},
+}
+
+
+def _sprinkle(s, seed):
+    """NaN, +inf, -inf at a few random places (rows keep their distribution elsewhere)."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand(s.shape, generator=g)
+    s = s.clone()
+    s[r < 0.01] = float("nan")
+    s[(r > 0.5) & (r < 0.505)] = float("inf")
+    s[(r > 0.7) & (r < 0.71)] = float("-inf")
+    return s
+
+
+# The overflow geometries run the row tier on some distributions: seconds each under the
+# interpreter.
+@pytest.mark.parametrize("geom", [pytest.param(g, marks=pytest.mark.slow) if "overflow" in g
+                                  else g for g in sorted(GEOMS)])
+@pytest.mark.parametrize("name", D.DISTRIBUTIONS)
+def test_every_distribution_exact(tk, geom, name):
+    k, n = 16, 1200
+    seed = sum(map(ord, geom + name))
+    base = D.make_scores(name, 6, n + 40, seed=seed)
+    base[3] = _sprinkle(base[3:4], seed)[0]
+    # A strided view: rows 1240 apart, the first 1200 keys of each.
+    scores = base[:, :n].to(DEV)
+    assert scores.stride(0) == n + 40
+    lengths = torch.tensor([n, n - 5, 0, n, k + 1, 700], dtype=torch.int32, device=DEV)
+    got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS[geom])
+    want = indexer_topk_reference(scores, lengths, k)
+    assert topk_mismatches(got, want) == []
+
+
+@pytest.mark.parametrize("geom", ["fused32", "fused_split", "four_launch"])
+def test_tie_tier_cases(tk, geom):
+    """Rows built for each branch of the tie tier: T == L with no key above it, with keys above
+    it spread over the row (the equal keys taken up to a point, the larger ones after it copied
+    from the buffer), with the larger keys all after the taken equal ones, and with at least k
+    keys above L (an ordinary selection over them)."""
+    k, n = 16, 1024
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    rows.append(torch.full((n,), 1.5))                                   # all equal
+    r = torch.zeros(n)
+    r[torch.randperm(n, generator=g)[:k // 2]] = torch.rand(k // 2, generator=g) + 1
+    rows.append(r)                                                       # few larger, spread
+    r = torch.zeros(n)
+    r[-5:] = 2.0
+    rows.append(r)                                                       # larger at the end
+    r = torch.zeros(n)
+    r[torch.randperm(n, generator=g)[:3 * k]] = 1.0
+    rows.append(r)                                                       # >= k above the tie
+    r = torch.full((n,), -float("inf"))
+    r[::7] = float("nan")
+    rows.append(r)                                                       # -inf over NaN
+    scores = torch.stack(rows).to(DEV)
+    lengths = torch.tensor([n, n, n, n - 1, n], dtype=torch.int32, device=DEV)
+    got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS[geom])
+    want = indexer_topk_reference(scores, lengths, k)
+    assert topk_mismatches(got, want) == []
+
+
+def test_negative_control_detects_a_wrong_tie_rule(tk):
+    """The comparison catches a selection that breaks the tie by anything but position."""
+    k, n = 16, 512
+    scores = torch.zeros(2, n, device=DEV)
+    lengths = torch.tensor([n, n], dtype=torch.int32, device=DEV)
+    got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS["fused32"])
+    want = indexer_topk_reference(scores, lengths, k)
+    assert topk_mismatches(got, want) == []
+    assert got[0].tolist() == list(range(k))
+    bad = got.clone()
+    bad[0, -1] = k
+    assert topk_mismatches(bad, want) != []
+
+
+def test_strided_lengths_are_read_by_element(tk):
+    """A 1-D lengths view with a stride (a column of a 2-D tensor) is read element by element,
+    not as if contiguous (row 1 used to read the 0 next to row 0's 8 and come back all -1)."""
+    scores = D.make_scores("randn", 2, 64, seed=2).to(DEV)
+    lengths = torch.tensor([[8, 0], [8, 0]], dtype=torch.int32, device=DEV)[:, 0]
+    assert lengths.stride(0) == 2
+    for cfg in ({}, {"FUSED": 1}, {"FUSED": 0}):
+        got = tk.indexer_topk_triton(scores, lengths, 4, config=cfg)
+        want = indexer_topk_reference(scores, lengths.contiguous(), 4)
+        assert topk_mismatches(got, want) == [], cfg
+        assert int(got[1].min()) >= 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", D.DISTRIBUTIONS)
+def test_gpu_k2048_every_distribution(tk, name):
+    k, n = 2048, 131072
+    scores = D.make_scores(name, 8, n, seed=11, device="cuda")
+    lengths = torch.tensor([n, n - 1, k, k + 1, n // 3, 5, n, 3 * k], dtype=torch.int32,
+                           device="cuda")
+    want = indexer_topk_reference(scores, lengths, k)
+    for cfg in ({}, {"FUSED": 0}, {"FUSED": 1}, {"FUSED": 1, "ROW_SPLIT": 1},
+                {"FUSED": 1, "ROW_SPLIT": 2}, {"FUSED": 1, "ROW_SPLIT": 1, "GMAX_BITS": 16},
+                {"FUSED": 1, "ROW_SPLIT": 1, "GMAX_BITS": 32}):
+        got = tk.indexer_topk_triton(scores, lengths, k, config=cfg)
+        assert topk_mismatches(got, want) == [], cfg
+    for rows in (1, 64, 1024):
+        s = D.make_scores(name, rows, n, seed=rows, device="cuda")
+        ln = torch.full((rows,), n, dtype=torch.int32, device="cuda")
+        got = tk.indexer_topk_triton(s, ln, k, config={})
+        assert topk_mismatches(got, indexer_topk_reference(s, ln, k)) == [], rows
