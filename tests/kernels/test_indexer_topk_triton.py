@@ -670,9 +670,10 @@ def test_tuner_candidates_cover_both_paths():
 
 def test_fused_phase_stops_for_profiling():
     """``_stop`` (benchmarks/probes/profile_indexer.py --phases) ends the row program after a
-    phase and writes its scalar, each part of a split row at the row's output entry of its index: the
-    active groups and the candidates both number at least k (the bound's guarantee) and the
-    candidates at most GROUP per active group; split in two, the parts add up to the whole."""
+    phase and writes its scalar, each part of a split row at the row's output entry of its
+    index: the active groups and the candidates both number at least k (the bound's guarantee)
+    and the candidates at most GROUP per active group; split in two, the parts add up to the
+    whole."""
     k, n = 40, 700
     scores = make_scores("random", 3, n, seed=11)
     lengths = torch.tensor([n, 500, 30], dtype=torch.int32, device=DEV)
