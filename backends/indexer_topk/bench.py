@@ -52,19 +52,23 @@ class BenchCase:
     dtype: str = "float32"
     ragged: bool = False
     seed: int = 0
+    dist: str = "randn"
 
     def label(self) -> str:
-        return f"{self.rows}x{self.keys}{' causal' if self.ragged else ''} {self.dtype} k={self.k}"
+        dist = "" if self.dist == "randn" else f" {self.dist}"
+        return (f"{self.rows}x{self.keys}{' causal' if self.ragged else ''}{dist} {self.dtype} "
+                f"k={self.k}")
 
 
 def make_inputs(case: BenchCase, device: Any = None) -> tuple[Any, Any]:
     import torch
 
+    from backends.indexer_topk.distributions import make_scores
+
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
-    g = torch.Generator(device=dev).manual_seed(case.seed)
-    scores = torch.randn(case.rows, case.keys, generator=g, device=dev).to(
-        getattr(torch, case.dtype))
+    scores = make_scores(case.dist, case.rows, case.keys, dtype=getattr(torch, case.dtype),
+                         device=dev, seed=case.seed)
     if case.ragged:
         r = torch.arange(1, case.rows + 1, device=dev, dtype=torch.int64)
         lengths = ((r * case.keys + case.rows - 1) // case.rows).to(torch.int32)
@@ -174,9 +178,52 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
     results = measure(trials, expected=want, compare=spec.load_compare(), metric=differing_entries,
                       warmup=warmup, iters=iters, graphs=graphs,
                       baseline=baseline or providers[0])
+    extra = _floor(scores, trials, case)
     return CaseResult(case=case.label(), workload=workload, measurements=results,
-                      params={"ragged": case.ragged, "seed": case.seed},
-                      baseline=baseline or providers[0])
+                      params={"ragged": case.ragged, "seed": case.seed, "dist": case.dist},
+                      baseline=baseline or providers[0], extra=extra)
+
+
+def _copy_gbps() -> float | None:
+    """This GPU's copy bandwidth (GB/s: a 1 GiB device-to-device copy, read + write), measured
+    once a process; None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    cached = _COPY.get("gbps")
+    if cached is None:
+        from registry.tuning import interleaved_median_ms
+
+        src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+        dst = torch.empty_like(src)
+        ms = interleaved_median_ms({"copy": lambda: dst.copy_(src)}, warmup=3, iters=10)["copy"]
+        cached = _COPY["gbps"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+        del src, dst
+    return cached
+
+
+_COPY: dict[str, float] = {}
+
+
+def _floor(scores: Any, trials: list[Any], case: BenchCase) -> dict[str, Any]:
+    """The case's HBM floor (one read of the scores at the measured copy bandwidth) and the
+    scratch bytes a row of each Triton provider's config, for the table and the JSON."""
+    from backends.indexer_topk.config import scratch_bytes_per_row
+
+    read = scores.numel() * scores.element_size()
+    gbps = _copy_gbps()
+    floor_us = read / (gbps * 1e9) * 1e6 if gbps else None
+    scratch = {t.label: scratch_bytes_per_row(t.config, case.k, case.keys)
+               for t in trials if t.config and "SLICE_KEYS" in t.config}
+    note = f"one read of the scores: {read / 1e6:.1f} MB"
+    if floor_us is not None:
+        note += f" = {floor_us:.1f} us at the measured copy bandwidth {gbps:.0f} GB/s"
+    if scratch:
+        note += "; scratch a row: " + ", ".join(f"{k} {v / 1024:.0f} KiB"
+                                                for k, v in scratch.items())
+    return {"bytes_read": read, "floor_us": floor_us, "copy_gbps": gbps,
+            "scratch_bytes_per_row": scratch, "note": note}
 
 
 def _plot(results: list[Any], path: str) -> None:
@@ -232,17 +279,27 @@ def _ints(ctx: Any, param: Any, value: str) -> list[int]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="write a bar chart PNG (needs matplotlib)")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--dist", "dists", default="randn", show_default=True,
+              help="comma list of score distributions (backends/indexer_topk/distributions.py): "
+                   "randn, ties, zeros, recent, lowbits, relu, relu10, quant256, fp8, ramp")
 @click.option("--graphs", is_flag=True,
               help="time CUDA-graph replays (GPU time without host launch cost)")
 def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k: int,
                   warmup: int, iters: int, providers: str, baseline: str, as_json: bool,
-                  plot: str | None, seed: int, graphs: bool) -> None:
+                  plot: str | None, seed: int, dists: str, graphs: bool) -> None:
     """Time indexer_topk providers against torch.topk; exact check on every run."""
     names = [p.strip() for p in providers.split(",") if p.strip()]
     if not names:
         raise click.BadParameter("--providers is empty")
-    cases = [BenchCase(rows=r, keys=n, k=k, dtype=dtype, ragged=ragged, seed=seed)
-             for r in rows for n in keys]
+    from backends.indexer_topk.distributions import DISTRIBUTIONS
+
+    names_d = [d.strip() for d in dists.split(",") if d.strip()]
+    unknown = [d for d in names_d if d not in DISTRIBUTIONS]
+    if unknown or not names_d:
+        raise click.BadParameter(f"{unknown or dists!r}: expected a comma list of "
+                                 f"{', '.join(DISTRIBUTIONS)}", param_hint="--dist")
+    cases = [BenchCase(rows=r, keys=n, k=k, dtype=dtype, ragged=ragged, seed=seed, dist=d)
+             for d in names_d for r in rows for n in keys]
     results = []
     with click.progressbar(cases, label="indexer_topk", file=sys.stderr,
                            item_show_func=lambda c: c.label() if c else None) as bar:

@@ -1,7 +1,9 @@
 """The ``kreg tune indexer_topk`` tuner (the protocol is in registry/tuning/tune.py).
 
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
-``dtype`` (float32). Candidates: the default for the shape, its gmax slices halved and doubled,
+``dtype`` (float32), ``dist`` (randn, ties, zeros, recent, lowbits: each candidate is measured
+on every distribution and an entry keeps the config of smallest worst ratio over them).
+Candidates: the default for the shape, its gmax slices halved and doubled,
 the fused path's default and its neighbours (the other of 4 and 8 row-program warps, 1024-key
 compaction and placement steps, 96 registers and no cap, GROUP doubled with GROUP2 halved: the
 same bound groups, the other of 32- and 16-bit group maxima, half the programs a row), the
@@ -24,9 +26,14 @@ __all__ = ["FAMILY", "PLOT_AXIS", "baseline", "bucket", "candidates", "cases", "
 FAMILY = "generic.indexer_topk_radix"
 PLOT_AXIS = "num_rows"
 
+# ``dist``: the score distributions every candidate is measured on. They are not part of the
+# workload (selection cannot see scores), so the points of one shape merge into one entry by
+# minimax regret (registry/tuning/tune.py): a config that wins on randn and loses 10x on ties
+# has a worst ratio of 10 and is never stored.
 DEFAULTS: dict[str, list[str]] = {"rows": ["1", "64", "1024", "4096"],
                                   "keys": ["8192", "131072", "524288"], "k": ["2048"],
-                                  "dtype": ["float32"]}
+                                  "dtype": ["float32"],
+                                  "dist": ["randn", "ties", "zeros", "recent", "lowbits"]}
 
 
 def cases(grid: dict[str, list[str]]) -> list[Any]:
@@ -42,8 +49,15 @@ def cases(grid: dict[str, list[str]]) -> list[Any]:
         rows, keys, ks = ([int(v) for v in axes[a]] for a in ("rows", "keys", "k"))
     except ValueError as exc:
         raise ConfigError(f"indexer_topk tuning axis values must be integers: {exc}") from None
-    return [BenchCase(rows=r, keys=n, k=k, dtype=dt)
-            for r, n, k, dt in itertools.product(rows, keys, ks, axes["dtype"])]
+    from backends.indexer_topk.distributions import DISTRIBUTIONS
+
+    bad = [d for d in axes["dist"] if d not in DISTRIBUTIONS]
+    if bad:
+        raise ConfigError(f"indexer_topk tuning: unknown dist {bad}; known: "
+                          f"{', '.join(DISTRIBUTIONS)}")
+    return [BenchCase(rows=r, keys=n, k=k, dtype=dt, dist=d)
+            for r, n, k, dt, d in itertools.product(rows, keys, ks, axes["dtype"],
+                                                    axes["dist"])]
 
 
 def label(case: Any) -> str:

@@ -266,12 +266,13 @@ class CaseResult:
     def as_json(self) -> dict[str, Any]:
         return {"case": self.case, "workload": self.workload, "params": self.params,
                 "baseline": self.baseline,
-                "results": [m.as_json() for m in self.measurements], **self.extra}
+                "results": [m.as_json() for m in self.measurements], "extra": self.extra}
 
 
 def bench_report(op: str, results: Sequence[CaseResult], *, graphs: bool) -> dict[str, Any]:
     """``kreg bench OP --json``: ``{"schema", "op", "device", "graphs", "cases": [...]}``, each
-    case ``{"case", "workload", "params", "baseline", "results": [Measurement...]}``."""
+    case ``{"case", "workload", "params", "baseline", "results": [Measurement...], "extra"}``
+    (``extra``: the op's own per-case figures, e.g. indexer_topk's HBM floor and scratch)."""
     import registry
 
     facts = registry.probe()
@@ -304,6 +305,8 @@ def format_table(results: Sequence[CaseResult], *, unit: Literal["ms", "us"] = "
             if m.timing and m.timing not in ("graphs", "plain", "isolated"):
                 line += f"  ({m.timing[:100]})"
             lines.append(line)
+        if r.extra.get("note"):
+            lines.append(f"{'':<{width}}  # {r.extra['note']}")
     bases = sorted({r.baseline for r in results if r.baseline})
     if bases:
         lines.append(f"ratio = {unit} / {unit} of the baseline ({', '.join(bases)}) in the same "

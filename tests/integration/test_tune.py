@@ -354,3 +354,40 @@ def load_tuner_candidates() -> list[tuple[str, Any, str]]:
     for case in tuner.cases(grid):
         out.extend(tuner.candidates(case, registry.probe()))
     return out
+
+
+def test_indexer_tune_keeps_a_config_only_if_it_wins_on_every_distribution(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each distribution is a point of the same bucket: the entry's config minimizes the worst
+    ratio over them, so a config 10% faster on random rows and 10x slower on ties is never
+    stored (issue #25)."""
+    from registry.tuning import Measurement
+    from registry.tuning import tune as _tune
+
+    times = {"randn": {"fast_on_randn": 0.9, "robust": 1.0},
+             "ties": {"fast_on_randn": 10.0, "robust": 1.1}}
+
+    def fake(op: str, case: Any, valid: dict[str, Any], **kw: Any) -> dict[str, Measurement]:
+        return {lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
+                for lab in valid}
+
+    from backends.indexer_topk import tuning as real
+
+    configs = {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}
+    tuner = types.SimpleNamespace(
+        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
+        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
+        baseline=lambda case, facts: "absent")
+    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
+    monkeypatch.setattr(_tune, "measure_point", fake)
+    grid = {"rows": ["64"], "keys": ["8192"], "dist": ["randn", "ties"]}
+    results = _tune.tune("indexer_topk", grid, facts=registry.probe(), store=TuningStore(),
+                         min_gain=0.0, command="test")
+    assert [r.label for r in results] == ["64x8192 float32 k=2048",
+                                          "64x8192 ties float32 k=2048"]
+    assert results[0].winner == "fast_on_randn"     # alone, randn would keep it
+    (entry,) = TuningStore().load()
+    assert entry.config == {"FUSED": 0} and entry.bucket["num_rows"] == 64
+    assert "dist" not in entry.bucket
+    with pytest.raises(registry.errors.ConfigError, match="unknown dist"):
+        real.cases({"dist": ["gaussian"]})

@@ -35,7 +35,8 @@ def test_both_ops_print_the_same_json_schema() -> None:
     assert (a["op"], b["op"]) == ("sparse_prefill", "indexer_topk")
     assert set(a["device"]) == set(b["device"]) == {"name", "arch", "torch", "triton", "runtime"}
     (ca,), (cb,) = a["cases"], b["cases"]
-    assert set(ca) == set(cb) == {"case", "workload", "params", "baseline", "results"}
+    assert set(ca) == set(cb) == {"case", "workload", "params", "baseline", "results", "extra"}
+    assert set(cb["extra"]) >= {"bytes_read", "floor_us", "scratch_bytes_per_row", "note"}
     keys = {"label", "runs", "status", "detail", "error", "ms", "ratio", "timing",
             "implementation", "config"}
     for case in (ca, cb):
