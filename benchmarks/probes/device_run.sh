@@ -22,7 +22,9 @@
 # wgmma-sparse (ENGINE=gluon_wgmma: the Gluon and dispatch GPU tests unless SKIP_TESTS is set,
 # the group-12 and group-6 prefill total_q sweeps at KV 8K-32K),
 # ncu-sparse (counters of the sparse_prefill table and
-# the H200 family).
+# the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
+# contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
+# dists-indexer (issue #25: every score distribution through kreg bench).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
@@ -78,6 +80,40 @@ for step in "$@"; do
     hit-paths)
       stage "hit paths"
       timeout 60 python3 benchmarks/bench_select.py 2>&1 | tee "$OUT/bench_select.log" ;;
+    hit-paths-ab)
+      # bench_select on an older tree (.dev-base: its own kreg wheel in .dev-base/kwhl, carried)
+      # and on this one, alternating twice: the before/after of a hot-path change.
+      stage "hit paths, before/after"
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site_base .whl/pydantic*.whl .whl/annotated*.whl .whl/typing*.whl \
+        .dev-base/kwhl/*.whl
+      for round in 1 2; do
+        (cd .dev-base && PYTHONPATH=/tmp/site_base:$PWD timeout 60 python3 benchmarks/bench_select.py) \
+          2>&1 | sed "s/^/before $round: /" | tee -a "$OUT/bench_select_ab.log"
+        timeout 60 python3 benchmarks/bench_select.py 2>&1 | sed "s/^/after $round:  /" \
+          | tee -a "$OUT/bench_select_ab.log"
+      done ;;
+    contracts)
+      # issue #29: the contracts' GPU tests, then what batch invariance costs sparse_prefill
+      # across the total_q sweep (auto against auto+batch_invariant, one window per case).
+      stage "contracts: gpu tests"
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_guarantees.py \
+        > "$OUT/contracts_tests.log" 2>&1
+      echo "pytest rc=$?"; tail -3 "$OUT/contracts_tests.log"
+      for kind in prefill chunk; do
+        stage "batch-invariance cost: $kind"
+        timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
+          --kv-len 8192,32768 --total-q 64,512,2048,8192 --graphs --warmup 3 --iters 15 \
+          --providers auto,auto+batch_invariant --baseline auto 2>/dev/null \
+          | tee -a "$OUT/batch_invariance.log" | grep -v "^-"
+      done ;;
+    dists-indexer)
+      # issue #25: every distribution through the product command, graph replays.
+      stage "indexer_topk distributions"
+      timeout 300 python3 cli.py bench indexer_topk --rows ${DIST_ROWS:-64,1024,4096} \
+        --keys 131072 --dist ${DISTS:-randn,ties,zeros,recent,lowbits,relu,quant256,fp8,ramp} \
+        --providers torch-topk,auto --graphs --warmup 3 --iters 20 2>/dev/null \
+        | tee "$OUT/dists_indexer.log" | grep -v "^-" ;;
     tune-sparse)
       stage "tune sparse_prefill"
       timeout 330 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
