@@ -20,6 +20,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("registry.tuning.cli:tune", "sweep configs on this device; winners go to the store"),
     "tuning": ("registry.tuning.cli:tuning", "list, show, export, import or clear tuning entries"),
     "stats": ("registry.observe.cli:stats", "check-mode counters of running processes"),
+    "lock": ("registry.lock.cli:lock", "lock decisions to a lockfile (--diff: compare two)"),
+    "verify": ("registry.lock.cli:verify", "re-derive a lockfile's decisions; say what changed"),
 }
 
 

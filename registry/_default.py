@@ -8,9 +8,13 @@ module is the one place that wires them on:
 * the daemon client (:mod:`registry.daemon`): while ``KREG_DAEMON`` is set, a miss asks the
   daemon first. The setting is read when the registry is made and on every ``invalidate()``,
   like every other setting, never per call.
+* the lockfile check (:mod:`registry.lock`): while ``KREG_LOCK`` is set, every decision a miss
+  makes is checked against the lockfile (``KREG_LOCK_MODE=verify``) or replaced by the locked
+  one (``pin``), through ``Registry.lock``. Read like the daemon setting.
 
-``registry.Registry()`` on its own is a bare registry (no observation, no daemon): what tests
-of the core use. ``reset_registry(reg)`` attaches both to a registry made elsewhere.
+``registry.Registry()`` on its own is a bare registry (no observation, no daemon, no lockfile):
+what tests of the core use, and what ``kreg lock`` / ``kreg verify`` decide with.
+``reset_registry(reg)`` attaches all three to a registry made elsewhere.
 """
 
 from __future__ import annotations
@@ -62,14 +66,36 @@ def _read_daemon_setting(reg: Registry) -> None:
     reg.remote = ask
 
 
+def _read_lock_setting(reg: Registry) -> None:
+    """KREG_LOCK and KREG_LOCK_MODE, read at creation and on every invalidate().
+
+    A lockfile that cannot be used (missing, corrupt, another schema) raises ConfigError naming
+    the file and the fix, and ``reg.lock`` refuses every later decision with the same error: a
+    bad lockfile never lets decisions run unchecked.
+    """
+    path = knobs.lock
+    if path is None:
+        reg.lock = None
+        return
+    from registry.lock.runtime import Refuse, load_hook
+
+    try:
+        reg.lock = load_hook(path, knobs.lock_mode)
+    except ConfigError as exc:
+        reg.lock = Refuse(exc)
+        raise
+
+
 def attach(reg: Registry) -> Registry:
-    """Attach observation and (while KREG_DAEMON is set) the daemon client to ``reg``."""
+    """Attach observation, the daemon client (while KREG_DAEMON is set) and the lockfile check
+    (while KREG_LOCK is set) to ``reg``."""
     from registry.observe import install
 
     install(reg)
-    if _read_daemon_setting not in reg.settings_readers:
-        reg.settings_readers.append(_read_daemon_setting)
-    _read_daemon_setting(reg)
+    for read in (_read_daemon_setting, _read_lock_setting):  # the lock last: it may raise
+        if read not in reg.settings_readers:
+            reg.settings_readers.append(read)
+        read(reg)
     return reg
 
 

@@ -58,6 +58,18 @@ def _parse_path(name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+def _parse_optional_path(name: str, raw: str) -> Path | None:
+    return Path(raw.strip()).expanduser() if raw.strip() else None
+
+
+def _parse_lock_mode(name: str, raw: str) -> str:
+    mode = raw.strip().lower() or "verify"
+    if mode not in ("verify", "pin"):
+        raise ConfigError(f"Unable to use {name}={raw!r}: expected verify (log a changed "
+                          f"decision) or pin (serve the locked one); see docs/LOCKFILE.md")
+    return mode
+
+
 @dataclass(frozen=True)
 class Knob(Generic[T]):
     name: str
@@ -93,6 +105,12 @@ class _Knobs:
                                "Seconds a client waits for the daemon before selecting locally.")
     check_knob = Knob("KREG_CHECK", lambda: 0.0, _parse_fraction,
                       "Fraction of dispatches re-run through the reference and compared.")
+    # registry.lock (attached by the composition root, registry/_default.py)
+    lock_knob = Knob("KREG_LOCK", lambda: None, _parse_optional_path,
+                     "Lockfile (`kreg lock`) this process's decisions are checked against.")
+    lock_mode_knob = Knob("KREG_LOCK_MODE", lambda: "verify", _parse_lock_mode,
+                          "verify: log a decision that differs from KREG_LOCK (an error under "
+                          "KREG_STRICT=1); pin: serve the locked one.")
 
     @property
     def home(self) -> Path:
@@ -122,9 +140,18 @@ class _Knobs:
     def check(self) -> float:
         return self.check_knob.get()
 
+    @property
+    def lock(self) -> Path | None:
+        return self.lock_knob.get()
+
+    @property
+    def lock_mode(self) -> str:
+        return self.lock_mode_knob.get()
+
     def all(self) -> list[Knob[Any]]:
         return [self.home_knob, self.strict_knob, self.plugins_knob, self.disable_knob,
-                self.daemon_knob, self.daemon_timeout_knob, self.check_knob]
+                self.daemon_knob, self.daemon_timeout_knob, self.check_knob, self.lock_knob,
+                self.lock_mode_knob]
 
 
 knobs = _Knobs()

@@ -56,6 +56,8 @@ __all__ = ["PluginRecord", "Registry"]
 
 RemoteSource = Callable[["Registry", str, DeviceFacts, Workload, "tuple[str, str] | None"],
                         "tuple[Decision | None, str | None]"]
+# ``lock(registry, decision) -> decision`` (registry.lock, while KREG_LOCK is set).
+LockCheck = Callable[["Registry", Decision], Decision]
 
 ENTRY_POINT_GROUP = "kreg"
 DECISION_CACHE_SIZE = 4096
@@ -120,6 +122,10 @@ class Registry:
         # KREG_DAEMON is set): ``remote(registry, op, facts, workload, raw override)`` returns
         # ``(decision, None)`` or ``(None, note)`` and never raises. None: decide in-process.
         self.remote: RemoteSource | None = None
+        # Consulted after every decision a miss makes (the composition root attaches the
+        # registry.lock hook while KREG_LOCK is set): returns the decision, or the locked one in
+        # pin mode, or raises (a drift under KREG_STRICT=1). None: no lockfile. Hits never see it.
+        self.lock: LockCheck | None = None
         # Called at the end of every invalidate(), after the core's own settings are re-read:
         # subsystems re-read theirs here (the composition root registers them).
         self.settings_readers: list[Callable[[Registry], None]] = []
@@ -505,17 +511,14 @@ class Registry:
             override = parse_override(op, raw[0], raw[1], self.impls.get(op, {}))
         if required:
             # Decided in-process: the daemon shares decisions made without requirements.
-            decision = self._decide_required(op, facts, wl, override, required)
-            self._notify(decision)
-            return decision
+            return self._finish(self._decide_required(op, facts, wl, override, required))
         note = None
         if self.remote is not None:
             # The daemon shares one decision per key across the node's processes; when it is
             # gone, slow or refuses, selection stays in-process and the decision says why.
             remote, note = self.remote(self, op, facts, wl, raw)
             if remote is not None:
-                self._notify(remote)
-                return remote
+                return self._finish(remote)
         decision = select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), override,
                                strict=self.strict)
         if note:
@@ -527,6 +530,12 @@ class Registry:
                 logger.warning("%s: override %s=%s not honoured for [%s]: %s", op,
                                decision.override.source, decision.override.value, wl.short(),
                                decision.override.reason)
+        return self._finish(decision)
+
+    def _finish(self, decision: Decision) -> Decision:
+        """The end of every miss: the lockfile's say (KREG_LOCK), then the listeners."""
+        if self.lock is not None:
+            decision = self.lock(self, decision)
         self._notify(decision)
         return decision
 

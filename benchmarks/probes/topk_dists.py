@@ -24,7 +24,7 @@ import time
 
 def main() -> int:
     import torch
-    from registry._timing import interleaved_median_ms
+    from registry.tuning import interleaved_median_ms
 
     from backends.indexer_topk import triton_kernels as tk
     from backends.indexer_topk.config import resolve_config, scratch_bytes_per_row

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBSYSTEMS = ("registry.tuning", "registry.daemon", "registry.observe")
+SUBSYSTEMS = ("registry.tuning", "registry.daemon", "registry.observe", "registry.lock")
 
 
 def _files(*parts: str) -> list[Path]:
