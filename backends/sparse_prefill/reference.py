@@ -12,6 +12,8 @@ Semantics (the pinned op contract):
 
 Query head ``j`` reads KV head ``j // group_size``. A slot listed twice counts twice. A row with
 nothing valid yields zeros. Softmax runs in float32 (float64 when the inputs are float64).
+The inputs are checked by :func:`backends.sparse_prefill.check_inputs` (the same rules and
+messages as every kernel).
 
 Memory is bounded: rows are processed in chunks so that the gathered K/V of one chunk stays near
 ``_CHUNK_ELEMS`` elements, which lets the reference run at the seed's shapes (8192 rows x 2051 x
@@ -81,6 +83,11 @@ def sparse_prefill_reference(q: Any, k: Any, v: Any, indices: Any, *, kind: str 
     """
     import torch
 
+    from backends.sparse_prefill import check_inputs
+
+    check_inputs(q, k, v, indices, kind=kind, lengths=lengths, sm_scale=sm_scale,
+                 cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens, page_table=page_table,
+                 page_size=page_size, max_q=max_q)
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
     topk = indices.shape[1]

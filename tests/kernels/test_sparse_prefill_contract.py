@@ -1,0 +1,263 @@
+"""sparse_prefill's contract, held the same way by every implementation (issue #24, "Silent wrong
+answers"): one input check (``backends.sparse_prefill.check_inputs``) at every entry.
+
+Kernels run under the Triton interpreter on a CPU (tests/conftest.py), float32 and float16 at
+tiny sizes, against the float64 reference, on outputs and scratch poisoned first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import registry  # noqa: E402
+from backends.sparse_prefill import check_inputs  # noqa: E402
+from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
+from backends.sparse_prefill.triton_kernels import sparse_prefill_triton  # noqa: E402
+from registry.errors import WorkloadError  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BASE = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
+GLUON = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "ENGINE": "gluon"}
+NAN, INF = float("nan"), float("inf")
+
+
+def _i32(x: Any) -> Any:
+    return torch.as_tensor(x, dtype=torch.int32)
+
+
+def _prefill(seed: int = 0, *, total_q: int = 6, group: int = 3, hkv: int = 2, d: int = 16,
+             num_slots: int = 40, topk: int = 24, dtype: Any = torch.float32
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Random rows with the hazards: duplicates, negative / out-of-range / far entries, a row
+    past its length, an empty row, an all-invalid row."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(total_q, group * hkv, d, generator=g).to(dtype)
+    k = torch.randn(num_slots, hkv, d, generator=g).to(dtype)
+    v = torch.randn(num_slots, hkv, d, generator=g).to(dtype)
+    idx = torch.randint(-3, num_slots + 3, (total_q, topk), generator=g)
+    idx[0, 1:5] = idx[0, 0].clamp(0, num_slots - 1)  # duplicates count twice
+    idx[2, ::4] = 2**31 - 1
+    idx[-1] = -1  # nothing valid: zeros
+    lengths = torch.randint(1, topk + 1, (total_q,), generator=g)
+    lengths[0], lengths[1], lengths[3] = topk, 0, topk + 7  # full, empty, past topk (clamped)
+    return (q, k, v, _i32(idx)), {"kind": "prefill", "lengths": _i32(lengths)}
+
+
+def _chunk(seed: int = 0, *, reqs: tuple[int, ...] = (2, 3), prefixes: tuple[int, ...] = (5, 3),
+           group: int = 3, hkv: int = 2, d: int = 16, page_size: int = 2, topk: int = 20,
+           dtype: Any = torch.float32) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Ragged requests after cached prefixes, scattered pages, an unmapped page, future and
+    negative positions, lengths."""
+    g = torch.Generator().manual_seed(seed)
+    total_q, nreq = sum(reqs), len(reqs)
+    ctx = max(p + r for p, r in zip(prefixes, reqs, strict=True))
+    max_pages = -(-ctx // page_size) + 1
+    num_slots = nreq * max_pages * page_size - 1  # the last page partly out of range
+    q = torch.randn(total_q, group * hkv, d, generator=g).to(dtype)
+    k = torch.randn(num_slots, hkv, d, generator=g).to(dtype)
+    v = torch.randn(num_slots, hkv, d, generator=g).to(dtype)
+    pt = torch.randperm(nreq * max_pages, generator=g).reshape(nreq, max_pages)
+    pt[0, 1] = -1
+    idx = torch.randint(-2, ctx + 2, (total_q, topk), generator=g)
+    idx[0, :3] = 0
+    lengths = torch.randint(0, topk + 1, (total_q,), generator=g)
+    lengths[0] = topk
+    cu = [0]
+    for r in reqs:
+        cu.append(cu[-1] + r)
+    return (q, k, v, _i32(idx)), {
+        "kind": "chunk", "lengths": _i32(lengths), "cu_seqlens_q": _i32(cu),
+        "prefix_lens": _i32(prefixes), "page_table": _i32(pt), "page_size": page_size,
+        "max_q": max(reqs)}
+
+
+def _triton(cfg: dict[str, Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return sparse_prefill_triton(*args, config=cfg, **kwargs)
+    return run
+
+
+# ============================================================================ input validation
+
+def _bad_calls() -> Iterator[tuple[str, str, Callable[[], tuple[tuple[Any, ...], dict]]]]:
+    """(id, the message it must contain, a builder of the call's (args, kwargs))."""
+
+    def edit(chunk: bool = False, **changes: Any) -> Callable[[], tuple[tuple[Any, ...], dict]]:
+        def make() -> tuple[tuple[Any, ...], dict]:
+            (q, k, v, idx), kw = _chunk() if chunk else _prefill()
+            named = {"q": q, "k": k, "v": v, "indices": idx}
+            for name, fn in changes.items():
+                if name in named:
+                    named[name] = fn(named[name])
+                else:
+                    kw[name] = fn(kw.get(name))
+            return (named["q"], named["k"], named["v"], named["indices"]), kw
+        return make
+
+    def chunk(**changes: Any) -> Callable[[], tuple[tuple[Any, ...], dict]]:
+        return edit(True, **changes)
+
+    meta = torch.device("meta")
+    # raw exceptions before (shapes the reference did not check)
+    yield "v-head-dim", r"v.shape=\[40, 2, 8\] != k.shape=\[40, 2, 16\].*head_dim", \
+        edit(v=lambda v: v[..., :8].contiguous())
+    yield "v-fewer-slots", r"v.shape=\[5, 2, 16\] != k.shape=\[40, 2, 16\].*num_slots", \
+        edit(v=lambda v: v[:5])
+    yield "indices-fewer-rows", r"indices.shape=\[2, 24\]: must be \[total_q=6, topk\]", \
+        edit(indices=lambda i: i[:2])
+    yield "indices-3d", r"indices.shape=\[6, 24, 1\]: must be \[total_q=6, topk\]", \
+        edit(indices=lambda i: i[..., None])
+    yield "lengths-shorter", r"lengths.shape=\[2\]: must be \[6\]", \
+        edit(lengths=lambda n: n[:2])
+    yield "lengths-2d", r"lengths.shape=\[6, 1\]: must be \[6\]", \
+        edit(lengths=lambda n: n[:, None])
+    yield "lengths-list", r"lengths: must be an int32 tensor .*got list", \
+        edit(lengths=lambda n: n.tolist())
+    yield "sm_scale-str", r"sm_scale='abc': must be None \(head_dim \*\* -0.5\) or a finite", \
+        edit(sm_scale=lambda _: "abc")
+    yield "k-on-meta", r"k is on meta but q is on cpu: every tensor argument must be on q's", \
+        edit(k=lambda k: k.to(meta))
+    yield "indices-on-meta", r"indices is on meta but q is on cpu", \
+        edit(indices=lambda i: i.to(meta))
+    yield "lengths-on-meta", r"lengths is on meta but q is on cpu", \
+        edit(lengths=lambda n: n.to(meta))
+    yield "page_table-on-meta", r"page_table is on meta but q is on cpu", \
+        chunk(page_table=lambda t: t.to(meta))
+    yield "prefix_lens-too-few", r"prefix_lens.shape=\[1\]: must be \[2\]", \
+        chunk(prefix_lens=lambda t: t[:1])
+    yield "page_table-too-few", r"page_table: must be an int32 tensor \[num_requests=2, " \
+        r"max_pages\].*got \[1, ", chunk(page_table=lambda t: t[:1])
+    # silently accepted before
+    yield "indices-float", r"indices.dtype=torch.float32: must be torch.int32", \
+        edit(indices=lambda i: i.float() + 0.5)
+    yield "indices-int64", r"indices.dtype=torch.int64: must be torch.int32.*wrap", \
+        edit(indices=lambda i: i.long())
+    yield "indices-more-rows", r"indices.shape=\[12, 24\]: must be \[total_q=6, topk\]", \
+        edit(indices=lambda i: torch.cat([i, i]))
+    yield "v-more-slots", r"v.shape=\[80, 2, 16\] != k.shape=\[40, 2, 16\].*num_slots", \
+        edit(v=lambda v: torch.cat([v, v]))
+    yield "lengths-longer", r"lengths.shape=\[12\]: must be \[6\]", \
+        edit(lengths=lambda n: torch.cat([n, n]))
+    yield "lengths-float", r"lengths: must be an int32 tensor .*got float", \
+        edit(lengths=lambda _: 1.5)
+    yield "lengths-int64", r"lengths.dtype=torch.int64: must be torch.int32", \
+        edit(lengths=lambda n: n.long())
+    yield "cu_seqlens_q-float", r"cu_seqlens_q.dtype=torch.float32: must be torch.int32", \
+        chunk(cu_seqlens_q=lambda t: t.float())
+    yield "prefix_lens-float", r"prefix_lens.dtype=torch.float32: must be torch.int32", \
+        chunk(prefix_lens=lambda t: t.float())
+    yield "page_table-float", r"page_table.dtype=torch.float32: must be torch.int32", \
+        chunk(page_table=lambda t: t.float())
+    yield "kv-fp16-q-fp32", r"dtypes q=torch.float32, k=torch.float16, v=torch.float16: must " \
+        r"all be equal", edit(k=lambda k: k.half(), v=lambda v: v.half())
+    # and the rest of the rules
+    yield "q-not-tensor", r"q must be a torch.Tensor \[total_q, num_q_heads, head_dim\]; got " \
+        r"list", edit(q=lambda q: q.tolist())
+    yield "q-2d", r"q.shape=\[6, 96\]: q must be 3-D", edit(q=lambda q: q.flatten(1))
+    yield "q-int", r"q.dtype=torch.int32: must be float16, bfloat16, float32 or float64", \
+        edit(q=lambda q: q.int(), k=lambda k: k.int(), v=lambda v: v.int())
+    yield "gqa", r"num_q_heads=6 is not a multiple of num_kv_heads=4", \
+        edit(k=lambda k: k.repeat(1, 2, 1), v=lambda v: v.repeat(1, 2, 1))
+    yield "kind", r"kind='decode' must be 'prefill' or 'chunk'", edit(kind=lambda _: "decode")
+    yield "sm_scale-nan", r"sm_scale=nan: must be None", edit(sm_scale=lambda _: NAN)
+    yield "sm_scale-bool", r"sm_scale=True: must be None", edit(sm_scale=lambda _: True)
+    yield "sm_scale-tensor", r"sm_scale=tensor\(0.5000\): .*a tensor would have to be read", \
+        edit(sm_scale=lambda _: torch.tensor(0.5))
+    yield "page_size-0", r"page_size=0: must be a python int >= 1", \
+        chunk(page_size=lambda _: 0)
+    yield "page_size-float", r"page_size=2.0: must be a python int >= 1", \
+        chunk(page_size=lambda _: 2.0)
+    yield "max_q-float", r"max_q=1.5: must be None or a python int in \[0, total_q=5\]", \
+        chunk(max_q=lambda _: 1.5)
+    yield "max_q-past-total_q", r"max_q=9: must be None or a python int in \[0, total_q=5\]", \
+        chunk(max_q=lambda _: 9)
+    yield "chunk-without-page_table", r"page_table is required for kind='chunk'", \
+        chunk(page_table=lambda _: None)
+    yield "cu_seqlens_q-2d", r"cu_seqlens_q: must be a 1-D int32 tensor \[num_requests \+ 1\]", \
+        chunk(cu_seqlens_q=lambda t: t[None])
+    yield "chunk-args-on-prefill", r"kind='prefill' takes no cu_seqlens_q, prefix_lens, " \
+        r"page_table.*need kind='chunk'", chunk(kind=lambda _: "prefill")
+    yield "q-stride", r"q.stride\(-1\)=6: the last axis of q must be contiguous", \
+        edit(q=lambda q: q.transpose(1, 2).contiguous().transpose(1, 2))
+    yield "indices-stride", r"indices.stride\(-1\)=6: the last axis of indices", \
+        edit(indices=lambda i: i.t().contiguous().t())
+    yield "page_table-stride", r"page_table.stride\(-1\)=2: the last axis of page_table", \
+        chunk(page_table=lambda t: t.t().contiguous().t())
+
+
+BAD = {name: (match, make) for name, match, make in _bad_calls()}
+IMPLS = {"reference": sparse_prefill_reference, "triton": _triton(BASE),
+         "gluon": _triton(GLUON), "check_inputs": check_inputs}
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("name", list(BAD))
+def test_every_entry_refuses_a_bad_call_with_the_same_message(name: str, impl: str) -> None:
+    match, make = BAD[name]
+    args, kwargs = make()
+    with pytest.raises(WorkloadError, match=match) as exc:
+        IMPLS[impl](*args, **kwargs)
+    assert str(exc.value).startswith("sparse_prefill: ")
+
+
+@pytest.mark.parametrize("forced", [None, "reference.sparse_prefill"])
+@pytest.mark.parametrize("name", list(BAD))
+def test_dispatch_refuses_a_bad_call_with_a_workload_error(name: str, forced: str | None
+                                                           ) -> None:
+    # through what is selected here, and through the reference (a CPU without Triton): never
+    # a raw exception, never an answer
+    args, kwargs = BAD[name][1]()
+    ctx = registry.override("sparse_prefill", forced) if forced else contextlib.nullcontext()
+    with ctx, pytest.raises(WorkloadError):
+        registry.dispatch("sparse_prefill", *args, **kwargs)
+
+
+
+@pytest.mark.parametrize("name", ["v-more-slots", "indices-int64", "kv-fp16-q-fp32",
+                                  "lengths-longer", "page_table-too-few", "q-stride"])
+def test_the_compiled_op_refuses_at_trace_time(name: str) -> None:
+    # the fake kernel (torch.compile's tracing) runs the same check on fake tensors
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import backends.sparse_prefill.torch_op  # noqa: F401  (registers kreg::sparse_prefill)
+
+    match, make = BAD[name]
+    args, kwargs = make()
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(WorkloadError, match=match):
+        torch.ops.kreg.sparse_prefill(*args, **kwargs)
+
+
+def test_check_inputs_is_the_contract_and_reads_no_data() -> None:
+    import backends.sparse_prefill as op
+
+    assert "check_inputs" in op.__all__ and "check_inputs" in (op.__doc__ or "")
+    # meta tensors have shapes, dtypes, devices and strides but no data: a check that read a
+    # value (or synchronized) would raise here
+    for make in (_prefill, _chunk):
+        (q, k, v, idx), kw = make()
+        to = {n: (t.to("meta") if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+        assert check_inputs(q.to("meta"), k.to("meta"), v.to("meta"), idx.to("meta"),
+                            **to) is None
+
+
+def test_accepted_corner_calls() -> None:
+    # what the rules allow: int and numpy sm_scale, size-1 last axes of any stride, an empty
+    # batch, no KV slots, strided 1-D views
+    import numpy as np
+
+    (q, k, v, idx), kw = _prefill()
+    for scale in (1, np.float32(0.25), 0.0, -0.5):
+        check_inputs(q, k, v, idx, sm_scale=scale, **kw)
+    one = idx[:, :1].t().contiguous().t()  # topk 1 with stride(-1) 6
+    assert one.stride(-1) != 1
+    check_inputs(q, k, v, one, lengths=kw["lengths"])
+    check_inputs(q[:0], k, v, idx[:0])
+    check_inputs(q, k[:0], v[:0], idx)
+    check_inputs(q, k, v, idx, lengths=torch.cat([kw["lengths"], kw["lengths"]])[::2])
