@@ -36,6 +36,29 @@ element); every other stride is free (padded rows, a KV cache's head slice, stri
 value: the check reads no device memory, never synchronizes, and is safe under CUDA-graph
 capture. Entry values outside the valid ranges above are not errors: they are skipped.
 
+**Non-finite values** (the reference defines them; check mode and the conformance kit hold every
+implementation to it). For query row r and query head j (KV head ``h = j // group_size``), let
+``s_e = sm_scale * (q[r, j] . k[slot_e, h])`` for each *valid* entry e of the row (a slot listed
+twice is two entries). Then:
+
+* K and V rows that no valid entry of the row selects are never read: a NaN or inf there (an
+  unused or uninitialized cache slot) never reaches ``out[r]``.
+* A row-head with no valid entry is zeros, whatever ``q[r, j]`` holds.
+* If some ``s_e`` is NaN or +inf (a NaN in ``q[r, j]`` or in a selected K row; an infinity whose
+  product is not -inf; ``inf * 0``), ``out[r, j, :]`` is NaN, every element.
+* Otherwise ``out[r, j] = sum_e w_e * v[slot_e, h]`` with ``w = softmax(s)``; an entry with
+  ``s_e = -inf`` has weight exactly 0 (when every entry scores -inf all weights are 0: zeros) but
+  its V row is still multiplied by that 0.
+* A NaN in ``v[slot_e, h, d]`` of a valid entry makes ``out[r, j, d]`` NaN (also at weight 0);
+  a +-inf there makes it non-finite: that infinity when the weight is positive, NaN when it is 0
+  or when +inf and -inf meet. Which of the two a kernel gives for an infinity can depend on how
+  its weights round (an fp16 weight underflows to 0 sooner), so ``compare`` accepts NaN where the
+  reference has an infinity, and nothing else: NaN where the reference is NaN, finite within the
+  bound where it is finite.
+
+Rows and heads are independent: a non-finite value reaches only the row-heads whose valid
+entries (or query) hold it.
+
 The workload's ``kv_len`` (the number of KV slots the rows index) comes from shapes only, never
 from device memory: for ``prefill`` it is ``k.shape[0]`` (num_slots); for ``chunk`` it is
 ``page_table.shape[1] * page_size``, the longest context a request's page table can address

@@ -87,7 +87,10 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            unselected). The gathering kernel, with the rest of the config, does
                            the other tiles. Unselected slots inside a dense tile's span are read:
                            a non-finite V value there reaches the tile's outputs (0 x NaN), where
-                           the gathering loop would not read it. Prefill, and chunk with
+                           the gathering loop would not read it (a deviation from the op's
+                           non-finite rules; tests/kernels/test_sparse_prefill_contract.py pins
+                           it as an expected failure until the kernel zeroes V rows of uncounted
+                           slots). Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
 DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
                            power of two >= 16 and >= HP), slots per step, warps, stages, and
@@ -1107,7 +1110,8 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                           prefix_lens: Any = None, page_table: Any = None, page_size: int = 1,
                           max_q: int | None = None) -> Any:
     """Sparse GQA prefill attention (the op contract: :mod:`backends.sparse_prefill`; the
-    inputs are checked by its :func:`~backends.sparse_prefill.check_inputs`).
+    inputs are checked by its :func:`~backends.sparse_prefill.check_inputs`, the NaN/inf rules
+    are the reference's).
 
     ``max_q`` is accepted for workload selection and ignored here. Never reads device memory on
     the host and never synchronizes. The Gluon engines (``ENGINE``) are reached through here.

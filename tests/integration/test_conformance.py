@@ -22,6 +22,11 @@ from registry.requirements import vendor_in
 from registry.testing import Outcome, Target, conformance_targets, run_target
 
 PLANTED = ("planted_spf", "planted_topk", "planted_gpu", "planted_bad")
+# The Triton interpreter's numpy warns on the NaN and inf arithmetic of the non_finite case (made
+# on purpose); the suite's "error" filter would turn those warnings into kernel failures.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:All-NaN slice encountered:RuntimeWarning")
 
 
 @pytest.fixture(autouse=True)

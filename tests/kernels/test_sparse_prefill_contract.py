@@ -1,5 +1,6 @@
 """sparse_prefill's contract, held the same way by every implementation (issue #24, "Silent wrong
-answers"): one input check (``backends.sparse_prefill.check_inputs``) at every entry.
+answers"): one input check (``backends.sparse_prefill.check_inputs``) at every entry, the NaN/inf
+rules of the op docstring in the reference, the kernels and ``compare``.
 
 Kernels run under the Triton interpreter on a CPU (tests/conftest.py), float32 and float16 at
 tiny sizes, against the float64 reference, on outputs and scratch poisoned first.
@@ -8,6 +9,7 @@ tiny sizes, against the float64 reference, on outputs and scratch poisoned first
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ pytest.importorskip("triton")
 
 import registry  # noqa: E402
 from backends.sparse_prefill import check_inputs  # noqa: E402
+from backends.sparse_prefill.compare import compare, max_abs_error  # noqa: E402
 from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
 from backends.sparse_prefill.triton_kernels import sparse_prefill_triton  # noqa: E402
 from registry.errors import WorkloadError  # noqa: E402
@@ -26,6 +29,28 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BASE = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
 GLUON = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "ENGINE": "gluon"}
 NAN, INF = float("nan"), float("inf")
+# the interpreter's numpy warns on the NaN and inf arithmetic these tests make on purpose
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:All-NaN slice encountered:RuntimeWarning")
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every torch.empty / empty_like (outputs and scratch) comes back poisoned: NaN floats, a
+    large int, so an element an implementation never writes cannot pass for a right one."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t: Any) -> Any:
+        if t.is_floating_point():
+            t.fill_(NAN)
+        elif t.dtype in (torch.int32, torch.int64):
+            t.fill_(0x3FFF0001)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
+    yield
 
 
 def _i32(x: Any) -> Any:
@@ -261,3 +286,183 @@ def test_accepted_corner_calls() -> None:
     check_inputs(q[:0], k, v, idx[:0])
     check_inputs(q, k[:0], v[:0], idx)
     check_inputs(q, k, v, idx, lengths=torch.cat([kw["lengths"], kw["lengths"]])[::2])
+
+
+# ============================================================================ NaN and inf
+
+def _contract(q: Any, k: Any, v: Any, idx: Any, lengths: Any, sm_scale: float | None = None
+              ) -> Any:
+    """The op docstring's "Non-finite values" rules, read literally, per (row, head), float64
+    (prefill rows)."""
+    total_q, hq, d = q.shape
+    num_slots, hkv, _ = k.shape
+    group = hq // hkv
+    scale = d ** -0.5 if sm_scale is None else sm_scale
+    out = torch.zeros(total_q, hq, d, dtype=torch.float64)
+    for r in range(total_q):
+        n = max(0, min(int(lengths[r]), idx.shape[1]))
+        slots = [int(s) for s in idx[r, :n] if 0 <= int(s) < num_slots]
+        for j in range(hq):
+            h = j // group
+            if not slots:
+                continue  # nothing valid: zeros, whatever q holds
+            s = [scale * float((q[r, j].double() * k[e, h].double()).sum()) for e in slots]
+            if any(math.isnan(x) or x == INF for x in s):
+                out[r, j] = NAN
+                continue
+            m = max(s)
+            w = [0.0 if x == -INF else math.exp(x - m) for x in s]
+            tot = sum(w) or 1.0
+            acc = torch.zeros(d, dtype=torch.float64)
+            for we, e in zip(w, slots, strict=True):
+                acc = acc + we * v[e, h].double()  # 0 * inf and 0 * NaN are NaN
+            out[r, j] = acc / tot
+    return out
+
+
+def _hazards(dtype: Any = torch.float32, seed: int = 3) -> tuple[tuple[Any, ...], dict]:
+    """A prefill call with every non-finite hazard of the rules, at known places."""
+    (q, k, v, idx), kw = _prefill(seed, dtype=torch.float64)
+    n_slots = k.shape[0]
+    idx = torch.where(idx == n_slots - 1, n_slots - 2, idx)  # the last slot: selected nowhere
+    kw["lengths"][4] = idx.shape[1]
+
+    def valid(r: int) -> list[int]:
+        row = idx[r, : max(0, min(int(kw["lengths"][r]), idx.shape[1]))]
+        return sorted({int(s) for s in row if 0 <= int(s) < n_slots})
+
+    sel = valid(4)
+    only0 = sorted(set(valid(0)) - set(sel))
+    assert len(sel) >= 5 and only0
+    k[n_slots - 1] = NAN  # NaN and inf in a cache slot no row selects: never read
+    v[n_slots - 1, 0, 1::2], v[n_slots - 1, 1] = NAN, INF
+    q[0, 1, 3] = NAN  # a NaN query head: that row-head all NaN
+    q[1, 2, 0] = NAN  # ... of an empty row (lengths 0): zeros
+    q[5, 4] = NAN  # ... of an all-invalid row: zeros
+    k[sel[0], 1, 5] = NAN  # a NaN K row: KV head 1's heads of every row selecting it
+    v[sel[-1], 0, 7] = NAN  # a NaN V element: that element of KV head 0's heads selecting it
+    v[sel[1], 0, 2] = INF  # an infinite V element: inf there (positive weights; 0 x inf: NaN)
+    k[sel[4], 1, 0] = -INF  # -inf or +inf scores, by the sign of the query element
+    k[:, 0, 0] = k[:, 0, 0].abs() + 0.1
+    q[4, 0, 0] = -INF  # every score of row 4 head 0 -inf: weights 0 (but 0 x NaN at V's NaN)
+    q[0, 2, 0] = -INF  # row 0 head 2: -inf scores, and one -inf x 0 = NaN score: NaN
+    k[only0[0], 0, 0] = 0.0
+    q[2, 5, 0] = INF  # a +inf query element: +inf (or NaN) scores: NaN where it sees a row
+    return (q.to(dtype), k.to(dtype), v.to(dtype), idx), kw
+
+
+def test_the_reference_follows_the_non_finite_rules() -> None:
+    (q, k, v, idx), kw = _hazards(torch.float64)
+    got = sparse_prefill_reference(q, k, v, idx, **kw)
+    want = _contract(q, k, v, idx, kw["lengths"])
+    assert got.isnan().any() and got.isinf().any() and (got[1] == 0).all()
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12, equal_nan=True)
+    assert compare(got, want) is None
+    # before, the reference turned a NaN query head into zeros
+    assert got[0, 1].isnan().all() and torch.isfinite(got[0, 0]).all()
+
+
+def test_minus_inf_scores_are_weights_of_zero() -> None:
+    # a valid entry whose score is -inf is skipped (finite V); every entry -inf: zeros
+    (q, k, v, idx), kw = _prefill(4, dtype=torch.float64)
+    kw["lengths"] = None
+    idx = torch.arange(8, dtype=torch.int32).repeat(q.shape[0], 1)
+    k[3, 0, 0] = -INF
+    q[:, :, 0] = q[:, :, 0].abs() + 0.1
+    got = sparse_prefill_reference(q, k, v, idx, **kw)
+    kept = idx[:, [0, 1, 2, 4, 5, 6, 7]].contiguous()
+    torch.testing.assert_close(got[:, :3], sparse_prefill_reference(q, k, v, kept)[:, :3],
+                               atol=1e-12, rtol=1e-12)
+    k[:8, :, 0] = -INF
+    got = sparse_prefill_reference(q, k, v, idx)
+    assert (got == 0).all()
+
+
+NAN_CONFIGS = [
+    pytest.param(BASE, torch.float32, id="plain-fp32"),
+    pytest.param(BASE, torch.float16, id="plain-fp16"),
+    pytest.param({**BASE, "LAYOUT": "keys"}, torch.float32, id="keys"),
+    pytest.param({**BASE, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
+                  "LAZY_RESCALE": 1}, torch.float16, id="split-lean-lazy-fp16"),
+    pytest.param({**BASE, "PREFETCH": 1}, torch.float32, id="prefetch"),
+    pytest.param({**BASE, "EVEN_TILES": 1}, torch.float32, id="even"),
+    pytest.param({**BASE, "SLOT_ORDER": 1}, torch.float32, id="slot-order"),
+]
+
+
+@pytest.mark.parametrize("cfg,dtype", NAN_CONFIGS)
+def test_the_triton_kernels_follow_the_non_finite_rules(cfg: dict[str, Any], dtype: Any,
+                                                        poisoned: None) -> None:
+    (q, k, v, idx), kw = _hazards(dtype)
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert ref.isnan().any() and ref.isinf().any()
+    assert compare(out, ref) is None, compare(out, ref)
+    assert torch.equal(out.isnan(), ref.isnan()), "NaN exactly where the contract says"
+
+
+def test_the_chunk_kernels_follow_the_non_finite_rules(poisoned: None) -> None:
+    (q, k, v, idx), kw = _chunk(5, dtype=torch.float64)
+    q[0, 1] = NAN
+    q[1, :, 0] = INF
+    v[:, 0, 3] = NAN  # every V row of KV head 0, element 3: NaN wherever head 0 sees a row
+    ref = sparse_prefill_reference(q, k, v, idx, **kw)
+    assert ref.isnan().any() and torch.isfinite(ref).any()
+    for mode in ("fused", "pretranslate", "staged"):
+        for dtype in (torch.float32, torch.float16) if mode == "fused" else (torch.float32,):
+            out = sparse_prefill_triton(q.to(dtype), k.to(dtype), v.to(dtype), idx,
+                                        config={**BASE, "CHUNK_MODE": mode}, **kw)
+            assert compare(out, ref) is None, (mode, dtype, compare(out, ref))
+
+
+def test_dense_follows_the_rules_for_what_it_selects(poisoned: None) -> None:
+    (q, k, v, idx), kw = _hazards(torch.float16)
+    # the non-finite values of q only: DENSE reads unselected K/V inside a tile's span
+    finite = {"nan": 0.0, "posinf": 0.0, "neginf": 0.0}
+    k[:, :, :], v[:, :, :] = torch.nan_to_num(k, **finite), torch.nan_to_num(v, **finite)
+    cfg = {**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert compare(out, ref) is None, compare(out, ref)
+
+
+@pytest.mark.xfail(strict=True, reason="DENSE reads the unselected slots inside a dense tile's "
+                   "span (its config doc says so): a NaN there reaches the tile's outputs (0 x "
+                   "NaN), which the contract forbids; the fix (zeroing V rows of uncounted "
+                   "slots) is in the kernel body")
+def test_dense_never_lets_an_unselected_nan_in(poisoned: None) -> None:
+    (q, k, v, idx), kw = _prefill(6, dtype=torch.float16, num_slots=30)
+    kw["lengths"] = None
+    idx = torch.arange(0, 24, dtype=torch.int32).repeat(q.shape[0], 1)
+    idx[:, 5] = 7  # slot 5, inside every row's span, is selected by no row
+    v[5] = NAN
+    cfg = {**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert compare(out, ref) is None, compare(out, ref)
+
+
+def test_compare_holds_nan_and_inf_to_the_contract() -> None:
+    ref = torch.zeros(3, 2, 4, dtype=torch.float64)
+    ref[0, 1] = NAN
+    ref[1, 0, 2] = INF
+    ref[1, 1, 3] = -INF
+    same = ref.clone().float()
+    assert compare(same, ref) is None and max_abs_error(same, ref) == 0.0
+    nan_for_inf = same.clone()
+    nan_for_inf[1, 0, 2] = NAN  # an infinity's weight rounded to 0: NaN is accepted
+    assert compare(nan_for_inf, ref) is None
+    for where, value, rule in (((0, 1, 0), 0.0, "the contract says NaN"),
+                               ((2, 0, 0), NAN, "the contract says finite"),
+                               ((2, 0, 1), INF, "the contract says finite"),
+                               ((1, 0, 2), -INF, "the contract says inf or NaN"),
+                               ((1, 0, 2), 1.0, "the contract says inf or NaN")):
+        bad = same.clone()
+        bad[where] = value
+        msg = compare(bad, ref)
+        assert msg is not None and rule in msg and str(where) in msg, (where, value, msg)
+        assert max_abs_error(bad, ref) == INF
+    off = same.clone()
+    off[2, 1, 1] = 0.5
+    assert "max |out - ref| = 0.5" in (compare(off, ref) or "")
+    assert max_abs_error(off, ref) == 0.5
