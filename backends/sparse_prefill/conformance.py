@@ -9,7 +9,7 @@ A case is a name, a one-line statement of what it pins, and ``make(device, dtype
 every case in well under a second on a CPU; the shapes still cover what the contract promises
 (invalid and duplicate indices, empty rows, lengths, ragged chunk batches with page tables and
 prefixes that are not multiples of the page size, both TP rank shapes and the seed head dim,
-NaN and inf where the op's rules say what comes out).
+NaN and inf where the op's rules say what comes out, every tensor argument as a strided view).
 """
 
 from __future__ import annotations
@@ -187,6 +187,38 @@ def _non_finite() -> Callable[[Any, Any, int], Call]:
     return make
 
 
+def _strided(base: Callable[[Any, Any, int], Call]) -> Callable[[Any, Any, int], Call]:
+    """``base``'s call with every tensor argument a non-contiguous view (rows of a buffer twice
+    as tall, padded axes; 1-D: every second or third element) whose gaps hold poison (NaN, huge
+    ints). Paddings are multiples of 16 elements, so 16-byte aligned kernels can take it."""
+
+    def strided(t: Any, gap: Any) -> Any:
+        import torch
+
+        if t.dim() == 1:
+            step = 3 if t.numel() % 2 else 2
+            buf = torch.full((step * t.numel() + 1,), gap, dtype=t.dtype, device=t.device)
+            view = buf[1::step][: t.numel()]
+        else:
+            shape = (2 * t.shape[0], *(n + 2 for n in t.shape[1:-1]), t.shape[-1] + 16)
+            buf = torch.full(shape, gap, dtype=t.dtype, device=t.device)
+            view = buf[(slice(None, None, 2), *(slice(0, n) for n in t.shape[1:]))]
+        view.copy_(t)
+        return view
+
+    def make(device: Any, dtype: Any, seed: int) -> Call:
+        args, kwargs = base(device, dtype, seed)
+        gaps = {"indices": 0, "lengths": 1 << 20, "cu_seqlens_q": 1 << 20,
+                "prefix_lens": 1 << 20, "page_table": 0}
+        q, k, v, idx = args
+        out = (strided(q, float("nan")), strided(k, float("nan")), strided(v, float("nan")),
+               strided(idx, gaps["indices"]))
+        return out, {n: (strided(t, gaps[n]) if n in gaps and t is not None else t)
+                     for n, t in kwargs.items()}
+
+    return make
+
+
 def _ragged_lengths(topk: int, total_q: int) -> list[int]:
     base = [0, 1, topk - 1, topk, 2, topk // 2, 3, topk - 2]
     return [base[i % len(base)] for i in range(total_q)]
@@ -214,4 +246,7 @@ CASES: tuple[Case, ...] = (
          _chunk(q_rows=(2, 4, 1), prefixes=(5, 13, 7), page_size=4, unmapped=1)),
     Case("non_finite", "NaN / inf in q, selected K and V rows, unused slots: NaN exactly where "
          "the op's rules say, zeros for empty rows", _non_finite()),
+    Case("strided_views", "chunk: every tensor argument a strided view (1-D lengths, "
+         "cu_seqlens_q, prefix_lens included) over poisoned gaps",
+         _strided(_chunk(q_rows=(3, 1, 4), prefixes=(6, 0, 9), page_size=4, unmapped=1))),
 )

@@ -1120,6 +1120,16 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
 
     _check_inputs(q, k, v, indices, kind, lengths, sm_scale, cu_seqlens_q, prefix_lens,
                   page_table, page_size, max_q)
+    # The kernels read 1-D int tensors at unit stride: a strided view (``lengths[::2]``) is
+    # copied here, once a call (a few bytes a row; capture-safe). 2-D and 3-D tensors pass
+    # their strides (the last axis is unit stride by the op's rules).
+    if lengths is not None and lengths.stride(0) != 1:
+        lengths = lengths.contiguous()
+    if kind == "chunk":
+        if cu_seqlens_q.stride(0) != 1:
+            cu_seqlens_q = cu_seqlens_q.contiguous()
+        if prefix_lens.stride(0) != 1:
+            prefix_lens = prefix_lens.contiguous()
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
     group = hq // hkv

@@ -1,6 +1,7 @@
 """sparse_prefill's contract, held the same way by every implementation (issue #24, "Silent wrong
 answers"): one input check (``backends.sparse_prefill.check_inputs``) at every entry, the NaN/inf
-rules of the op docstring in the reference, the kernels and ``compare``.
+rules of the op docstring in the reference, the kernels and ``compare``, and tensor arguments
+read at the strides they have.
 
 Kernels run under the Triton interpreter on a CPU (tests/conftest.py), float32 and float16 at
 tiny sizes, against the float64 reference, on outputs and scratch poisoned first.
@@ -466,3 +467,107 @@ def test_compare_holds_nan_and_inf_to_the_contract() -> None:
     off[2, 1, 1] = 0.5
     assert "max |out - ref| = 0.5" in (compare(off, ref) or "")
     assert max_abs_error(off, ref) == 0.5
+
+
+# ============================================================================ strides
+
+def _strided(t: Any, gap: Any) -> Any:
+    """``t``'s values in a view on ``t``'s device that is strided on every axis but the last (a
+    buffer twice as tall, the other axes padded) whose gaps hold ``gap``; 1-D: every second or
+    third element."""
+    if t.dim() == 1:
+        step = 3 if t.numel() % 2 else 2
+        buf = torch.full((step * t.numel() + 1,), gap, dtype=t.dtype, device=t.device)
+        view = buf[1::step][: t.numel()]
+    else:
+        shape = (2 * t.shape[0], *(n + 3 for n in t.shape[1:-1]), t.shape[-1] + 5)
+        buf = torch.full(shape, gap, dtype=t.dtype, device=t.device)
+        view = buf[(slice(None, None, 2), *(slice(0, n) for n in t.shape[1:]))]
+    view.copy_(t)
+    assert torch.equal(view, t) and not view.is_contiguous()
+    return view
+
+
+_GAPS = {"q": NAN, "k": NAN, "v": NAN, "indices": 0, "lengths": 10**6, "cu_seqlens_q": 10**6,
+         "prefix_lens": 10**6, "page_table": 0}
+
+
+def _all_strided(args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[tuple[Any, ...], dict]:
+    names = ("q", "k", "v", "indices")
+    sargs = tuple(_strided(t, _GAPS[n]) for n, t in zip(names, args, strict=True))
+    skw = {n: (_strided(t, _GAPS[n]) if isinstance(t, torch.Tensor) else t)
+           for n, t in kw.items()}
+    return sargs, skw
+
+
+STRIDE_PREFILL = [
+    pytest.param(BASE, torch.float32, id="plain"),
+    pytest.param({**BASE, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1},
+                 torch.float16, id="split-lean-fp16"),
+    pytest.param({**BASE, "PREFETCH": 2, "LAYOUT": "keys"}, torch.float32, id="prefetch-keys"),
+    pytest.param({**BASE, "EVEN_TILES": 1, "REVERSE_ROWS": 1}, torch.float32, id="even-rev"),
+    pytest.param({**BASE, "SLOT_ORDER": 2}, torch.float32, id="slot-order"),
+    pytest.param({**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16,
+                 id="dense"),
+]
+
+
+@pytest.mark.parametrize("cfg,dtype", STRIDE_PREFILL)
+def test_prefill_kernels_read_every_argument_at_its_strides(cfg: dict[str, Any], dtype: Any,
+                                                            poisoned: None) -> None:
+    args, kw = _prefill(7, dtype=dtype)
+    ref = sparse_prefill_reference(*(a.double() if a.is_floating_point() else a for a in args),
+                                   **kw)
+    sargs, skw = _all_strided(args, kw)
+    out = sparse_prefill_triton(*sargs, config=cfg, **skw)
+    assert compare(out, ref) is None, compare(out, ref)
+    assert torch.isfinite(out).all()
+    assert compare(sparse_prefill_reference(*sargs, **skw), ref) is None
+
+
+@pytest.mark.parametrize("mode,extra,dtype", [
+    ("fused", {}, torch.float32),
+    ("fused", {"SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1}, torch.float16),
+    ("pretranslate", {}, torch.float32),
+    ("pretranslate", {"SLOT_ORDER": 1}, torch.float32),
+    ("pretranslate", {"DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16),
+    ("staged", {"PREFETCH": 1}, torch.float32),
+])
+def test_chunk_kernels_read_every_argument_at_its_strides(mode: str, extra: dict[str, Any],
+                                                          dtype: Any, poisoned: None) -> None:
+    args, kw = _chunk(8, dtype=dtype)
+    ref = sparse_prefill_reference(*(a.double() if a.is_floating_point() else a for a in args),
+                                   **kw)
+    sargs, skw = _all_strided(args, kw)
+    out = sparse_prefill_triton(*sargs, config={**BASE, "CHUNK_MODE": mode, **extra}, **skw)
+    assert compare(out, ref) is None, compare(out, ref)
+    assert compare(sparse_prefill_reference(*sargs, **skw), ref) is None
+
+
+@pytest.mark.parametrize("name", ["lengths", "cu_seqlens_q", "prefix_lens"])
+def test_one_strided_int_view_at_a_time(name: str, poisoned: None) -> None:
+    # the issue's repro: only the 1-D view is strided (max abs error 0.6-2.7 before)
+    args, kw = _chunk(9) if name != "lengths" else _prefill(9)
+    ref = sparse_prefill_reference(*args, **kw)
+    skw = {**kw, name: _strided(kw[name], _GAPS[name])}
+    out = sparse_prefill_triton(*args, config=BASE, **skw)
+    assert compare(out, ref) is None, compare(out, ref)
+
+
+@pytest.mark.gpu
+def test_strided_calls_under_cuda_graph_capture() -> None:
+    # the check and the strided copies are capture-safe: captured, replayed, right
+    args, kw = _chunk(10, dtype=torch.bfloat16)
+    args = tuple(a.cuda() for a in args)
+    kw = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    sargs, skw = _all_strided(args, kw)
+    cfg = {**BASE, "CHUNK_MODE": "pretranslate"}
+    ref = sparse_prefill_reference(*args, out_dtype=torch.float32, **kw)
+    sparse_prefill_triton(*sargs, config=cfg, **skw)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sparse_prefill_triton(*sargs, config=cfg, **skw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, ref) is None
