@@ -5,6 +5,15 @@ bfloat16 or float16, lengths ``[rows]`` int32. Returns int32 ``[rows, k]``: for 
 top-k of its first ``lengths[r]`` scores by (score descending, position ascending), emitted in
 ascending position order, padded with -1 when a row has fewer than k valid keys. NaN ranks below
 -inf; +inf and -inf are ordinary values. No approximation, no dropped candidates on ties.
+
+**Inputs** (:func:`check_inputs`, which the reference and the Triton kernels run at their entry,
+and a plugin's kernel should too; it raises :class:`registry.errors.WorkloadError` naming the
+argument, the rule and the fix): ``scores`` a 2-D float32 / bfloat16 / float16 tensor with unit
+stride along keys (the row stride is free); ``lengths`` an int32 tensor ``[rows]`` on scores'
+device, any stride, each entry in ``[0, max_keys]``; ``k`` a python int >= 1. Metadata only,
+never a device read: the ``lengths`` values are checked where they are in host memory (a CPU
+tensor); on a GPU they are not read, and an entry outside ``[0, max_keys]`` counts as its clamp
+(the reference's rule), never as an error.
 """
 
 from __future__ import annotations
@@ -13,13 +22,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from backends.indexer_topk.config import check_inputs
 from registry import Contract, OpSpec, Workload, hookimpl
 from registry.errors import WorkloadError
 from registry.requirements import triton_runtime
 
 OP = "indexer_topk"
 
-__all__ = ["OP", "IndexerTopkWorkload", "call_key", "decode_key"]
+__all__ = ["OP", "IndexerTopkWorkload", "call_key", "check_inputs", "decode_key"]
 
 
 class IndexerTopkWorkload(Workload):

@@ -262,10 +262,13 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
 
 
 def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:
-    """Shapes, dtypes and devices of a call (no device sync; the lengths bound only on a CPU).
+    """The op's input rules (``backends.indexer_topk``, "Inputs"), shared by every
+    implementation: shapes, dtypes and devices of a call, never a device read or a sync; the
+    ``lengths`` values (each in ``[0, max_keys]``) only where they are in host memory (a CPU
+    tensor), where reading them costs no synchronization.
 
-    ``kernel`` adds what the Triton kernels need beyond the reference: unit stride along keys
-    and int32 positions.
+    ``kernel`` adds what the Triton kernels need beyond the op's rules: int32 positions with
+    room to spare.
     """
     import torch
 
@@ -277,7 +280,7 @@ def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> 
     if scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise WorkloadError(f"indexer_topk: scores dtype must be float32, bfloat16 or float16; "
                             f"got {scores.dtype}; cast the scores first")
-    if kernel and scores.shape[1] > 1 and scores.stride(1) != 1:
+    if scores.shape[1] > 1 and scores.stride(1) != 1:  # every implementation: one rule
         raise WorkloadError("indexer_topk: scores must have unit stride along keys; "
                             "pass scores.contiguous()")
     if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 \
@@ -295,6 +298,12 @@ def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> 
     if kernel and scores.shape[1] >= 2 ** 31 - 65536:
         raise WorkloadError(f"indexer_topk: max_keys {scores.shape[1]} too large; must be "
                             "< 2**31 - 65536 (int32 positions)")
-    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > scores.shape[1]:
-        raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
-                            f"got max {int(lengths.max())}; clamp lengths or widen scores")
+    if lengths.device.type == "cpu" and lengths.numel():
+        lo, hi = (int(x) for x in torch.aminmax(lengths))
+        if hi > scores.shape[1]:
+            raise WorkloadError(f"indexer_topk: lengths must be <= max_keys ({scores.shape[1]}); "
+                                f"got max {hi}; clamp lengths or widen scores")
+        if lo < 0:
+            raise WorkloadError(f"indexer_topk: lengths must be >= 0 (valid leading keys of "
+                                f"each row); got {lo} at row {int(torch.argmin(lengths))}; use "
+                                f"0 for a row with no valid key")

@@ -13,11 +13,17 @@ __all__ = ["compare", "max_abs_error"]
 
 
 def compare(actual: Any, expected: Any) -> str | None:
-    """None when ``actual`` is within the op's max-abs bound of ``expected`` (the reference's
-    output on the same inputs), else one line naming the worst element, the error and the bound.
+    """None when ``actual`` agrees with ``expected`` (the reference's output on the same
+    inputs), else one line naming the worst element, the error and the bound.
 
-    The bound is :func:`backends.sparse_prefill.error_bound` of the result's dtype; shape, dtype
-    and non-finite values are violations too (a row with nothing valid must be zeros, not NaN).
+    Agreement, element by element, follows the op's rules for non-finite values
+    (:mod:`backends.sparse_prefill`, "Non-finite values"): where the reference is NaN the result
+    must be NaN; where it is +-inf (an infinite V value reaching a positive weight) the result
+    must be the same infinity or NaN (a kernel's weight may round to 0 where the reference's
+    does not); where it is finite the result must be finite and within the op's max-abs bound
+    (:func:`backends.sparse_prefill.error_bound` of the result's dtype). So a row with nothing
+    valid must be zeros, not NaN, and a NaN the reference does not have is a violation. Shape
+    and dtype are checked first.
     """
     import torch
 
@@ -37,12 +43,18 @@ def compare(actual: Any, expected: Any) -> str | None:
         return None
     a = actual.detach().to(torch.float64)
     e = expected.detach().to(torch.float64)
-    finite = torch.isfinite(a)
-    if not bool(finite.all()):
-        where = tuple(int(i) for i in (~finite).nonzero()[0])
-        return (f"non-finite output {float(a[where])} at (row, head, dim) {where}; "
-                f"{int((~finite).sum())} non-finite element(s)")
+    finite, bad = _nonfinite_disagreement(a, e)
+    if bad is not None:
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        want = float(e[where])
+        rule = ("NaN" if want != want else f"{want} or NaN" if abs(want) == float("inf")
+                else "finite")
+        return (f"non-finite values disagree with the reference at (row, head, dim) {where}: "
+                f"got {float(a[where])}, the contract says {rule} (reference {want}); "
+                f"{int(bad.sum())} element(s) disagree")
     diff = (a - e).abs()
+    if finite is not None:  # where the reference is not finite, the rules above decided
+        diff = torch.where(finite, diff, torch.zeros_like(diff))
     err = float(diff.max())
     if err <= bound:
         return None
@@ -53,13 +65,35 @@ def compare(actual: Any, expected: Any) -> str | None:
             f"{bad_rows} of {actual.shape[0]} row(s) outside the bound")
 
 
+def _nonfinite_disagreement(a: Any, e: Any) -> tuple[Any, Any]:
+    """``(where the reference is finite, where a breaks the non-finite rules)`` for the result
+    ``a`` and the reference ``e`` (both float64): bool tensors, each None when it would be all
+    True (the first) or all False (the second)."""
+    import torch
+
+    fin_a, fin_e = torch.isfinite(a), torch.isfinite(e)
+    all_e = bool(fin_e.all())
+    if all_e and bool(fin_a.all()):
+        return None, None
+    nan_a = torch.isnan(a)
+    ok = torch.where(fin_e, fin_a, torch.where(torch.isnan(e), nan_a, nan_a | (a == e)))
+    return (None if all_e else fin_e), (None if bool(ok.all()) else ~ok)
+
+
 def max_abs_error(actual: Any, expected: Any) -> float:
-    """The op's error measure: max |out - ref| in float64 (inf when the output has a non-finite
-    value; the bound it is held to is :func:`backends.sparse_prefill.error_bound`)."""
+    """The op's error measure: max |out - ref| in float64 over the elements where the reference
+    is finite (inf when the non-finite values disagree with the reference's, as
+    :func:`compare` judges them; the bound it is held to is
+    :func:`backends.sparse_prefill.error_bound`)."""
     import torch
 
     if actual.numel() == 0:
         return 0.0
-    if not bool(torch.isfinite(actual).all()):
+    a, e = actual.detach().double(), expected.detach().double()
+    finite, bad = _nonfinite_disagreement(a, e)
+    if bad is not None:
         return float("inf")
-    return float((actual.double() - expected.double()).abs().max())
+    diff = (a - e).abs()
+    if finite is not None:
+        diff = torch.where(finite, diff, torch.zeros_like(diff))
+    return float(diff.max())

@@ -8,7 +8,8 @@ A case is a name, a one-line statement of what it pins, and ``make(device, dtype
 (args, kwargs)`` building a ``dispatch`` call. Sizes are small so that the Triton interpreter runs
 every case in well under a second on a CPU; the shapes still cover what the contract promises
 (invalid and duplicate indices, empty rows, lengths, ragged chunk batches with page tables and
-prefixes that are not multiples of the page size, both TP rank shapes and the seed head dim).
+prefixes that are not multiples of the page size, both TP rank shapes and the seed head dim,
+NaN and inf where the op's rules say what comes out, every tensor argument as a strided view).
 """
 
 from __future__ import annotations
@@ -152,6 +153,72 @@ def _chunk(*, q_rows: tuple[int, ...], prefixes: tuple[int, ...], page_size: int
     return make
 
 
+def _non_finite() -> Callable[[Any, Any, int], Call]:
+    """NaN and inf where the op's rules (``backends.sparse_prefill``, "Non-finite values") say
+    what comes out: in unused cache slots (never read), in a query head (its row-head NaN; of
+    an empty row: zeros), in a selected K row (NaN for its KV head's query heads), in selected V
+    elements (NaN or inf at that element), -inf scores (weights 0; all -inf: zeros) and +inf
+    ones (NaN)."""
+
+    def make(device: Any, dtype: Any, seed: int) -> Call:
+        import torch
+
+        nan, inf = float("nan"), float("inf")
+        g = _gen(seed)
+        total_q, group, hkv, d, topk, n_slots = 8, 3, 2, 64, 32, 48
+        q, k, v = _qkv(g, "cpu", torch.float32, total_q, group, hkv, d, n_slots)
+        idx = torch.randint(0, n_slots - 1, (total_q, topk), generator=g, dtype=torch.int64)
+        idx[:, ::7] = -1
+        idx[1] = -1  # nothing valid
+        idx[(idx >= 10) & (idx <= 12)] = 13
+        idx[2, 0], idx[3, 0], idx[4, 0] = 10, 11, 12  # each selected by one row only
+        k[n_slots - 1], v[n_slots - 1] = nan, inf  # a slot no row selects: never read
+        q[0, 1, 3] = nan  # row 0, head 1: NaN
+        q[1] = nan  # an empty row: zeros all the same
+        k[10, 1, 5] = nan  # row 2: KV head 1's query heads NaN
+        v[11, 0, 7] = nan  # row 3: element 7 of KV head 0's query heads NaN
+        v[12, 0, 2] = inf  # row 4: element 2 of KV head 0's query heads inf
+        k[:, 0, 0] = k[:, 0, 0].abs() + 0.1
+        q[5, 0, 0] = -inf  # row 5, head 0: every score -inf: weights 0
+        q[6, 4, 0] = inf  # row 6, head 4: +inf (or NaN) scores: NaN
+        q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+        return (q, k, v, _i32(idx, device)), {"kind": "prefill"}
+
+    return make
+
+
+def _strided(base: Callable[[Any, Any, int], Call]) -> Callable[[Any, Any, int], Call]:
+    """``base``'s call with every tensor argument a non-contiguous view (rows of a buffer twice
+    as tall, padded axes; 1-D: every second or third element) whose gaps hold poison (NaN, huge
+    ints). Paddings are multiples of 16 elements, so 16-byte aligned kernels can take it."""
+
+    def strided(t: Any, gap: Any) -> Any:
+        import torch
+
+        if t.dim() == 1:
+            step = 3 if t.numel() % 2 else 2
+            buf = torch.full((step * t.numel() + 1,), gap, dtype=t.dtype, device=t.device)
+            view = buf[1::step][: t.numel()]
+        else:
+            shape = (2 * t.shape[0], *(n + 2 for n in t.shape[1:-1]), t.shape[-1] + 16)
+            buf = torch.full(shape, gap, dtype=t.dtype, device=t.device)
+            view = buf[(slice(None, None, 2), *(slice(0, n) for n in t.shape[1:]))]
+        view.copy_(t)
+        return view
+
+    def make(device: Any, dtype: Any, seed: int) -> Call:
+        args, kwargs = base(device, dtype, seed)
+        gaps = {"indices": 0, "lengths": 1 << 20, "cu_seqlens_q": 1 << 20,
+                "prefix_lens": 1 << 20, "page_table": 0}
+        q, k, v, idx = args
+        out = (strided(q, float("nan")), strided(k, float("nan")), strided(v, float("nan")),
+               strided(idx, gaps["indices"]))
+        return out, {n: (strided(t, gaps[n]) if n in gaps and t is not None else t)
+                     for n, t in kwargs.items()}
+
+    return make
+
+
 def _ragged_lengths(topk: int, total_q: int) -> list[int]:
     base = [0, 1, topk - 1, topk, 2, topk // 2, 3, topk - 2]
     return [base[i % len(base)] for i in range(total_q)]
@@ -177,4 +244,9 @@ CASES: tuple[Case, ...] = (
          _chunk(q_rows=(3, 1, 5), prefixes=(4, 0, 9), page_size=1)),
     Case("chunk_paged_prefix", "chunk: page size 4, prefixes not multiples of 4, unmapped pages",
          _chunk(q_rows=(2, 4, 1), prefixes=(5, 13, 7), page_size=4, unmapped=1)),
+    Case("non_finite", "NaN / inf in q, selected K and V rows, unused slots: NaN exactly where "
+         "the op's rules say, zeros for empty rows", _non_finite()),
+    Case("strided_views", "chunk: every tensor argument a strided view (1-D lengths, "
+         "cu_seqlens_q, prefix_lens included) over poisoned gaps",
+         _strided(_chunk(q_rows=(3, 1, 4), prefixes=(6, 0, 9), page_size=4, unmapped=1))),
 )

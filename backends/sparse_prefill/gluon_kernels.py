@@ -418,8 +418,12 @@ def _check_aligned(k: Any, v: Any, engine: str) -> None:
 def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
                          scale: float, config: dict[str, Any], offs32: bool) -> Any:
     """Launch the ``ENGINE`` kernel of ``config`` ("gluon": the mma_v2 kernel; "gluon_wgmma":
-    the wgmma kernel) on prefill rows (``idx`` slot ids; inputs checked by the Triton wrapper,
-    head_dim contiguous); ``out`` is written in place."""
+    the wgmma kernel) on prefill rows (``idx`` slot ids); ``out`` is written in place.
+
+    Reached only through ``sparse_prefill_triton``, which runs the op's input check
+    (``backends.sparse_prefill.check_inputs``) first: the last axis of q, k, v and ``idx`` has
+    unit stride, their other strides are passed to the kernels, and ``lens`` (1-D, read at unit
+    stride) is contiguous (the wrapper copies a strided ``lengths`` view)."""
     engine = config.get("ENGINE", "gluon")
     check_gluon(q, engine)
     _check_aligned(k, v, engine)

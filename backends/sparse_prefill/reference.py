@@ -12,6 +12,10 @@ Semantics (the pinned op contract):
 
 Query head ``j`` reads KV head ``j // group_size``. A slot listed twice counts twice. A row with
 nothing valid yields zeros. Softmax runs in float32 (float64 when the inputs are float64).
+The inputs are checked by :func:`backends.sparse_prefill.check_inputs` (the same rules and
+messages as every kernel); NaN and inf follow the op's rules (:mod:`backends.sparse_prefill`,
+"Non-finite values"): K/V rows of invalid entries are zeroed before they are used, a NaN or
++inf score makes its row-head NaN, a -inf score is a weight of 0.
 
 Memory is bounded: rows are processed in chunks so that the gathered K/V of one chunk stays near
 ``_CHUNK_ELEMS`` elements, which lets the reference run at the seed's shapes (8192 rows x 2051 x
@@ -81,6 +85,11 @@ def sparse_prefill_reference(q: Any, k: Any, v: Any, indices: Any, *, kind: str 
     """
     import torch
 
+    from backends.sparse_prefill import check_inputs
+
+    check_inputs(q, k, v, indices, kind=kind, lengths=lengths, sm_scale=sm_scale,
+                 cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens, page_table=page_table,
+                 page_size=page_size, max_q=max_q)
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
     topk = indices.shape[1]
@@ -110,11 +119,17 @@ def sparse_prefill_reference(q: Any, k: Any, v: Any, indices: Any, *, kind: str 
         qc = q[r0:r1].to(cdt).reshape(rows, hkv, group, d)
         s = torch.einsum("rhgd,rthd->rhgt", qc, kg) * scale
         s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+        # The kernels' online softmax, in one pass: the max is the reference point unless it is
+        # -inf (nothing valid, or every valid score -inf: then every weight is exp(-inf) = 0). A
+        # NaN score makes the max NaN and a +inf one makes inf - inf: both give NaN weights, so
+        # the row-head is NaN, as the contract says; nothing here replaces a NaN.
         m = s.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
         p = torch.exp(s - m)
         denom = p.sum(dim=-1, keepdim=True)
         o = torch.einsum("rhgt,rthd->rhgd", p, vg)
-        o = torch.where(denom > 0, o / denom.clamp_min(torch.finfo(cdt).tiny), torch.zeros_like(o))
+        # A zero sum (no weight at all) divides by 1: the sum of 0 * v, zeros unless a valid V
+        # row holds a NaN or inf (0 * inf is NaN in the kernels' products too).
+        o = o / torch.where(denom == 0, torch.ones_like(denom), denom)
         out[r0:r1] = o.reshape(rows, hq, d).to(out.dtype)
     return out

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 import registry
+from backends.sparse_prefill import check_inputs
 
 __all__ = ["sparse_prefill"]
 
@@ -54,4 +55,9 @@ def _sparse_prefill_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          page_table: Optional[torch.Tensor] = None,  # noqa: UP045
                          page_size: int = 1, max_q: Optional[int] = None  # noqa: UP045
                          ) -> torch.Tensor:
+    # the op's input rules hold at trace time too (they read metadata only, which fake tensors
+    # have): torch.compile reports a bad call where it is traced, with the dispatch's message
+    check_inputs(q, k, v, indices, kind=kind, lengths=lengths, sm_scale=sm_scale,
+                 cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens, page_table=page_table,
+                 page_size=page_size, max_q=max_q)
     return q.new_empty(q.shape)

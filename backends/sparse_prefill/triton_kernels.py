@@ -87,7 +87,10 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            unselected). The gathering kernel, with the rest of the config, does
                            the other tiles. Unselected slots inside a dense tile's span are read:
                            a non-finite V value there reaches the tile's outputs (0 x NaN), where
-                           the gathering loop would not read it. Prefill, and chunk with
+                           the gathering loop would not read it (a deviation from the op's
+                           non-finite rules; tests/kernels/test_sparse_prefill_contract.py pins
+                           it as an expected failure until the kernel zeroes V rows of uncounted
+                           slots). Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
 DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
                            power of two >= 16 and >= HP), slots per step, warps, stages, and
@@ -125,6 +128,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from backends.sparse_prefill import check_inputs
 from registry.errors import ConfigError, WorkloadError
 
 # The configs are policy: the table lives in plugins/generic.py, the measured families in
@@ -981,82 +985,26 @@ def _fail(msg: str) -> None:
     raise WorkloadError(msg)
 
 
-def _check_int_tensor(name: str, t: Any, shape: tuple[int, ...], device: Any) -> None:
+def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any, sm_scale: Any,
+                  cu_seqlens_q: Any, prefix_lens: Any, page_table: Any, page_size: Any,
+                  max_q: Any) -> None:
+    """The op's input rules (:func:`backends.sparse_prefill.check_inputs`, shared by every
+    implementation), then what these kernels need beyond them: 16/32-bit floats, head_dim up
+    to 256, int32 slot ids. Host metadata only."""
     import torch
 
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name}: expected an int32 tensor of shape {list(shape)}, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        _fail(f"{name}.dtype={t.dtype}: must be torch.int32 (use {name}.to(torch.int32))")
-    if tuple(t.shape) != shape:
-        _fail(f"{name}.shape={list(t.shape)}: must be {list(shape)}")
-    if t.device != device:
-        _fail(f"{name} is on {t.device} but q is on {device}: move it to q's device")
-
-
-def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any,
-                  cu_seqlens_q: Any, prefix_lens: Any, page_table: Any, page_size: Any) -> None:
-    import torch
-
-    for name, t in (("q", q), ("k", k), ("v", v), ("indices", indices)):
-        if not isinstance(t, torch.Tensor):
-            _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if kind not in ("prefill", "chunk"):
-        _fail(f"kind={kind!r}: must be 'prefill' or 'chunk'")
-    if q.dim() != 3:
-        _fail(f"q.shape={list(q.shape)}: must be [total_q, num_q_heads, head_dim]")
-    if k.dim() != 3 or v.dim() != 3:
-        _fail(f"k.shape={list(k.shape)}, v.shape={list(v.shape)}: must be "
-              "[num_slots, num_kv_heads, head_dim]")
-    if tuple(k.shape) != tuple(v.shape):
-        _fail(f"k.shape={list(k.shape)} != v.shape={list(v.shape)}: k and v must match")
-    total_q, hq, d = q.shape
-    num_slots, hkv, dk = k.shape
-    if dk != d:
-        _fail(f"k head_dim {dk} != q head_dim {d}: q, k, v must share head_dim")
-    if d < 1 or d > _MAX_HEAD_DIM:
-        _fail(f"head_dim={d}: the Triton kernels support 1..{_MAX_HEAD_DIM} (use the reference)")
-    if hkv < 1 or hq % hkv != 0:
-        _fail(f"num_q_heads={hq} is not a multiple of num_kv_heads={hkv}: GQA needs "
-              "num_q_heads = group_size * num_kv_heads")
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        _fail(f"q.dtype={q.dtype}: the Triton kernels take bfloat16, float16 or float32")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        _fail(f"dtypes q={q.dtype}, k={k.dtype}, v={v.dtype}: must all be equal (cast k/v)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            _fail(f"{name}.stride(-1)={t.stride(-1)}: the head_dim axis must be contiguous "
-                  f"(use {name}.contiguous())")
-        if t.device != q.device:
-            _fail(f"{name} is on {t.device} but q is on {q.device}: keep q, k, v together")
-    if indices.dim() != 2 or indices.shape[0] != total_q:
-        _fail(f"indices.shape={list(indices.shape)}: must be [total_q={total_q}, topk]")
-    _check_int_tensor("indices", indices, (total_q, indices.shape[1]), q.device)
-    if indices.stride(-1) != 1:
-        _fail("indices.stride(-1) must be 1 (use indices.contiguous())")
-    if lengths is not None:
-        _check_int_tensor("lengths", lengths, (total_q,), q.device)
-    if num_slots >= 2**31 - 1:
-        _fail(f"num_slots={num_slots}: must be < 2**31 - 1 (slot ids are int32)")
-    if kind == "chunk":
-        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("prefix_lens", prefix_lens),
-                        ("page_table", page_table)):
-            if t is None:
-                _fail(f"{name} is required for kind='chunk' (see the op contract)")
-        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
-            _fail(f"cu_seqlens_q.shape={list(cu_seqlens_q.shape)}: must be [num_requests + 1] "
-                  "with num_requests >= 1")
-        nreq = cu_seqlens_q.shape[0] - 1
-        _check_int_tensor("cu_seqlens_q", cu_seqlens_q, (nreq + 1,), q.device)
-        _check_int_tensor("prefix_lens", prefix_lens, (nreq,), q.device)
-        if page_table.dim() != 2 or page_table.shape[0] != nreq:
-            _fail(f"page_table.shape={list(page_table.shape)}: must be "
-                  f"[num_requests={nreq}, max_pages]")
-        _check_int_tensor("page_table", page_table, tuple(page_table.shape), q.device)
-        if page_table.stride(-1) != 1:
-            _fail("page_table.stride(-1) must be 1 (use page_table.contiguous())")
-        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-            _fail(f"page_size={page_size!r}: must be a python int >= 1")
+    check_inputs(q, k, v, indices, kind=kind, lengths=lengths, sm_scale=sm_scale,
+                 cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens, page_table=page_table,
+                 page_size=page_size, max_q=max_q)
+    if q.dtype is torch.float64:
+        _fail(f"sparse_prefill: q.dtype={q.dtype}: the Triton kernels take bfloat16, float16 or "
+              "float32 (float64 runs in the reference only)")
+    d = q.shape[2]
+    if d > _MAX_HEAD_DIM:
+        _fail(f"sparse_prefill: head_dim={d}: the Triton kernels support 1..{_MAX_HEAD_DIM} "
+              "(use the reference)")
+    if k.shape[0] >= 2**31 - 1:
+        _fail(f"sparse_prefill: num_slots={k.shape[0]}: must be < 2**31 - 1 (slot ids are int32)")
 
 
 def _order_rows(idx: Any, lens: Any, num_slots: int, passes: int, block: int = _ORDER_BLOCK,
@@ -1161,15 +1109,27 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                           sm_scale: float | None = None, cu_seqlens_q: Any = None,
                           prefix_lens: Any = None, page_table: Any = None, page_size: int = 1,
                           max_q: int | None = None) -> Any:
-    """Sparse GQA prefill attention (see the op contract in ``reference.py``).
+    """Sparse GQA prefill attention (the op contract: :mod:`backends.sparse_prefill`; the
+    inputs are checked by its :func:`~backends.sparse_prefill.check_inputs`, the NaN/inf rules
+    are the reference's).
 
     ``max_q`` is accepted for workload selection and ignored here. Never reads device memory on
-    the host and never synchronizes.
+    the host and never synchronizes. The Gluon engines (``ENGINE``) are reached through here.
     """
     import torch
 
-    _check_inputs(q, k, v, indices, kind, lengths, cu_seqlens_q, prefix_lens, page_table,
-                  page_size)
+    _check_inputs(q, k, v, indices, kind, lengths, sm_scale, cu_seqlens_q, prefix_lens,
+                  page_table, page_size, max_q)
+    # The kernels read 1-D int tensors at unit stride: a strided view (``lengths[::2]``) is
+    # copied here, once a call (a few bytes a row; capture-safe). 2-D and 3-D tensors pass
+    # their strides (the last axis is unit stride by the op's rules).
+    if lengths is not None and lengths.stride(0) != 1:
+        lengths = lengths.contiguous()
+    if kind == "chunk":
+        if cu_seqlens_q.stride(0) != 1:
+            cu_seqlens_q = cu_seqlens_q.contiguous()
+        if prefix_lens.stride(0) != 1:
+            prefix_lens = prefix_lens.contiguous()
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
     group = hq // hkv

@@ -22,6 +22,11 @@ from registry.requirements import vendor_in
 from registry.testing import Outcome, Target, conformance_targets, run_target
 
 PLANTED = ("planted_spf", "planted_topk", "planted_gpu", "planted_bad")
+# The Triton interpreter's numpy warns on the NaN and inf arithmetic of the non_finite case (made
+# on purpose); the suite's "error" filter would turn those warnings into kernel failures.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:All-NaN slice encountered:RuntimeWarning")
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +105,8 @@ def test_a_kernel_that_ignores_lengths_fails_exactly_the_length_cases() -> None:
     _plant("planted_spf", "sparse_prefill", no_lengths)
     results = _run("planted_spf", dtype="float32")
     failed = {case for case, o in results.items() if o.status == "failed"}
-    assert failed == {"empty_rows", "lengths", "chunk_ragged", "chunk_paged_prefix"}
+    assert failed == {"empty_rows", "lengths", "chunk_ragged", "chunk_paged_prefix",
+                      "strided_views"}
     msg = results["lengths"].message
     device = "cuda" if registry.probe().vendor != "cpu" else "cpu"
     assert f"planted_spf.sparse_prefill on {device} float32, case 'lengths'" in msg

@@ -54,7 +54,7 @@ def test_reference_matches_naive(seed, dtype):
     if seed % 3 == 0:   # ties: four values
         data = [[rng.choice([0.5, -1.0, 2.0, 3.0]) for _ in range(n)] for _ in range(rows)]
     scores = torch.tensor(data, dtype=getattr(torch, dtype))
-    lengths = torch.tensor([rng.randint(-3, n) for _ in range(rows)], dtype=torch.int32)
+    lengths = torch.tensor([rng.randint(0, n) for _ in range(rows)], dtype=torch.int32)
     got = indexer_topk_reference(scores, lengths, k)
     want = naive(scores, lengths, k)
     assert topk_mismatches(got, want) == []
@@ -72,7 +72,7 @@ def test_keys_order_and_specials():
 
 def test_lengths_semantics_and_padding():
     scores = torch.tensor([[1.0, 3.0, 2.0, 5.0], [4.0, 4.0, 4.0, 4.0], [0.0, 1.0, 2.0, 3.0]])
-    lengths = torch.tensor([4, 3, -2], dtype=torch.int32)
+    lengths = torch.tensor([4, 3, 0], dtype=torch.int32)
     got = indexer_topk_reference(scores, lengths, k=6)
     assert got.tolist() == [[0, 1, 2, 3, -1, -1], [0, 1, 2, -1, -1, -1], [-1] * 6]
     got = indexer_topk_reference(scores, lengths, k=2)

@@ -137,12 +137,12 @@ def test_small_exact(geom, kind):
 def test_short_rows_and_ragged():
     k = 16
     n = 600
-    lengths = torch.tensor([0, 1, k - 1, k, k + 1, n, 300, -5], dtype=torch.int32, device=DEV)
+    lengths = torch.tensor([0, 1, k - 1, k, k + 1, n, 300, 0], dtype=torch.int32, device=DEV)
     scores = make_scores("random", len(lengths), n, seed=7)
     got, want = run_both(scores, lengths, k, SMALL["slices"])
     assert topk_mismatches(got, want) == []
     assert got[0].tolist() == [-1] * k and got[1].tolist() == [0] + [-1] * (k - 1)
-    assert got[7].tolist() == [-1] * k        # negative length -> 0 keys
+    assert got[7].tolist() == [-1] * k        # (a negative length is refused: check_inputs)
 
 
 @pytest.mark.parametrize("bits", ["32", "16", "16-area"])
@@ -581,7 +581,7 @@ from hypothesis import strategies as st  # noqa: E402
        geom=st.sampled_from(sorted(SMALL)), seed=st.integers(0, 2 ** 16),
        data=st.data())
 def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
-    lengths = torch.tensor(data.draw(st.lists(st.integers(-2, n), min_size=rows, max_size=rows)),
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=rows, max_size=rows)),
                            dtype=torch.int32, device=DEV)
     scores = make_scores(kind, rows, n, seed=seed)
     cfg = dict(SMALL[geom])
@@ -602,7 +602,7 @@ def test_property_split_rows_match_reference(n, k, kind, split, half, group, see
     row to the row tier), on rows of every length: short, causal-like middles whose bound comes
     from the group maxima, and full rows."""
     rows = 4
-    lengths = torch.tensor(data.draw(st.lists(st.integers(-1, n), min_size=rows, max_size=rows)),
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=rows, max_size=rows)),
                            dtype=torch.int32, device=DEV)
     scores = make_scores(kind, rows, n, seed=seed)
     cfg = {"FUSED": 1, "GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
+from backends.sparse_prefill.compare import compare  # noqa: E402
 from backends.sparse_prefill.conformance import CASES  # noqa: E402
 from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
 from backends.sparse_prefill.triton_kernels import (  # noqa: E402
@@ -121,8 +122,10 @@ def _check(args, kwargs, cfg, dtype):
     del poison  # the caching allocator hands this NaN block to the kernel's output
     out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kwargs)
     assert out.dtype == q.dtype and out.shape == q.shape
-    assert torch.isfinite(out).all(), f"{cfg}: non-finite output"
-    err = (out.float() - ref).abs().max().item()
+    # NaN and inf exactly where the op's rules put them (the non_finite case), else finite
+    assert compare(out, ref) is None, f"{cfg}: {compare(out, ref)}"
+    finite = torch.isfinite(ref)
+    err = (out.float() - ref).abs()[finite].max().item() if finite.any() else 0.0
     assert err <= error_bound(dtype), f"{cfg}: max abs err {err}"
     return out, ref
 
