@@ -45,9 +45,13 @@ def test_deny_list(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
     setenv(monkeypatch, "KREG_PLUGINS", "indexer_topk,reference")
     reg = registry.Registry()
-    assert set(reg.ops) == {"indexer_topk"}
+    # the reference plugin serves both ops: the op package it needs loads with it
+    assert set(reg.ops) == {"indexer_topk", "sparse_prefill"}
     assert list(reg.impls["indexer_topk"]) == ["reference.indexer_topk"]
+    assert list(reg.impls["sparse_prefill"]) == ["reference.sparse_prefill"]
     assert reg.plugins["generic"].skipped_reason == "not in KREG_PLUGINS"
+    assert not any(r.failed for r in reg.plugins.values()), {
+        n: r.errors for n, r in reg.plugins.items() if r.failed}
 
 
 class _EP:
