@@ -78,7 +78,9 @@ def test_plugins_devices_profiles_ops() -> None:
     code, out = run("profiles")
     assert code == 0 and all(n in out for n in registry.profiles())
     code, out = run("profiles", "--json")
-    assert json.loads(out)["mi355x"]["sm_count"] == 256
+    assert json.loads(out)["mi355x"] == {"source": "shipped",
+                                         "facts": registry.profiles()["mi355x"].model_dump(
+                                             mode="json")}
     code, out = run("ops")
     assert code == 0 and "group_size" in out and "impl amd_mi355x.indexer_topk_sliced" in out
     code, out = run("devices", "--json")
