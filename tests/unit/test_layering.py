@@ -75,9 +75,9 @@ def test_the_flat_core_imports_no_subsystem_at_import_time() -> None:
 
 def test_import_registry_loads_no_subsystem_torch_or_triton() -> None:
     code = ("import sys, registry\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith(%r) or m.split('.')[0] in "
-            "('torch', 'triton', 'backends', 'plugins', 'click'))\n"
-            "print(loaded)" % ("registry.",))
+            "loaded = sorted(m for m in sys.modules if m.startswith('registry.') or "
+            "m.split('.')[0] in ('torch', 'triton', 'backends', 'plugins', 'click'))\n"
+            "print(loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()
     loaded = eval(out)  # a list literal printed by the child
