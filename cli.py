@@ -293,8 +293,9 @@ def profiles(name: str | None, as_json: bool, as_toml: bool) -> None:
 
     reg = registry.get_registry()
     if name is not None:
-        if as_toml:
-            click.echo(reg.resolve_device(name, enrich=False).to_toml(), nl=False)
+        if as_toml:  # without its name: a copy is named by its file
+            facts = reg.resolve_device(name, enrich=False).what_if(profile=None)
+            click.echo(facts.to_toml(), nl=False)
             return
         facts = reg.resolve_device(name)
         if as_json:

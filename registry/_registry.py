@@ -190,31 +190,32 @@ class Registry:
             obj = ep.load()
         except Exception as exc:  # any import failure is isolated and named
             rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-            logger.warning("%s", rec.error)
+            logger.warning("%s", rec.errors[-1])
             return
         try:
             self.pm.register(obj, name=ep.name)
         except Exception as exc:
             rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-            logger.warning("%s", rec.error)
+            logger.warning("%s", rec.errors[-1])
             return
         rec.loaded = True
 
-    def _load_op_packages(self, wanted: dict[str, str]) -> bool:
+    def _load_op_packages(self, wanted: dict[str, list[str]]) -> bool:
         """KREG_PLUGINS lists policy plugins: load the op packages it left out that a listed
-        plugin's implementations need (``wanted``: op -> that plugin). An op package disabled
+        plugin's implementations need (``wanted``: op -> those plugins). An op package disabled
         by KREG_DISABLE_PLUGINS stays off, and the implementations for its op are skipped with
         a note. Returns whether one was loaded."""
         loaded = False
-        for op, user in wanted.items():
+        for op, users in wanted.items():
             rec = self.plugins[op]
             if rec.skipped_reason == "not in KREG_PLUGINS" and op in self._skipped_eps:
                 rec.skipped_reason = None
-                rec.note(f"not in KREG_PLUGINS: loaded because plugin {user!r} implements op "
-                         f"{op!r}, which it defines")
+                rec.note(f"not in KREG_PLUGINS: loaded because it defines op {op!r}, which "
+                         f"plugin {users[0]!r} implements")
                 self._load_entry_point(self._skipped_eps.pop(op), rec)
                 loaded = loaded or rec.loaded
-            else:
+                continue
+            for user in users:
                 self.plugins[user].note(f"its implementations of op {op!r} are skipped: the op's "
                                         f"package {op!r} is {rec.skipped_reason or 'not loaded'}")
         return loaded
@@ -247,9 +248,11 @@ class Registry:
                 result = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except Exception as exc:
                 rec = self.plugins.setdefault(name, PluginRecord(name, "registered", True))
-                rec.error = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
+                message = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
+                if message not in rec.errors:  # each error once (rec.errors keeps them all)
+                    logger.warning("%s", message)
+                rec.error = message
                 rec.loaded = False
-                logger.warning("%s", rec.error)
                 continue
             if result is not None:
                 yield name, result
@@ -275,13 +278,15 @@ class Registry:
                 self.plugins[name].ops.append(spec.name)
         impls: dict[str, dict[str, Implementation]] = {op: {} for op in ops}
         owner: dict[str, str] = {}
-        wanted: dict[str, str] = {}  # op packages left out by KREG_PLUGINS that a plugin needs
+        wanted: dict[str, list[str]] = {}  # op -> the plugins needing its left-out package
         for name, found in self._call_each("kreg_implementations", ops=dict(ops)):
             for impl in self._items(name, "kreg_implementations", found, Implementation):
                 if impl.op not in ops:
                     if impl.op in self._skipped_eps or (impl.op in self.plugins
                                                         and self.plugins[impl.op].skipped_reason):
-                        wanted.setdefault(impl.op, name)
+                        users = wanted.setdefault(impl.op, [])
+                        if name not in users:
+                            users.append(name)
                         continue
                     add = ("; KREG_PLUGINS lists policy plugins: add the plugin that defines "
                            f"op {impl.op!r} to it" if knobs.plugins is not None else "")
