@@ -93,9 +93,6 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
         # its own op: kreg ops, kreg bench, the kit, kreg tune, torch.ops
         assert "defined by plugin acme; reference acme.rmsnorm_reference; kreg bench, " \
                "kreg tune, conformance cases, custom op" in ov.kreg("ops")
-        bench = ov.kreg("bench", "acme_rmsnorm", "--rows", "8,32", "--cols", "64", "--warmup",
-                        "1", "--iters", "2")
-        assert "acme.rmsnorm_triton" in bench and "FAIL" not in bench, bench
         report = json.loads(ov.kreg("bench", "acme_rmsnorm", "--rows", "8", "--cols", "64",
                                     "--warmup", "1", "--iters", "2", "--json"))
         assert report["schema"] == "kreg.bench/1" and report["op"] == "acme_rmsnorm"
