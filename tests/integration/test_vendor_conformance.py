@@ -112,3 +112,13 @@ def test_broken_copies_of_a_vendor_plugin_fail(copies: dict[str, str], tmp_path:
     for case in ("seed_g6", "seed_g12x2", "seed_chunk_g12", "seed_full_row"):
         assert f"FAILED {drop.format(case)}" in out, out
     assert "max |out - ref|" in out
+
+
+def test_bad_kit_input_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    code, out = kit("--kreg-conformance", "nvidia_sm120", "--kreg-conformance-device", "h300",
+                    cwd=tmp_path)
+    assert code == 4 and "unknown device profile 'h300'; known profiles: gb10" in out, out
+    code, out = kit("--kreg-conformance", "nvidia_sm120", "--kreg-conformance-device",
+                    "./b300.toml", cwd=tmp_path)
+    assert code == 4 and "no profile file ./b300.toml: it does not exist" in out, out
+    assert "Traceback" not in out
