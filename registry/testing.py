@@ -623,7 +623,11 @@ def _summary(config: pytest.Config) -> tuple[list[str], list[str]]:
                     f"{c} ({n} items)" for c, n in reasons.most_common(4)))
             elif done:
                 lines.append(f"  e.g. {done[0][1].message}")
-            lines.extend(f"  to run it: {s}" for s in suggestions(plugin, targets[plugin]))
+            try:
+                hints = suggestions(plugin, targets[plugin])
+            except Exception as exc:  # the verdict stands without the hint
+                hints = [f"(no suggestion: {type(exc).__name__}: {exc})"]
+            lines.extend(f"  to run it: {s}" for s in hints)
     return lines, untested
 
 
