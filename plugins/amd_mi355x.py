@@ -6,6 +6,7 @@ Every row selects on up to 64 slices, a slice per 1,024 keys; measured for k = 2
 from __future__ import annotations
 
 from backends.indexer_topk import EXACT
+from backends.indexer_topk.conformance import Case, topk_call
 from registry import Implementation, hookimpl
 from registry.requirements import arch_in, device_in, field_eq, triton_runtime, vendor_in
 
@@ -23,6 +24,18 @@ REQUIREMENTS = (
 )
 
 
+#: The conformance kit's cases (``pytest --kreg-conformance amd_mi355x``), at k = 2048 (its
+#: capability), besides the op's ``k2048`` case: judged on the MI355X profile and run here.
+CONFORMANCE_CASES = (
+    Case("k2048_ties", "tie-heavy rows at k = 2048 (ties by position), 2049 and 2048 valid keys",
+         topk_call(3, 3000, 2048, "ties", lambda r, n, k: [n, k + 1, k])),
+    Case("k2048_nan_inf", "NaN below -inf, +-inf as values, all-NaN rows, at k = 2048",
+         topk_call(4, 2600, 2048, "nan_inf", lambda r, n, k: [n, n, n, k + 3])),
+    Case("k2048_past_64_slices", "a row of 70,000 keys: more than MAX_SLICES x SLICE_KEYS",
+         topk_call(1, 70000, 2048, "ties")),
+)
+
+
 @hookimpl
 def kreg_configs(op: str) -> dict[str, dict[str, int]] | None:
     """The seed's MI355X geometry (the kernel fills the keys it leaves out per shape)."""
@@ -36,5 +49,7 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=MI355X_TOPK_CONFIG,
                        contract=EXACT,
                        kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
-                       description="MI355X sliced radix select: 1,024-key slices, up to 64"),
+                       description="MI355X sliced radix select: 1,024-key slices, up to 64",
+                       conformance_profiles=("mi355x",),
+                       conformance_cases="plugins.amd_mi355x:CONFORMANCE_CASES"),
     ]

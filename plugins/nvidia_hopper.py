@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
 from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
@@ -250,6 +251,35 @@ def _invariant_config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any
     return cfg if not cfg.get("DENSE") else dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
 
 
+def _rows(topk: int, total_q: int) -> list[int]:
+    """Rows crossing 16- and 64-entry tiles (37, 19, 5, 70 valid entries) and an empty one: the
+    measured top-k without the interpreter's cost of full rows (``seed_full_row`` has one)."""
+    return [37, 0, 19, 70, 5][:total_q]
+
+
+#: The conformance kit's cases (``pytest --kreg-conformance nvidia_hopper``): the measured
+#: workload (top-k 2051, head dim 256, each kind's rank shapes) at the kit's small sizes, judged
+#: on the H200 profile and run here. The kit also asks ``family_config`` what it would choose
+#: for each case's shape at larger kv_len / total_q, so the long-KV and dense configs execute too
+#: (the Gluon ones are reported as not runnable on a CPU).
+CONFORMANCE_CASES = (
+    Case("seed_prefill_g6", "prefill at group 6 / 1 KV head: rows of 37, 0, 19, 70 and 5 valid "
+         "entries", prefill_call(total_q=5, group=6, hkv=1, d=256, topk=2051, num_slots=96,
+                                 lengths=_rows)),
+    Case("seed_prefill_g12", "prefill at group 12 / 1 KV head",
+         prefill_call(total_q=5, group=12, hkv=1, d=256, topk=2051, num_slots=96,
+                      lengths=_rows)),
+    Case("seed_chunk_g6x2", "chunk at group 6 / 2 KV heads after cached prefixes (page size 4)",
+         chunk_call(q_rows=(2, 2), prefixes=(5, 9), page_size=4, group=6, hkv=2, d=256,
+                    topk=2051, lengths=_rows)),
+    Case("seed_chunk_g12x2", "chunk at group 12 / 2 KV heads, an unmapped trailing page",
+         chunk_call(q_rows=(1, 3), prefixes=(9, 3), page_size=4, group=12, hkv=2, d=256,
+                    topk=2051, unmapped=1, lengths=_rows)),
+    Case("seed_full_row", "one prefill row of all 2051 entries, lengths omitted",
+         prefill_call(total_q=1, group=6, hkv=1, d=256, topk=2051, num_slots=96)),
+)
+
+
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
            "dense": H200_DENSE_CONFIGS, "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
@@ -275,5 +305,7 @@ def kreg_implementations() -> list[Implementation]:
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
                                    "the Gluon kernels for prefill at KV 8K-64K (wgmma from "
-                                   "8192 rows), slot-ordered rows from KV 64K"),
+                                   "8192 rows), slot-ordered rows from KV 64K",
+                       conformance_profiles=("h200",),
+                       conformance_cases="plugins.nvidia_hopper:CONFORMANCE_CASES"),
     ]

@@ -12,6 +12,7 @@ envelope; sm_121 (GB10) is a different architecture and is never eligible.
 from __future__ import annotations
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
 from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
@@ -56,6 +57,32 @@ REQUIREMENTS = (
 )
 
 
+
+def _rows(topk: int, total_q: int) -> list[int]:
+    """Rows crossing 16-entry tiles (37, 19, 5 valid entries) and an empty one: the seed's
+    top-k without the interpreter's cost of full rows (``seed_full_row`` has one)."""
+    return [37, 0, 19, 5][:total_q]
+
+
+#: The conformance kit's cases for the family (``pytest --kreg-conformance nvidia_sm120``): the
+#: seed's tuples (top-k 2051, head dim 256, the rank shapes) at the kit's small sizes, judged on
+#: the Server Edition profile and run here, so both tuned geometries execute on a CPU too.
+CONFORMANCE_CASES = (
+    Case("seed_g6", "the seed tuple at group 6 / 1 KV head (BLOCK_M 8): rows of 37, 0, 19 and 5 "
+         "valid entries", prefill_call(total_q=4, group=6, hkv=1, d=256, topk=2051,
+                                       num_slots=64, lengths=_rows)),
+    Case("seed_g12x2", "the seed tuple at group 12 / 2 KV heads (BLOCK_M 16; head j reads KV head "
+         "j // 12)", prefill_call(total_q=4, group=12, hkv=2, d=256, topk=2051, num_slots=64,
+                                  lengths=_rows)),
+    Case("seed_chunk_g12", "chunk rows after cached prefixes (page size 4, prefixes not multiples "
+         "of it) at the seed's top-k and head dim", chunk_call(
+             q_rows=(2, 2), prefixes=(5, 9), page_size=4, group=12, hkv=1, d=256, topk=2051,
+             lengths=_rows)),
+    Case("seed_full_row", "one row of all 2051 entries, lengths omitted (129 tiles of 16)",
+         prefill_call(total_q=1, group=6, hkv=1, d=256, topk=2051, num_slots=64)),
+)
+
+
 def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, int]:
     return dict(SM120_PREFILL_CONFIGS[w.group_size])
 
@@ -75,5 +102,7 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        contract=kernel_contract,
-                       description="sm120 Server Edition tuned geometry (seed family)"),
+                       description="sm120 Server Edition tuned geometry (seed family)",
+                       conformance_profiles=("rtx-pro-6000-blackwell-server",),
+                       conformance_cases="plugins.nvidia_sm120:CONFORMANCE_CASES"),
     ]

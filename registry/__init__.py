@@ -22,7 +22,6 @@ from registry._contract import Contract
 from registry._decision import Candidate, Decision, OverrideInfo
 from registry._default import get_registry, reset_registry
 from registry._facts import DeviceFacts
-from registry._facts import profiles as profiles
 from registry._format import format_config
 from registry._registry import PluginRecord, Registry
 from registry._spec import Implementation, OpSpec
@@ -60,6 +59,7 @@ __all__ = [
     "hookspec",
     "implementations",
     "invalidate",
+    "load_custom_ops",
     "load_table",
     "ops",
     "override",
@@ -114,8 +114,52 @@ def select(op: str, workload: Mapping[str, Any] | Workload,
 
 
 def probe() -> DeviceFacts:
-    """DeviceFacts of this machine's current device (read once per device index)."""
+    """DeviceFacts of this machine's current device (read once per device index), enriched by
+    the plugins' ``kreg_enrich_facts`` hooks."""
     return get_registry().resolve_device(None)
+
+
+def profiles() -> dict[str, DeviceFacts]:
+    """``{name: DeviceFacts}`` of every device profile: the shipped ones
+    (``registry/profiles/*.toml``), the plugins' (hook ``kreg_profiles``) and those of the
+    ``KREG_PROFILES`` directories, enriched by ``kreg_enrich_facts``. ``kreg profiles`` shows
+    where each comes from; ``select(..., device=NAME)`` takes the name (or a profile file's
+    path)."""
+    return get_registry().profiles()
+
+
+def load_custom_ops(ops: list[str] | None = None) -> dict[str, str]:
+    """Register ``torch.ops.<namespace>.<op>`` for every loaded op whose ``OpSpec.custom_op``
+    names a module (or for ``ops``), by importing that module; returns ``{op: module}``.
+
+    Call it once at start-up, before ``torch.compile`` traces code that calls the custom ops
+    (kreg never imports these modules itself: dispatch and selection stay free of
+    ``torch.library``). Importing a module twice is harmless. Raises
+    :class:`~registry.errors.KernelUnavailableError` naming the op, its plugin and the module
+    when one cannot be imported, and :class:`~registry.errors.UnknownOpError` for an unknown
+    op in ``ops``.
+    """
+    import importlib
+
+    reg = get_registry()
+    names = sorted(reg.ops) if ops is None else list(ops)
+    out: dict[str, str] = {}
+    for name in names:
+        module = reg.spec(name).custom_op
+        if not module:
+            if ops is not None:
+                raise errors.KernelUnavailableError(
+                    f"op {name!r} (plugin {reg.op_plugins.get(name, '?')!r}) has no custom op: "
+                    f"its OpSpec.custom_op names no module")
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise errors.KernelUnavailableError(
+                f"op {name!r} (plugin {reg.op_plugins.get(name, '?')!r}): cannot import its "
+                f"OpSpec.custom_op module {module!r}: {type(exc).__name__}: {exc}") from exc
+        out[name] = module
+    return out
 
 
 @contextmanager

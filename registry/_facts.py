@@ -1,8 +1,15 @@
 """Device facts: what a kernel's eligibility depends on, probed once or taken from a profile.
 
 Selection never probes: it receives a :class:`DeviceFacts`. :func:`probe` reads this machine
-once per device index (without synchronizing the device) and :func:`profiles` returns the shipped
-profiles of devices nobody here has, so every policy can be explained and tested anywhere.
+once per device index (without synchronizing the device); a *profile* describes a device nobody
+here has, so every policy can be explained and tested anywhere.
+
+Profiles are data: one file per device, TOML or JSON, holding DeviceFacts' fields by name (the
+JSON of ``DeviceFacts.model_dump(mode="json")`` is a valid profile file; so is the TOML of
+:meth:`DeviceFacts.to_toml`). The shipped ones are ``registry/profiles/*.toml``; the registry adds
+those of ``KREG_PROFILES`` directories and of plugins' ``kreg_profiles`` hooks
+(``Registry.profiles``). A profile's name is its ``profile`` field, else the file's name without
+the suffix. docs/PLUGINS.md ("Device profiles") documents the schema.
 """
 
 from __future__ import annotations
@@ -10,18 +17,32 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
+import re
 import threading
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry.errors import ConfigError
+from registry.versions import parse_version
 
-__all__ = ["DeviceFacts", "probe", "probe_index", "profiles"]
+__all__ = ["PROFILE_SUFFIXES", "DeviceFacts", "load_profile", "looks_like_path", "probe",
+           "probe_index", "profiles", "profiles_in"]
 
 Vendor = Literal["nvidia", "amd", "cpu"]
+
+#: The suffixes of profile files.
+PROFILE_SUFFIXES = (".toml", ".json")
+
+_VERSION_FIELDS = ("torch_version", "triton_version", "runtime_version")
+_CAPABILITY = re.compile(r"^\s*[(\[]?\s*(\d+)\s*[.,]\s*(\d+)\s*[)\]]?\s*$")
+_FIX = ("a profile holds DeviceFacts fields by name (docs/PLUGINS.md, \"Device profiles\"); "
+        "`kreg profiles h200 --toml` prints one to start from")
 
 
 class DeviceFacts(BaseModel):
@@ -32,7 +53,8 @@ class DeviceFacts(BaseModel):
     vendor: Vendor
     name: str
     arch: str = Field(description="sm_90, sm_120, gfx950, ... or cpu")
-    compute_capability: tuple[int, int] | None = None
+    compute_capability: tuple[int, int] | None = Field(
+        default=None, description="(major, minor); in a profile or --set also \"10.0\"")
     sm_count: int = Field(ge=0, description="multiprocessors (SMs on NVIDIA, CUs on AMD)")
     memory_bytes: int = Field(ge=0)
     torch_version: str | None = None
@@ -41,6 +63,31 @@ class DeviceFacts(BaseModel):
     profile: str | None = Field(default=None, description="the profile these facts came from")
     extra: dict[str, str] = Field(default_factory=dict,
                                   description="facts added by vendor plugins and the probe")
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _parse_capability(cls, value: Any) -> Any:
+        """``"10.0"``, ``"10,0"``, ``"(10, 0)"`` or ``[10, 0]``: the spellings a profile file
+        or ``--set`` may use."""
+        if isinstance(value, str):
+            if value.strip().lower() in ("", "none", "null"):
+                return None
+            m = _CAPABILITY.match(value)
+            if m is None:
+                raise ValueError("expected MAJOR.MINOR such as 10.0 (or 10,0 or [10, 0])")
+            return (int(m.group(1)), int(m.group(2)))
+        return value
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _extra_strings(cls, value: Any) -> Any:
+        """Extra facts are strings; numbers and booleans (a TOML ``8`` or ``true``) are
+        converted (``"8"``, ``"true"``)."""
+        if isinstance(value, dict):
+            return {k: (str(v).lower() if isinstance(v, bool) else
+                        str(v) if isinstance(v, (int, float)) else v)
+                    for k, v in value.items()}
+        return value
 
     def __hash__(self) -> int:
         return hash(self.fingerprint)
@@ -84,71 +131,240 @@ class DeviceFacts(BaseModel):
         try:
             return DeviceFacts.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})"
-                                 for e in exc.errors())
-            raise ConfigError(f"invalid device facts: {problems}") from None
+            raise ConfigError(f"invalid device facts: {_problems(exc)}") from None
+
+    def with_settings(self, settings: Iterable[str]) -> DeviceFacts:
+        """A copy with ``FIELD=VALUE`` settings applied (the spelling of ``kreg explain --set``).
+
+        Every field can be set: ``sm_count=148``, ``compute_capability=10.0`` (also ``10,0``
+        or ``(10, 0)``), ``triton_version=3.7.1`` (a version must parse), ``name=NVIDIA B200``,
+        ``none`` for an optional field, ``extra.KEY=VALUE`` for one extra fact (kept as a
+        string), ``extra=`` to drop every extra fact, ``profile=NAME`` to name the result.
+        Unless ``profile`` is set, the result's profile says what changed
+        (``"h200 with compute_capability=10.0"``), so an explain of it never reads as the
+        unchanged profile. Raises ConfigError naming an unknown field, a field set twice or a
+        value that does not parse.
+        """
+        items = [s for s in settings if s.strip()]
+        if not items:
+            return self
+        changes: dict[str, Any] = {}
+        extra = dict(self.extra)
+        seen: dict[str, str] = {}
+        known = list(type(self).model_fields)
+        for item in items:
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise ConfigError(f"--set {item!r} is not FIELD=VALUE (e.g. "
+                                  f"compute_capability=10.0 or extra.KEY=VALUE)")
+            if key in seen:
+                raise ConfigError(f"--set {key} is given twice ({seen[key]!r} and {value!r}); "
+                                  f"set each field once")
+            seen[key] = value
+            if key.startswith("extra."):
+                name = key[len("extra."):]
+                if not name:
+                    raise ConfigError(f"--set {item!r}: name the extra fact, extra.KEY=VALUE")
+                extra[name] = value
+            elif key == "extra":
+                if value:
+                    raise ConfigError(f"--set {item!r}: set one extra fact with "
+                                      f"extra.KEY=VALUE, or drop them all with extra=")
+                extra = {}
+            elif key not in known:
+                raise ConfigError(f"--set {key}: DeviceFacts has no field {key!r}; known fields: "
+                                  f"{', '.join(known)} (and extra.KEY)")
+            else:
+                changes[key] = None if value.lower() in ("none", "null") else value
+        if extra != self.extra:
+            changes["extra"] = extra
+        data = self.model_dump()
+        data.update(changes)
+        try:
+            out = DeviceFacts.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(f"--set: {_problems(exc)}") from None
+        bad = _bad_versions(out, [k for k in changes if k in _VERSION_FIELDS])
+        if bad:
+            raise ConfigError(f"--set: {bad}")
+        if "profile" in changes:
+            return out
+        shown = []
+        for key in seen:
+            now: Any = out.extra.get(key[6:]) if key.startswith("extra.") else (
+                "" if key == "extra" else getattr(out, key))
+            if isinstance(now, tuple):
+                now = ".".join(map(str, now))
+            shown.append(f"{key}={'none' if now is None else now}")
+        return out.what_if(profile=f"{self.profile or 'this machine'} with {', '.join(shown)}")
+
+    def to_toml(self) -> str:
+        """These facts as a TOML profile file (``load_profile`` reads it back unchanged)."""
+        lines = []
+        for key, value in self.model_dump(mode="json").items():
+            if key == "extra" or value is None:
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+        if self.extra:
+            lines += ["", "[extra]"]
+            lines += [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in sorted(self.extra.items())]
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    # JSON strings, integers and arrays of integers are valid TOML.
+    return json.dumps(value)
+
+
+def _bad_versions(facts: DeviceFacts, fields: Iterable[str] = _VERSION_FIELDS) -> str:
+    """The version fields of ``facts`` that do not parse, in words ('' when all do). Checked
+    where facts are written as text (profile files, ``--set``): DeviceFacts built in code keep
+    any string, and requirements treat an unparsable version as failing."""
+    out = []
+    for name in fields:
+        value = getattr(facts, name)
+        if value is not None:
+            try:
+                parse_version(value)
+            except ValueError:
+                out.append(f"{name}: not a version: expected release numbers such as 3.7.1, or "
+                           f"none (got {value!r})")
+    return "; ".join(out)
+
+
+def _problems(exc: ValidationError) -> str:
+    out = []
+    for e in exc.errors():
+        where = ".".join(map(str, e["loc"])) or "(the file)"
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown field; known fields: {', '.join(DeviceFacts.model_fields)}"
+        elif e["type"] == "missing":
+            msg = "missing (required)"
+        got = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e['input']!r})"
+        out.append(f"{where}: {msg}{got}")
+    return "; ".join(out)
 
 
 # id(facts) -> (facts, fingerprint): pydantic's private attributes are slow to read on the
 # select hit path, so the digest is cached beside the object instead of inside it.
 _FINGERPRINTS: dict[int, tuple[DeviceFacts, str]] = {}
 
-_GB = 1024**3
 
-_PROFILE_DATA: dict[str, dict[str, Any]] = {
-    # Software versions: what each part typically runs today; change them with what_if().
-    "rtx-pro-6000-blackwell-server": dict(
-        vendor="nvidia", name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="sm_120",
-        compute_capability=(12, 0), sm_count=188, memory_bytes=96 * _GB,
-        torch_version="2.13.0+cu130", triton_version="3.7.1", runtime_version="13.0"),
-    "rtx-pro-6000-blackwell-workstation": dict(
-        vendor="nvidia", name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", arch="sm_120",
-        compute_capability=(12, 0), sm_count=188, memory_bytes=96 * _GB,
-        torch_version="2.13.0+cu130", triton_version="3.7.1", runtime_version="13.0"),
-    "rtx-5090": dict(
-        vendor="nvidia", name="NVIDIA GeForce RTX 5090", arch="sm_120",
-        compute_capability=(12, 0), sm_count=170, memory_bytes=32 * _GB,
-        torch_version="2.13.0+cu130", triton_version="3.7.1", runtime_version="13.0"),
-    "gb10": dict(
-        vendor="nvidia", name="NVIDIA GB10", arch="sm_121",
-        compute_capability=(12, 1), sm_count=48, memory_bytes=128 * _GB,
-        torch_version="2.13.0+cu130", triton_version="3.7.1", runtime_version="13.0"),
-    "h200": dict(
-        vendor="nvidia", name="NVIDIA H200", arch="sm_90",
-        compute_capability=(9, 0), sm_count=132, memory_bytes=143771 * 1024**2,
-        torch_version="2.11.0+cu130", triton_version="3.6.0", runtime_version="13.0"),
-    "h100": dict(
-        vendor="nvidia", name="NVIDIA H100 80GB HBM3", arch="sm_90",
-        compute_capability=(9, 0), sm_count=132, memory_bytes=80 * _GB,
-        torch_version="2.11.0+cu130", triton_version="3.6.0", runtime_version="13.0"),
-    "h20": dict(
-        vendor="nvidia", name="NVIDIA H20", arch="sm_90",
-        compute_capability=(9, 0), sm_count=78, memory_bytes=96 * _GB,
-        torch_version="2.11.0+cu130", triton_version="3.6.0", runtime_version="13.0"),
-    "l20": dict(
-        vendor="nvidia", name="NVIDIA L20", arch="sm_89",
-        compute_capability=(8, 9), sm_count=92, memory_bytes=48 * _GB,
-        torch_version="2.11.0+cu130", triton_version="3.6.0", runtime_version="13.0"),
-    "mi355x": dict(
-        vendor="amd", name="AMD Instinct MI355X", arch="gfx950",
-        compute_capability=(9, 5), sm_count=256, memory_bytes=288 * _GB,
-        torch_version="2.10.0+rocm7.2", triton_version="3.6.0", runtime_version="7.2"),
-    "mi300x": dict(
-        vendor="amd", name="AMD Instinct MI300X", arch="gfx942",
-        compute_capability=(9, 4), sm_count=304, memory_bytes=192 * _GB,
-        torch_version="2.10.0+rocm7.2", triton_version="3.6.0", runtime_version="7.2"),
-}
+# ---------------------------------------------------------------------------------------------
+# profile files
 
-_PROFILES: dict[str, DeviceFacts] | None = None
+
+class _Readable(Protocol):
+    """A file: a ``pathlib.Path`` or an ``importlib.resources`` Traversable."""
+
+    @property
+    def name(self) -> str: ...
+
+    def read_text(self, encoding: str | None = None) -> str: ...
+
+    def is_dir(self) -> bool: ...
+
+    def is_file(self) -> bool: ...
+
+    def iterdir(self) -> Iterator[Any]: ...
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether a ``--device`` value names a profile file rather than a profile: it contains a
+    path separator or ends in ``.toml`` / ``.json``."""
+    return "/" in text or os.sep in text or text.lower().endswith(PROFILE_SUFFIXES)
+
+
+def _parse(text: str, suffix: str) -> Any:
+    if suffix == ".json":
+        return json.loads(text)
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def load_profile(path: str | os.PathLike[str] | _Readable, *,
+                 where: str | None = None) -> DeviceFacts:
+    """The DeviceFacts of one profile file (``.toml`` or ``.json``), named by its ``profile``
+    field, else by the file's name without the suffix.
+
+    Raises ConfigError naming the file, the problem and the fix: a missing file, a suffix
+    other than .toml/.json, a syntax error, an unknown or missing field, a value that does not
+    validate.
+    """
+    file: Any = Path(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else path
+    shown = where or str(path)
+    suffix = Path(file.name).suffix.lower()
+    if suffix not in PROFILE_SUFFIXES:
+        raise ConfigError(f"profile file {shown}: a profile file ends in .toml or .json "
+                          f"(got {suffix or 'no suffix'!r}); {_FIX}")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no profile file {shown}: it does not exist; pass the path of a "
+                          f".toml or .json profile, or a profile name (`kreg profiles`)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"profile file {shown} cannot be read: {exc}") from None
+    try:
+        data = _parse(text, suffix)
+    except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError
+        raise ConfigError(f"profile file {shown} is not valid {suffix[1:].upper()}: {exc}; "
+                          f"{_FIX}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile file {shown}: expected a table of DeviceFacts fields, got "
+                          f"{type(data).__name__}; {_FIX}")
+    name = data.get("profile") or Path(file.name).stem
+    if not isinstance(name, str) or looks_like_path(name):
+        raise ConfigError(f"profile file {shown}: profile {name!r} is not a profile name (no "
+                          f"path separators, no .toml/.json suffix)")
+    try:
+        facts = DeviceFacts.model_validate({**data, "profile": name})
+    except ValidationError as exc:
+        raise ConfigError(f"profile file {shown}: {_problems(exc)}; {_FIX}") from None
+    bad = _bad_versions(facts)
+    if bad:
+        raise ConfigError(f"profile file {shown}: {bad}; {_FIX}")
+    return facts
+
+
+def profiles_in(path: str | os.PathLike[str] | _Readable, *,
+                where: str | None = None) -> list[tuple[DeviceFacts, str]]:
+    """``[(facts, file)]`` of a profile file, or of every ``.toml`` / ``.json`` file of a
+    directory (sorted by name; other files are ignored). Raises ConfigError for a path that
+    does not exist and for a bad file (naming it)."""
+    node: Any = Path(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else path
+    shown = where or str(path)
+    if node.is_dir():
+        files = sorted((f for f in node.iterdir()
+                        if f.is_file() and Path(f.name).suffix.lower() in PROFILE_SUFFIXES),
+                       key=lambda f: f.name)
+        return [(load_profile(f, where=f"{shown.rstrip('/')}/{f.name}"),
+                 f"{shown.rstrip('/')}/{f.name}") for f in files]
+    if not node.is_file():
+        raise ConfigError(f"no profile file or directory {shown}: it does not exist")
+    return [(load_profile(node, where=shown), shown)]
+
+
+_SHIPPED: dict[str, DeviceFacts] | None = None
 
 
 def profiles() -> dict[str, DeviceFacts]:
-    """``{name: DeviceFacts}`` of the shipped device profiles."""
-    global _PROFILES
-    if _PROFILES is None:
-        _PROFILES = {name: DeviceFacts(profile=name, **data)
-                     for name, data in _PROFILE_DATA.items()}
-    return dict(_PROFILES)
+    """``{name: DeviceFacts}`` of the profiles shipped with kreg (``registry/profiles/``).
+
+    ``registry.profiles()`` adds those of KREG_PROFILES and of plugins (``Registry.profiles``).
+    """
+    global _SHIPPED
+    if _SHIPPED is None:
+        from importlib.resources import files
+
+        folder = files("registry") / "profiles"
+        _SHIPPED = {f.profile: f for f, _ in profiles_in(folder, where="registry/profiles")
+                    if f.profile}
+    return dict(_SHIPPED)
 
 
 def _package_version(name: str) -> str | None:

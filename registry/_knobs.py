@@ -70,6 +70,10 @@ def _parse_lock_mode(name: str, raw: str) -> str:
     return mode
 
 
+def _parse_paths(name: str, raw: str) -> tuple[Path, ...]:
+    return tuple(Path(p.strip()).expanduser() for p in raw.split(os.pathsep) if p.strip())
+
+
 @dataclass(frozen=True)
 class Knob(Generic[T]):
     name: str
@@ -96,7 +100,8 @@ class _Knobs:
     strict_knob = Knob("KREG_STRICT", lambda: False, _parse_bool,
                        "Make override fallbacks and fallbacks to the torch reference errors.")
     plugins_knob = Knob("KREG_PLUGINS", lambda: None, _parse_list,
-                        "Allow-list of plugin names (comma separated); unset loads all.")
+                        "Allow-list of plugin names (comma separated); unset loads all. The "
+                        "op packages the listed plugins' implementations need load with them.")
     disable_knob = Knob("KREG_DISABLE_PLUGINS", lambda: None, _parse_list,
                         "Deny-list of plugin names (comma separated).")
     daemon_knob = Knob("KREG_DAEMON", lambda: None, lambda n, r: r.strip() or None,
@@ -111,6 +116,9 @@ class _Knobs:
     lock_mode_knob = Knob("KREG_LOCK_MODE", lambda: "verify", _parse_lock_mode,
                           "verify: log a decision that differs from KREG_LOCK (an error under "
                           "KREG_STRICT=1); pin: serve the locked one.")
+    profiles_knob = Knob("KREG_PROFILES", lambda: (), _parse_paths,
+                         "Directories (or files) of device profiles, separated like PATH; "
+                         "a profile here replaces a shipped or plugin one of the same name.")
 
     @property
     def home(self) -> Path:
@@ -148,10 +156,14 @@ class _Knobs:
     def lock_mode(self) -> str:
         return self.lock_mode_knob.get()
 
+    @property
+    def profiles(self) -> tuple[Path, ...]:
+        return self.profiles_knob.get()
+
     def all(self) -> list[Knob[Any]]:
         return [self.home_knob, self.strict_knob, self.plugins_knob, self.disable_knob,
                 self.daemon_knob, self.daemon_timeout_knob, self.check_knob, self.lock_knob,
-                self.lock_mode_knob]
+                self.lock_mode_knob, self.profiles_knob]
 
 
 knobs = _Knobs()

@@ -31,7 +31,14 @@ import pluggy
 
 from registry import hookspecs
 from registry._decision import Decision
-from registry._facts import DeviceFacts, probe_index, profiles
+from registry._facts import (
+    DeviceFacts,
+    load_profile,
+    looks_like_path,
+    probe_index,
+    profiles,
+    profiles_in,
+)
 from registry._format import format_config
 from registry._knobs import knobs, required_from_env, select_override_var
 from registry._select import OverrideRequest, parse_override, select_pure
@@ -66,15 +73,42 @@ DISPATCH_MAP_SIZE = 4096
 
 @dataclass
 class PluginRecord:
-    """What ``kreg plugins`` shows for one plugin."""
+    """What ``kreg plugins`` shows for one plugin.
+
+    ``errors`` keeps every error of the plugin (an import failure, each raising hook, each bad
+    item), once each; ``error`` joins them (None when there is none), and assigning to it adds
+    one. ``notes`` says why it loaded although KREG_PLUGINS leaves it out, or what of it was
+    skipped.
+    """
 
     name: str
     source: str  # "entry point backends.sparse_prefill" / "registered"
     loaded: bool
-    error: str | None = None
+    errors: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     implementations: list[str] = field(default_factory=list)
     skipped_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str | None:
+        return "; ".join(self.errors) if self.errors else None
+
+    @error.setter
+    def error(self, message: str | None) -> None:
+        if message is None:
+            self.errors.clear()
+        elif message not in self.errors:
+            self.errors.append(message)
+
+    @property
+    def failed(self) -> bool:
+        """An error, or not loaded for any reason but KREG_PLUGINS / KREG_DISABLE_PLUGINS."""
+        return bool(self.errors) or (not self.loaded and self.skipped_reason is None)
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
 
 
 class Registry:
@@ -87,6 +121,7 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginRecord] = {}
         self.ops: dict[str, OpSpec] = {}
+        self.op_plugins: dict[str, str] = {}  # op -> the plugin whose kreg_ops defines it
         self.call_keys: dict[str, Callable[..., tuple[Any, ...]]] = {}
         self.impls: dict[str, dict[str, Implementation]] = {}
         self.generation = 0
@@ -116,6 +151,15 @@ class Registry:
         # tests it once.
         self.observers: list[Callable[..., Any]] = []
         self._facts: dict[int, DeviceFacts] = {}
+        # Device profiles by name: (facts as written, source), built at first use after each
+        # invalidation from the shipped files, plugins' kreg_profiles and KREG_PROFILES; and
+        # the enriched facts of each one asked for.
+        self._profiles: dict[str, tuple[DeviceFacts, str]] | None = None
+        self._profile_facts: dict[str, DeviceFacts] = {}
+        self._env_profiles: tuple[Any, ...] = ()
+        # Entry points KREG_PLUGINS / KREG_DISABLE_PLUGINS left out, by name: an op package is
+        # named after its op, so the op packages a listed plugin needs can be loaded with it.
+        self._skipped_eps: dict[str, Any] = {}
         self._warned: set[tuple[Any, ...]] = set()
         self.listeners: list[Callable[[Decision], None]] = []
         # Where a miss asks first (the daemon client, attached by the composition root when
@@ -148,23 +192,48 @@ class Registry:
             self.plugins[ep.name] = rec
             if allow is not None and ep.name not in allow:
                 rec.skipped_reason = "not in KREG_PLUGINS"
+                self._skipped_eps[ep.name] = ep
                 continue
             if ep.name in deny:
                 rec.skipped_reason = "in KREG_DISABLE_PLUGINS"
+                self._skipped_eps[ep.name] = ep
                 continue
-            try:
-                obj = ep.load()
-            except Exception as exc:  # any import failure is isolated and named
-                rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-                logger.warning("%s", rec.error)
+            self._load_entry_point(ep, rec)
+
+    def _load_entry_point(self, ep: Any, rec: PluginRecord) -> None:
+        try:
+            obj = ep.load()
+        except Exception as exc:  # any import failure is isolated and named
+            rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+            logger.warning("%s", rec.errors[-1])
+            return
+        try:
+            self.pm.register(obj, name=ep.name)
+        except Exception as exc:
+            rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+            logger.warning("%s", rec.errors[-1])
+            return
+        rec.loaded = True
+
+    def _load_op_packages(self, wanted: dict[str, list[str]]) -> bool:
+        """KREG_PLUGINS lists policy plugins: load the op packages it left out that a listed
+        plugin's implementations need (``wanted``: op -> those plugins). An op package disabled
+        by KREG_DISABLE_PLUGINS stays off, and the implementations for its op are skipped with
+        a note. Returns whether one was loaded."""
+        loaded = False
+        for op, users in wanted.items():
+            rec = self.plugins[op]
+            if rec.skipped_reason == "not in KREG_PLUGINS" and op in self._skipped_eps:
+                rec.skipped_reason = None
+                rec.note(f"not in KREG_PLUGINS: loaded because it defines op {op!r}, which "
+                         f"plugin {users[0]!r} implements")
+                self._load_entry_point(self._skipped_eps.pop(op), rec)
+                loaded = loaded or rec.loaded
                 continue
-            try:
-                self.pm.register(obj, name=ep.name)
-            except Exception as exc:
-                rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-                logger.warning("%s", rec.error)
-                continue
-            rec.loaded = True
+            for user in users:
+                self.plugins[user].note(f"its implementations of op {op!r} are skipped: the op's "
+                                        f"package {op!r} is {rec.skipped_reason or 'not loaded'}")
+        return loaded
 
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a plugin object (a module or any object with hookimpls) at run time."""
@@ -194,9 +263,11 @@ class Registry:
                 result = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except Exception as exc:
                 rec = self.plugins.setdefault(name, PluginRecord(name, "registered", True))
-                rec.error = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
+                message = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
+                if message not in rec.errors:  # each error once (rec.errors keeps them all)
+                    logger.warning("%s", message)
+                rec.error = message
                 rec.loaded = False
-                logger.warning("%s", rec.error)
                 continue
             if result is not None:
                 yield name, result
@@ -222,11 +293,21 @@ class Registry:
                 self.plugins[name].ops.append(spec.name)
         impls: dict[str, dict[str, Implementation]] = {op: {} for op in ops}
         owner: dict[str, str] = {}
+        wanted: dict[str, list[str]] = {}  # op -> the plugins needing its left-out package
         for name, found in self._call_each("kreg_implementations", ops=dict(ops)):
             for impl in self._items(name, "kreg_implementations", found, Implementation):
                 if impl.op not in ops:
+                    if impl.op in self._skipped_eps or (impl.op in self.plugins
+                                                        and self.plugins[impl.op].skipped_reason):
+                        users = wanted.setdefault(impl.op, [])
+                        if name not in users:
+                            users.append(name)
+                        continue
+                    add = ("; KREG_PLUGINS lists policy plugins: add the plugin that defines "
+                           f"op {impl.op!r} to it" if knobs.plugins is not None else "")
                     self._fail(name, f"implementation {impl.name!r} is for op {impl.op!r}, which "
-                                     f"no loaded plugin defines (loaded ops: {', '.join(ops)})")
+                                     f"no loaded plugin defines (loaded ops: {', '.join(ops)})"
+                                     f"{add}")
                     continue
                 if impl.name in owner:
                     self._fail(name, f"implementation {impl.name!r} is already registered by "
@@ -237,8 +318,14 @@ class Registry:
                 impls[impl.op][impl.name] = impl
                 owner[impl.name] = name
                 self.plugins[name].implementations.append(impl.name)
-        self.ops, self.impls = ops, impls
+        if wanted and self._load_op_packages(wanted):
+            return self._rebuild()
+        self.ops, self.impls, self.op_plugins = ops, impls, op_owner
         self.call_keys = {name: spec.call_key for name, spec in ops.items()}
+        for op in ops:
+            problem = self._reference_problem(op)
+            if problem is not None and problem[1]:
+                self._fail(op_owner[op], problem[0])
         self._facts.clear()
         self.invalidate()
 
@@ -260,8 +347,9 @@ class Registry:
 
     def _fail(self, plugin: str, message: str) -> None:
         rec = self.plugins.setdefault(plugin, PluginRecord(plugin, "registered", True))
-        rec.error = message if rec.error is None else rec.error + "; " + message
-        logger.warning("plugin %r: %s", plugin, message)
+        if message not in rec.errors:
+            rec.errors.append(message)
+            logger.warning("plugin %r: %s", plugin, message)
 
     def plugin_fingerprint(self) -> str:
         import hashlib
@@ -284,6 +372,8 @@ class Registry:
             self._env_strict = knobs.strict
             self._env_required = {op: required_from_env(op) for op in self.ops}
             self._override_now = {op: self._selection_setting(op) for op in self.ops}
+            self._env_profiles, self._profiles = knobs.profiles, None
+            self._profile_facts.clear()
             self._lru.cache_clear()
             self._decisions.clear()
             self.dispatch_map.clear()
@@ -317,16 +407,44 @@ class Registry:
 
     def reference_kernel(self, op: str) -> Callable[..., Any]:
         """The kernel of ``op``'s reference implementation (``OpSpec.reference``); raises
-        KernelUnavailableError naming the implementation when it is not loaded."""
+        KernelUnavailableError naming the op's plugin, the rule and the fix when it is not
+        loaded."""
         spec = self.spec(op)
         impl = self.impls.get(op, {}).get(spec.reference)
         if impl is None:
-            raise KernelUnavailableError(
-                f"{op}'s reference implementation {spec.reference!r} is not loaded (known: "
-                f"{', '.join(sorted(self.impls.get(op, {}))) or '(none)'}); OpSpec.reference must "
-                f"name an implementation ('plugin.impl') that a loaded plugin registers, and "
-                f"the reference plugin must not be disabled")
+            problem = self._reference_problem(op)
+            raise KernelUnavailableError(problem[0] if problem else
+                                         f"{op}'s reference implementation is not loaded")
         return impl.load_kernel()
+
+    def _reference_problem(self, op: str) -> tuple[str, bool] | None:
+        """Why ``op``'s ``OpSpec.reference`` names no loaded implementation, and whether that is
+        an error of the plugin defining the op (True) or of this installation's settings."""
+        ref, known = self.ops[op].reference, self.impls.get(op, {})
+        if not ref or ref in known:
+            return None
+        owner = self.op_plugins.get(op, "?")
+        head = f"op {op!r} (plugin {owner!r}): OpSpec.reference={ref!r}"
+        rule = ("OpSpec.reference must name an implementation ('<plugin>.<impl>') that a "
+                "kreg_implementations hook registers for the op, not a 'module:function'")
+        if ":" in ref or "." not in ref:
+            return (f"{head} is not an implementation name; {rule}: register "
+                    f"Implementation(op={op!r}, name='{owner}.reference', kernel="
+                    f"{ref if ':' in ref else 'module:function'!r}, configurable=False, "
+                    f"fallback=True) and set reference='{owner}.reference'", True)
+        plugin = ref.split(".", 1)[0]
+        rec = self.plugins.get(plugin)
+        if rec is not None and rec.skipped_reason:
+            fix = ("add it to KREG_PLUGINS" if rec.skipped_reason == "not in KREG_PLUGINS"
+                   else "remove it from KREG_DISABLE_PLUGINS")
+            return (f"{head} is not loaded: plugin {plugin!r} is {rec.skipped_reason}; {fix} "
+                    f"(check mode, the conformance kit and kreg tune compare with it)", False)
+        if rec is not None and rec.failed:
+            return (f"{head} is not loaded: plugin {plugin!r} failed ({rec.error}); fix that "
+                    f"plugin", False)
+        where = (f"plugin {plugin!r} registers {', '.join(rec.implementations) or 'nothing'}"
+                 if rec is not None else f"no plugin named {plugin!r} is installed")
+        return (f"{head} names no registered implementation ({where}); {rule}", True)
 
     def offered_configs(self, op: str) -> dict[str, dict[str, Any]]:
         """The named configs plugins offer for ``op`` (hook ``kreg_configs``), keyed
@@ -391,32 +509,119 @@ class Registry:
     def facts_for_index(self, index: int) -> DeviceFacts:
         facts = self._facts.get(index)
         if facts is None:
-            facts = probe_index(index)
-            extra: dict[str, str] = {}
-            for _, more in self._call_each("kreg_enrich_facts", facts=facts):
-                extra.update({str(k): str(v) for k, v in dict(more).items()})
-            if extra:
-                facts = facts.what_if(extra={**facts.extra, **extra})
+            facts = self.enrich(probe_index(index))
             self._facts[index] = facts
         return facts
 
-    def resolve_device(self, device: DeviceFacts | str | None) -> DeviceFacts:
+    def enrich(self, facts: DeviceFacts) -> DeviceFacts:
+        """``facts`` with every plugin's ``kreg_enrich_facts`` merged into ``extra``, in
+        registration order; keys ``facts.extra`` already has are kept. A raising hook (or one
+        returning something other than a mapping) fails its plugin only."""
+        extra: dict[str, str] = {}
+        for plugin, more in self._call_each("kreg_enrich_facts", facts=facts):
+            if not isinstance(more, Mapping):
+                self._fail(plugin, f"hook kreg_enrich_facts returned {type(more).__name__}; it "
+                                   f"must return a mapping of str -> str, or None")
+                continue
+            extra.update({str(k): str(v) for k, v in more.items()})
+        added = {k: v for k, v in extra.items() if k not in facts.extra}
+        return facts.what_if(extra={**facts.extra, **added}) if added else facts
+
+    # -----------------------------------------------------------------------------------------
+    # device profiles
+
+    def _profile_table(self) -> dict[str, tuple[DeviceFacts, str]]:
+        """``{name: (facts, source)}``: the shipped profiles, then plugins' (``kreg_profiles``,
+        registration order; a name taken fails the later plugin), then KREG_PROFILES entries
+        (the first entry holding a name wins; it replaces a shipped or plugin profile)."""
+        table = self._profiles
+        if table is not None:
+            return table
+        with self._lock:
+            table = {name: (facts, "shipped") for name, facts in profiles().items()}
+            for plugin, items in self._call_each("kreg_profiles"):
+                for facts, where in self._plugin_profiles(plugin, items):
+                    name = facts.profile or ""
+                    if name in table:
+                        self._fail(plugin, f"hook kreg_profiles: profile {name!r} ({where}) is "
+                                           f"already {table[name][1]}; rename it")
+                        continue
+                    table[name] = (facts, f"plugin {plugin}")
+            from_env: set[str] = set()
+            for entry in self._env_profiles:
+                for facts, where in profiles_in(entry):  # a bad file is an error, named
+                    name = facts.profile or ""
+                    if name not in from_env:
+                        from_env.add(name)
+                        table[name] = (facts, f"file {where}")
+            self._profiles = table
+        return table
+
+    def _plugin_profiles(self, plugin: str, items: Any) -> list[tuple[DeviceFacts, str]]:
+        if isinstance(items, (str, bytes, DeviceFacts)) or not hasattr(items, "__iter__"):
+            items = [items]
+        out: list[tuple[DeviceFacts, str]] = []
+        for item in items:
+            if isinstance(item, DeviceFacts):
+                if not item.profile or looks_like_path(item.profile):
+                    self._fail(plugin, f"hook kreg_profiles returned DeviceFacts of "
+                                       f"{item.name!r} without a profile name (set profile=)")
+                    continue
+                out.append((item, "DeviceFacts"))
+                continue
+            if not (isinstance(item, (str, os.PathLike)) or hasattr(item, "read_text")):
+                self._fail(plugin, f"hook kreg_profiles returned {type(item).__name__} "
+                                   f"{item!r:.60}; each item must be DeviceFacts or the path of "
+                                   f"a profile file or directory")
+                continue
+            try:
+                out.extend(profiles_in(item))
+            except ConfigError as exc:
+                self._fail(plugin, f"hook kreg_profiles: {exc}")
+        return out
+
+    def profiles(self) -> dict[str, DeviceFacts]:
+        """Every device profile by name: shipped, plugins' and KREG_PROFILES', each enriched by
+        the ``kreg_enrich_facts`` hooks (what ``select(..., device=NAME)`` sees)."""
+        return {name: self._profile(name) for name in self._profile_table()}
+
+    def profile_sources(self) -> dict[str, str]:
+        """``{name: "shipped" | "plugin NAME" | "file PATH"}`` of every device profile."""
+        return {name: source for name, (_, source) in self._profile_table().items()}
+
+    def _profile(self, name: str) -> DeviceFacts:
+        facts = self._profile_facts.get(name)
+        if facts is None:
+            facts = self._profile_facts[name] = self.enrich(self._profile_table()[name][0])
+        return facts
+
+    def resolve_device(self, device: DeviceFacts | str | os.PathLike[str] | None, *,
+                       enrich: bool = True) -> DeviceFacts:
+        """DeviceFacts as given; a profile name (shipped, a plugin's or KREG_PROFILES'); the
+        path of a profile file (``.toml`` / ``.json``: a string with a path separator or that
+        suffix, or a PathLike); None for this machine's current device. Profiles and this
+        machine come enriched by ``kreg_enrich_facts`` unless ``enrich=False``."""
         if isinstance(device, DeviceFacts):
             return device
         if device is None:
             import torch
 
             index = torch.cuda.current_device() if torch.cuda.is_available() else -1
-            return self.facts_for_index(index)
+            return self.facts_for_index(index) if enrich else probe_index(index)
+        if isinstance(device, os.PathLike) or (isinstance(device, str)
+                                               and looks_like_path(device)):
+            facts = load_profile(device)
+            return self.enrich(facts) if enrich else facts
         if isinstance(device, str):
-            prof = profiles()
-            if device in prof:
-                return prof[device]
+            table = self._profile_table()
+            if device in table:
+                return self._profile(device) if enrich else table[device][0]
             raise UnknownDeviceError(f"unknown device profile {device!r}; known profiles: "
-                                     f"{', '.join(sorted(prof))} (or pass DeviceFacts, or None "
-                                     f"for this machine)")
-        raise ConfigError(f"device must be DeviceFacts, a profile name or None, not "
-                          f"{type(device).__name__}")
+                                     f"{', '.join(sorted(table))} (see `kreg profiles`), or the "
+                                     f"path of a .toml/.json profile file, or DeviceFacts, or "
+                                     f"None for this machine")
+        raise ConfigError(f"device must be DeviceFacts, a profile name, a profile file or None, "
+                          f"not {type(device).__name__}")
 
     # -----------------------------------------------------------------------------------------
     # selection

@@ -169,7 +169,17 @@ class Implementation:
     ``name`` is ``plugin.impl``. ``kernel`` is ``'module:function'`` (imported at first dispatch,
     so selection imports neither torch nor Triton) or a callable, or None while the kernel does not
     exist yet (dispatch then raises :class:`KernelUnavailableError`). When ``configurable``, the
-    kernel is called as ``kernel(*args, config=config, **kwargs)``.
+    kernel is called as ``kernel(*args, config=config, **kwargs)``. A kernel that cannot run on
+    this machine (an engine without an interpreter, a GPU it does not support) raises
+    KernelUnavailableError: the conformance kit reports that as not runnable here.
+
+    For the conformance kit (registry/testing.py): ``conformance_profiles`` names the device
+    profiles (names or profile files) the kit judges this implementation on besides this
+    machine, where its capability requirements hold (``nvidia_sm120``: the RTX PRO 6000 Server
+    profile), so its configs execute here under the Triton interpreter;
+    ``conformance_cases`` (``"module"`` with ``CASES`` and optionally ``DTYPES``, or
+    ``"module:ATTR"`` naming a tuple of cases) adds cases fitted to its capability (the seed's
+    top-k 2051 and head dim 256) to the op's own.
     """
 
     op: str
@@ -188,6 +198,8 @@ class Implementation:
     # (a policy whose best config at some points is not batch-invariant designates the best one
     # that is), or None: ``config`` serves then too.
     invariant_config: ConfigResolver | None = None
+    conformance_profiles: tuple[str, ...] = ()
+    conformance_cases: str = ""
     _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

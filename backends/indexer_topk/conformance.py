@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CASES", "DTYPES", "Case"]
+__all__ = ["CASES", "DTYPES", "FILLS", "Case", "topk_call"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -114,6 +114,22 @@ def _negative(g: Any, shape: Any, dtype: Any) -> Any:
 def _edges(rows: int, keys: int, k: int) -> list[int]:
     want = [0, 1, k - 1, k, k + 1, keys]
     return [want[i % len(want)] for i in range(rows)]
+
+
+#: The score patterns of the cases, for a plugin's own cases (:func:`topk_call`).
+FILLS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "randn": _randn, "ties": _ties, "zeros": _zeros, "nan_inf": _nan_inf,
+    "low_mantissa": _low_mantissa, "negative": _negative}
+
+
+def topk_call(rows: int, keys: int, k: int, fill: str = "randn",
+              lengths: Callable[[int, int, int], list[int]] | None = None
+              ) -> Callable[[Any, Any, int], Call]:
+    """``make(device, dtype, seed)`` of a case for a plugin's own cases
+    (``Implementation.conformance_cases``) at the shapes its capability allows: ``rows`` rows of
+    ``keys`` scores in the pattern ``fill`` (a key of :data:`FILLS`), top-``k``,
+    ``lengths(rows, keys, k)`` valid keys per row (None: all)."""
+    return _case(rows, keys, k, FILLS[fill], lengths)
 
 
 K = 16

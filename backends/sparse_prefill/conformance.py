@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CASES", "DTYPES", "Case"]
+__all__ = ["CASES", "DTYPES", "Case", "chunk_call", "prefill_call"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -108,9 +108,10 @@ def _empty(idx: Any, g: Any) -> None:
 
 def _chunk(*, q_rows: tuple[int, ...], prefixes: tuple[int, ...], page_size: int,
            group: int = 6, hkv: int = 1, d: int = 64, topk: int = 24, unmapped: int = 0,
-           lengths: bool = True) -> Callable[[Any, Any, int], Call]:
+           lengths: bool | Callable[[int, int], Any] = True) -> Callable[[Any, Any, int], Call]:
     """A ``kind="chunk"`` case: requests of ``q_rows`` new rows after ``prefixes`` cached
-    tokens, pages scattered through the cache, ``unmapped`` trailing logical pages set to -1."""
+    tokens, pages scattered through the cache, ``unmapped`` trailing logical pages set to -1;
+    ``lengths``: random per row (True), none (False), or ``lengths(topk, total_q)``."""
 
     def make(device: Any, dtype: Any, seed: int) -> Call:
         import torch
@@ -144,7 +145,9 @@ def _chunk(*, q_rows: tuple[int, ...], prefixes: tuple[int, ...], page_size: int
             "kind": "chunk", "cu_seqlens_q": _i32(cu, device),
             "prefix_lens": _i32(prefixes, device),
             "page_table": _i32(pt, device), "page_size": page_size, "max_q": max(q_rows)}
-        if lengths:
+        if callable(lengths):
+            kwargs["lengths"] = _i32(lengths(topk, total_q), device)
+        elif lengths:
             lens = torch.randint(0, topk + 1, (total_q,), generator=g)
             lens[0] = topk
             kwargs["lengths"] = _i32(lens, device)
@@ -217,6 +220,26 @@ def _strided(base: Callable[[Any, Any, int], Call]) -> Callable[[Any, Any, int],
                      for n, t in kwargs.items()}
 
     return make
+def prefill_call(*, total_q: int = 8, group: int = 6, hkv: int = 1, d: int = 64, topk: int = 32,
+                 num_slots: int = 48, lengths: Callable[[int, int], Any] | None = None,
+                 scale: float = 1.0, sm_scale: float | None = None
+                 ) -> Callable[[Any, Any, int], Call]:
+    """``make(device, dtype, seed)`` of a ``kind="prefill"`` case, for a plugin's own cases
+    (``Implementation.conformance_cases``) at the shapes its capability allows: ``total_q``
+    rows of ``group * hkv`` heads of ``d``, ``topk`` random slots of ``num_slots`` per row,
+    ``lengths(topk, total_q)`` valid leading entries per row (None: all ``topk``)."""
+    return _prefill(total_q=total_q, group=group, hkv=hkv, d=d, topk=topk, num_slots=num_slots,
+                    lengths=lengths, scale=scale, sm_scale=sm_scale)
+
+
+def chunk_call(*, q_rows: tuple[int, ...], prefixes: tuple[int, ...], page_size: int,
+               group: int = 6, hkv: int = 1, d: int = 64, topk: int = 24, unmapped: int = 0,
+               lengths: bool | Callable[[int, int], Any] = True
+               ) -> Callable[[Any, Any, int], Call]:
+    """``make(device, dtype, seed)`` of a ``kind="chunk"`` case (see :func:`prefill_call`):
+    requests of ``q_rows`` rows after ``prefixes`` cached tokens in pages of ``page_size``."""
+    return _chunk(q_rows=q_rows, prefixes=prefixes, page_size=page_size, group=group, hkv=hkv,
+                  d=d, topk=topk, unmapped=unmapped, lengths=lengths)
 
 
 def _ragged_lengths(topk: int, total_q: int) -> list[int]:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from registry.errors import ConfigError
+from registry.errors import ConfigError, KernelUnavailableError
 
 __all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_gluon"]
 
@@ -373,27 +373,31 @@ if _IMPORT_ERROR is None:
 
 
 def check_gluon(q: Any, engine: str = "gluon") -> None:
-    """Raise :class:`ConfigError` naming the fix when ``ENGINE=engine`` ("gluon" or
-    "gluon_wgmma") cannot run this call."""
+    """Raise an error naming the fix when ``ENGINE=engine`` ("gluon" or "gluon_wgmma") cannot
+    run this call: :class:`KernelUnavailableError` when this machine cannot run it (no Gluon,
+    the interpreter, not an NVIDIA GPU, a capability it lacks; the conformance kit reports that
+    as not runnable here), :class:`ConfigError` when the call's inputs do not fit it."""
     import torch
 
     fix = "use ENGINE='triton' (the default)"
     e = f"ENGINE={engine!r}"
     if _IMPORT_ERROR is not None:
-        raise ConfigError(f"{e} needs Triton's Gluon (Triton >= 3.6), which does not import "
-                          f"here ({_IMPORT_ERROR}): {fix}")
+        raise KernelUnavailableError(f"{e} needs Triton's Gluon (Triton >= 3.6), which does "
+                                     f"not import here ({_IMPORT_ERROR}): {fix}")
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise ConfigError(f"{e} does not run under TRITON_INTERPRET=1 (Gluon has no "
-                          f"interpreter): {fix}")
+        raise KernelUnavailableError(f"{e} does not run under TRITON_INTERPRET=1 (Gluon has no "
+                                     f"interpreter): {fix}")
     if q.device.type != "cuda" or getattr(torch.version, "hip", None):
-        raise ConfigError(f"{e} runs on NVIDIA GPUs only (got a {q.device.type} tensor): {fix}")
+        raise KernelUnavailableError(f"{e} runs on NVIDIA GPUs only (got a {q.device.type} "
+                                     f"tensor): {fix}")
     cap = torch.cuda.get_device_capability(q.device)
     if engine == "gluon_wgmma" and cap != (9, 0):
-        raise ConfigError(f"{e} needs compute capability 9.0 (Hopper's wgmma); this GPU is "
-                          f"{cap[0]}.{cap[1]}: use ENGINE='gluon' (sm_80+) or ENGINE='triton'")
+        raise KernelUnavailableError(f"{e} needs compute capability 9.0 (Hopper's wgmma); "
+                                     f"this GPU is {cap[0]}.{cap[1]}: use ENGINE='gluon' "
+                                     f"(sm_80+) or ENGINE='triton'")
     if cap < (8, 0):
-        raise ConfigError(f"{e} needs compute capability >= 8.0 (mma_v2, cp.async); this GPU "
-                          f"is {cap[0]}.{cap[1]}: {fix}")
+        raise KernelUnavailableError(f"{e} needs compute capability >= 8.0 (mma_v2, "
+                                     f"cp.async); this GPU is {cap[0]}.{cap[1]}: {fix}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ConfigError(f"{e} takes float16 or bfloat16 inputs (got {q.dtype}): {fix}")
     dims = (WGMMA_HEAD_DIM,) if engine == "gluon_wgmma" else GLUON_HEAD_DIMS

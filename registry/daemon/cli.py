@@ -230,11 +230,13 @@ def show_live(op: str | None = None, pid: int | None = None, as_json: bool = Fal
         click.echo(f"no recent decisions (from the {source})")
         return
     click.echo(f"recent decisions (from the {source}), oldest first:")
+    # The workload tells two decisions of one op apart.
     rows = [(str(r.get("pid")), _time(r.get("t")), str(r.get("op")),
              str(r.get("implementation")), format_config(r.get("config")),
+             str(r.get("workload") or "-"),
              ("shared " if r.get("hit") else "new    ") + str(r.get("reason", "")))
             for r in records]
-    head = ("pid", "time", "op", "implementation", "config", "reason")
+    head = ("pid", "time", "op", "implementation", "config", "workload", "reason")
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head[:-1])]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
     click.echo(fmt.format(*head))

@@ -1,32 +1,20 @@
-"""A real third-party plugin end to end: pip install, kreg plugins, explain, conformance, uninstall.
+"""A real third-party plugin end to end: pip install, kreg plugins, explain, its own op through
+``kreg bench``, ``kreg tune``, ``torch.ops`` and the conformance kit, its device profile, and
+uninstall.
 
 ``examples/acme-plugin`` (distribution ``acme-kreg``, package ``acme_kreg``, entry point ``acme``)
 and its deliberately broken copy ``examples/acme-plugin-broken`` (``acme_broken``, a kernel that
-drops each row's last valid index) are built with hatchling and pip-installed, then exercised
-in subprocesses exactly as a user would.
-
-They are installed into a throwaway *overlay* environment: a venv whose ``.pth`` file adds the
-running venv's site-packages (kreg's editable install, torch, pytest, hatchling). Installing into
-the running venv itself would make the plugin visible, for a minute, to every other test process
-that shares it (their ``kreg plugins`` output and selections would change under them). pip
-installs and uninstalls in the overlay exactly as it would in the venv.
+drops each row's last valid index) are built with hatchling and pip-installed into the
+``overlay`` environment (tests/integration/plugin_env.py), then exercised in subprocesses exactly
+as a user would.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
-import site
-import subprocess
-import sysconfig
-import venv
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-import registry
+from plugin_env import Overlay
 
 REPO = Path(__file__).resolve().parents[2]
 ACME = REPO / "examples" / "acme-plugin"
@@ -38,83 +26,18 @@ L20_SMALL = ["-w", "kind=prefill,topk=2048,head_dim=128,group_size=8,num_kv_head
              "-w", "total_q=512,num_requests=1,max_q=512,dtype=bfloat16"]
 
 
-class Overlay:
-    def __init__(self, root: Path, home: Path) -> None:
-        self.root = root
-        self.python = str(root / "bin" / "python")
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("KREG_") and k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
-        self.env.update({"KREG_HOME": str(home), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                         "PIP_NO_INPUT": "1", "PYTHONDONTWRITEBYTECODE": "1"})
-        if not _has_gpu():
-            self.env["TRITON_INTERPRET"] = "1"
-
-    def run(self, *args: str, cwd: Path | None = None, timeout: float = 120
-            ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.python, *args], env=self.env, cwd=cwd, text=True,
-                              capture_output=True, timeout=timeout, check=False)
-
-    def ok(self, *args: str, cwd: Path | None = None) -> str:
-        proc = self.run(*args, cwd=cwd)
-        assert proc.returncode == 0, \
-            f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-        return proc.stdout
-
-    def kreg(self, *args: str) -> str:
-        return self.ok("-m", "cli", *args)
-
-    def pip(self, *args: str) -> str:
-        return self.ok("-m", "pip", *args)
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-@pytest.fixture(scope="module")
-def overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Overlay]:
-    root = tmp_path_factory.mktemp("overlay")
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
-    purelib = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
-    here = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    # An "import" line in a .pth file runs at start-up: addsitedir also processes the running
-    # venv's own .pth files (kreg's editable install).
-    (purelib / "_kreg_overlay.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in here))
-    ov = Overlay(root, tmp_path_factory.mktemp("kreg_home"))
-    if ov.run("-c", "import hatchling").returncode != 0:
-        proc = ov.run("-m", "pip", "install", "-q", "hatchling>=1.24", timeout=180)
-        if proc.returncode != 0:
-            pytest.skip(f"hatchling (the example plugin's build backend) is not installed and "
-                        f"pip could not install it: {proc.stderr.strip()[-300:]}")
-    yield ov
-
-
-def _pytest_plugin_args() -> list[str]:
-    """``-p registry.testing`` until kreg's ``pytest11`` entry point is installed."""
-    eps = importlib.metadata.entry_points(group="pytest11")
-    if any(ep.value.split(":")[0] == "registry.testing" for ep in eps):
-        return []
-    return ["-p", "registry.testing"]
-
-
-def _cases_args() -> list[str]:
-    """Name the cases module explicitly while OpSpec.conformance is not set yet."""
-    spec = registry.get_registry().spec("sparse_prefill")
-    if spec.conformance:
-        return []
-    return ["--kreg-conformance-cases", "sparse_prefill=backends.sparse_prefill.conformance"]
-
-
 def _plugin_names(ov: Overlay) -> dict[str, dict[str, object]]:
     return {p["name"]: p for p in json.loads(ov.kreg("plugins", "--json"))}
 
 
-def _decision(ov: Overlay, device: str, workload: list[str]) -> dict[str, object]:
-    return json.loads(ov.kreg("explain", "sparse_prefill", "--device", device, *workload,
-                              "--json"))
+def _decision(ov: Overlay, device: str, workload: list[str], op: str = "sparse_prefill",
+              env: dict[str, str] | None = None) -> dict[str, object]:
+    return json.loads(ov.kreg("explain", op, "--device", device, *workload, "--json", env=env))
+
+
+def _acme(d: dict[str, object]) -> dict[str, object]:
+    return next(c for c in d["candidates"]  # type: ignore[attr-defined]
+                if c["implementation"] == "acme.sparse_prefill_blocked")
 
 
 def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
@@ -122,12 +45,14 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
     ov = overlay
     assert "acme" not in _plugin_names(ov)
     try:
-        ov.pip("install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(ACME))
+        ov.install(ACME)
 
-        # kreg plugins lists it, loaded, with its implementation
+        # kreg plugins lists it, loaded, with its op and implementations
         plugins = _plugin_names(ov)
-        assert plugins["acme"]["loaded"] and not plugins["acme"]["error"]
-        assert plugins["acme"]["implementations"] == ["acme.sparse_prefill_blocked"]
+        assert plugins["acme"]["loaded"] and not plugins["acme"]["errors"]
+        assert plugins["acme"]["ops"] == ["acme_rmsnorm"]
+        assert plugins["acme"]["implementations"] == [
+            "acme.sparse_prefill_blocked", "acme.rmsnorm_reference", "acme.rmsnorm_triton"]
         assert "acme.sparse_prefill_blocked (op sparse_prefill, priority 100)" in ov.kreg("plugins")
 
         # chosen where its requirements hold: sm_89 (L20), prefill >= 1024 rows
@@ -138,9 +63,7 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
         # not elsewhere, and explain says why: the H200 is sm_90 ...
         d = _decision(ov, "h200", L20_BIG)
         assert d["implementation"] == "generic.sparse_prefill_table"
-        acme = next(c for c in d["candidates"]
-                    if c["implementation"] == "acme.sparse_prefill_blocked")
-        failed = {c["name"]: c for c in acme["checks"] if not c["passed"]}
+        failed = {c["name"]: c for c in _acme(d)["checks"] if not c["passed"]}  # type: ignore
         assert set(failed) == {"arch"}
         assert (failed["arch"]["observed"], failed["arch"]["required"]) == ("sm_90", "sm_89")
         text = ov.kreg("explain", "sparse_prefill", "--device", "h200", *L20_BIG)
@@ -148,29 +71,68 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
         # ... and on the L20 a small batch is outside the measured envelope
         d = _decision(ov, "l20", L20_SMALL)
         assert d["implementation"] == "generic.sparse_prefill_table"
-        acme = next(c for c in d["candidates"]
-                    if c["implementation"] == "acme.sparse_prefill_blocked")
-        assert [c["name"] for c in acme["checks"] if not c["passed"]] == [
+        assert [c["name"] for c in _acme(d)["checks"] if not c["passed"]] == [  # type: ignore
             "total_q [kind=prefill]"]
         # an AMD device fails the vendor check too
         d = _decision(ov, "mi355x", L20_BIG)
-        acme = next(c for c in d["candidates"]
-                    if c["implementation"] == "acme.sparse_prefill_blocked")
-        assert {"vendor", "arch"} <= {c["name"] for c in acme["checks"] if not c["passed"]}
+        assert {"vendor", "arch"} <= {c["name"] for c in _acme(d)["checks"]  # type: ignore
+                                      if not c["passed"]}
 
-        # the conformance kit passes on it (envelope waived by :measure, so it runs here)
-        proc = ov.run("-m", "pytest", *_pytest_plugin_args(), "--kreg-conformance", "acme",
-                      *_cases_args(), "-q", "-p", "no:cacheprovider", cwd=tmp_path)
+        # the profile it ships (kreg_profiles): listed with the plugin as its source, and an
+        # sm_89 part kreg ships no profile of, where the blocked geometry is chosen
+        profiles = json.loads(ov.kreg("profiles", "--json"))
+        assert profiles["l40s"]["source"] == "plugin acme"
+        assert profiles["l40s"]["facts"]["compute_capability"] == [8, 9]
+        assert profiles["l40s"]["facts"]["extra"] == {"ecc": "on"}
+        d = _decision(ov, "l40s", L20_BIG)
+        assert d["implementation"] == "acme.sparse_prefill_blocked"
+        assert d["facts"]["profile"] == "l40s"  # type: ignore[index]
+        assert ov.kreg("explain", "sparse_prefill", "--device", "l40s", *L20_BIG).startswith(
+            "sparse_prefill on l40s: NVIDIA L40S (sm_89, 142 SMs;")
+
+        # its own op: kreg ops, kreg bench, the kit, kreg tune, torch.ops
+        assert "defined by plugin acme; reference acme.rmsnorm_reference; kreg bench, " \
+               "kreg tune, conformance cases, custom op" in ov.kreg("ops")
+        report = json.loads(ov.kreg("bench", "acme_rmsnorm", "--rows", "8", "--cols", "64",
+                                    "--warmup", "1", "--iters", "2", "--json"))
+        assert report["schema"] == "kreg.bench/1" and report["op"] == "acme_rmsnorm"
+        assert {m["label"] for m in report["cases"][0]["results"]} == {
+            "reference", "auto", "acme.rmsnorm_triton"}
+        assert all(m["status"] == "ok" for m in report["cases"][0]["results"])
+
+        proc = ov.pytest_kit("--kreg-conformance", "acme", cwd=tmp_path)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out
         assert " passed" in out and "failed" not in out and "skipped" not in out, out
+        assert "acme_rmsnorm: 2 of the 2 configs plugin 'acme' offers executed" in out, out
+        assert "acme.rmsnorm_triton[cpu-float16-ragged_cols]" not in out  # passed quietly
+
+        home = {"KREG_HOME": str(tmp_path / "home")}  # a store of its own
+        wl = ["-w", "rows=32,cols=64,dtype=float32"]
+        before = json.loads(ov.kreg("explain", "acme_rmsnorm", *wl, "--json", env=home))
+        assert before["implementation"] == "acme.rmsnorm_triton"
+        tuned = ov.kreg("tune", "acme_rmsnorm", "--grid", "rows=8,32", "--grid", "cols=64",
+                        "--warmup", "1", "--iters", "2", "--min-gain", "0", env=home)
+        assert "8x64 float32: measured" in tuned and "32x64 float32: measured" in tuned, tuned
+        after = json.loads(ov.kreg("explain", "acme_rmsnorm", *wl, "--json", env=home))
+        assert after["implementation"] == "measured.acme_rmsnorm"
+
+        code = ("import torch, registry\n"
+                "ops = registry.load_custom_ops()\n"
+                "assert ops['acme_rmsnorm'] == 'acme_kreg.rmsnorm.torch_op', ops\n"
+                "from acme_kreg.rmsnorm import reference\n"
+                "x, w = torch.randn(6, 40), torch.randn(40)\n"
+                "f = torch.compile(lambda x, w: torch.ops.acme.rmsnorm(x, w) * 2, fullgraph=True,"
+                " backend='eager')\n"
+                "torch.testing.assert_close(f(x, w), reference(x, w) * 2)\n"
+                "print('ok')\n")
+        assert ov.ok("-c", code).strip().endswith("ok")
 
         # the broken copy is caught, and the failing cases are named
-        ov.pip("install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(BROKEN))
+        ov.install(BROKEN)
         assert "acme_broken" in _plugin_names(ov)
-        proc = ov.run("-m", "pytest", *_pytest_plugin_args(), "--kreg-conformance",
-                      "acme_broken", *_cases_args(), "-q", "-p", "no:cacheprovider",
-                      "-k", "float32 and (random or lengths or chunk_ragged)", cwd=tmp_path)
+        proc = ov.pytest_kit("--kreg-conformance", "acme_broken", "-k",
+                             "float32 and (random or lengths or chunk_ragged)", cwd=tmp_path)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out
         for case in ("random", "lengths", "chunk_ragged"):
@@ -183,3 +145,4 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
     plugins = _plugin_names(ov)
     assert "acme" not in plugins and "acme_broken" not in plugins
     assert ov.run("-c", "import acme_kreg").returncode != 0
+    assert "l40s" not in json.loads(ov.kreg("profiles", "--json"))

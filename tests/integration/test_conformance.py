@@ -162,3 +162,37 @@ def test_a_kernel_that_raises_or_writes_its_inputs_fails() -> None:
 def test_an_op_without_cases_is_reported_as_skipped() -> None:
     target = Target("p", "x", "p.x", "cpu", "-", "no-cases", "op 'x' declares no cases")
     assert run_target(target) == Outcome("skipped", "op 'x' declares no cases")
+
+
+def test_cases_are_added_to_the_ops_never_replace_them() -> None:
+    from backends.indexer_topk import conformance as tk
+
+    targets = conformance_targets("generic", devices=["cpu"], probe=False,
+                                  cases={"indexer_topk": "plugins.amd_mi355x:CONFORMANCE_CASES"})
+    topk = [t for t in targets if t.op == "indexer_topk"]
+    assert len(topk) == (len(tk.CASES) + 3) * len(tk.DTYPES["cpu"])
+    assert {"random", "k2048", "k2048_past_64_slices"} <= {t.case for t in topk}
+
+
+def test_a_profile_target_runs_the_table_and_reports_gluon_as_not_runnable() -> None:
+    """Judged on the H200 profile, run here: the dense geometry executes and passes, a Gluon
+    engine is not runnable under the interpreter (KernelUnavailableError), by name."""
+    if registry.probe().vendor != "cpu":
+        pytest.skip("checks the CPU's interpreter refusing Gluon")
+    targets = {t.name: t for t in conformance_targets("nvidia_hopper", profiles=["h200"],
+                                                      devices=["cpu"])}
+    dense = targets["nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-seed_prefill_g6"
+                    "@dense.prefill_g6]"]
+    assert dict(dense.config or ())["DENSE"] == 250
+    assert run_target(dense).status == "passed"
+    wgmma = run_target(targets["nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-"
+                               "seed_prefill_g12@wgmma.prefill_g12]"])
+    assert wgmma.status == "not_runnable"
+    assert wgmma.message.startswith("not runnable here: nvidia_hopper.sparse_prefill_tuned "
+                                    "config wgmma.prefill_g12 (BLOCK_M=16 BLOCK_N=64")
+    assert "does not run under TRITON_INTERPRET=1" in wgmma.message
+    # this machine is a target only when no profile is given
+    assert all(t.profile == "h200" for t in targets.values())
+    skipped = run_target(targets["nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-random]"])
+    assert skipped.status == "skipped" and "topk: 32, requires = 2051 [capability]" in \
+        skipped.checks

@@ -94,3 +94,45 @@ def test_plugin_op_runs_through_the_conformance_kit(env: dict[str, str]) -> None
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "6 passed" in out  # 2 implementations x 3 cases on the CPU
+
+
+def _kit(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-W", "ignore::UserWarning", "--kreg-conformance", "rowscale", *args],
+                          env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def test_kreg_conformance_cases_adds_to_the_ops_cases(env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    proc = _kit(env, tmp_path, "--kreg-conformance-cases", "rowscale=kreg_rowscale.more_cases",
+                "-rA")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "10 passed" in out  # 2 implementations x (3 of the op's + 2 added) cases
+    for case in ("small", "ragged_block", "empty", "wide", "tall"):
+        assert f"PASSED rowscale.blocked[cpu-float32-{case}]" in out, out
+    proc = _kit(env, tmp_path, "--kreg-conformance-cases", "rowscale=kreg_rowscale.clashing_cases")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out  # a usage error
+    assert "case 'small' of 'kreg_rowscale.clashing_cases' has the name of a case of " \
+           "'kreg_rowscale.conformance'; rename it" in out
+    proc = _kit(env, tmp_path, "--kreg-conformance-cases", "rowscal=kreg_rowscale.more_cases")
+    assert proc.returncode == 4 and "no op rowscal" in proc.stdout + proc.stderr
+
+
+def test_plugin_op_gets_its_torch_custom_op(env: dict[str, str]) -> None:
+    code = ("import torch, registry\n"
+            "assert registry.load_custom_ops(['rowscale']) == "
+            "{'rowscale': 'kreg_rowscale.torch_op'}\n"
+            "x, w = torch.randn(5, 3), torch.randn(5)\n"
+            "f = torch.compile(lambda x, w: torch.ops.kreg_rowscale.rowscale(x, w) + 1, "
+            "fullgraph=True, backend='eager')\n"
+            "torch.testing.assert_close(f(x, w), x * w[:, None] + 1)\n"
+            "with registry.record() as launches:\n"
+            "    torch.ops.kreg_rowscale.rowscale(x, w)\n"
+            "assert [l.implementation for l in launches] == ['rowscale.blocked'], launches\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

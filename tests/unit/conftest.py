@@ -11,7 +11,7 @@ import registry
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in ("KREG_SELECT_SPARSE_PREFILL", "KREG_SELECT_INDEXER_TOPK", "KREG_STRICT",
                 "KREG_PLUGINS", "KREG_DISABLE_PLUGINS", "KREG_DAEMON", "KREG_CHECK", "KREG_LOCK",
-                "KREG_LOCK_MODE"):
+                "KREG_LOCK_MODE", "KREG_PROFILES"):
         monkeypatch.delenv(var, raising=False)
     registry.invalidate()  # the registry reads KREG_* when invalidated, not per call
     yield
