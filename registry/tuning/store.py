@@ -599,6 +599,16 @@ class TuningStore:
         """Remove every entry; returns how many there were."""
         return self.remove(lambda _e: True)
 
+    def ensure_writable(self) -> None:
+        """Raise StoreError now, naming the path and the fix, when this store could not be
+        written (a KREG_HOME that is a file, read-only, ...); ``kreg tune`` asks before it
+        measures. Reads the file too: a newer kreg's store is refused the same way."""
+        with self._locked():
+            self._read_locked()
+            if not os.access(self.path.parent, os.W_OK):
+                raise StoreError(f"Cannot write tuning store {self.path}: {self.path.parent} is "
+                                 f"not writable; {_fix_for(self.path)}")
+
     # -- tables --------------------------------------------------------------------------------
 
     def export_table(self, dest: Path, *, op: str | None = None) -> int:
