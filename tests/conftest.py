@@ -28,6 +28,14 @@ IN_TREE_PLUGINS = _in_tree_plugins()
 os.environ["KREG_PLUGINS"] = IN_TREE_PLUGINS
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A conformance run (pytest --kreg-conformance PLUGIN) means kreg's plugins and PLUGIN.
+    named = [p.strip() for raw in config.getoption("kreg_conformance", None) or []
+             for p in raw.split(",") if p.strip()]
+    if named:
+        os.environ["KREG_PLUGINS"] = ",".join(sorted({*IN_TREE_PLUGINS.split(","), *named}))
+
+
 def _has_gpu() -> bool:
     try:
         import torch
