@@ -6,9 +6,11 @@ entered or left, ``invalidate()``, which also re-reads KREG_SELECT_<OP> and KREG
 * the decision cache, a bounded LRU (``functools.lru_cache``, implemented in C) keyed by
   ``(op, device, workload items, override value)`` where the device is a profile name (immutable
   facts) or DeviceFacts (hashed by fingerprint), for ``select``;
-* the dispatch map, ``(op, device index, *workload values) -> bound kernel``, bounded, for
-  ``dispatch``. Its hit path is one dict lookup: no pydantic model, no device read, no
-  environment read, no lock; safe during CUDA graph capture.
+* the dispatch map, ``(op, device index, *workload values) -> bound kernel``, for ``dispatch``.
+  Its hit path is one dict lookup: no pydantic model, no device read, no environment read, no
+  lock; safe during CUDA graph capture. It is bounded and approximately least-recently-used at
+  no cost to that lookup: two generations of DISPATCH_MAP_SIZE keys, a key missed in the current
+  one but found in the previous one promoted without selecting again (``_insert``).
 
 The plugin set is not spelled out in the keys: a change to it clears both caches and bumps
 ``generation``, which is equivalent and keeps the hit paths short. Pins (``pin()``, used by
