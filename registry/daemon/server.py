@@ -77,9 +77,10 @@ __all__ = ["AlreadyRunningError", "Daemon", "journal_path_for", "lock_path", "pi
 
 logger = logging.getLogger("registry.daemon")
 
-# A cached decision is ~3.5 KiB of JSON, but the daemon also keeps its alias entry, the parsed
-# workload and its recent-decisions ring: 16,384 distinct decisions measured 195 MiB RSS (issue
-# #24's loaded daemon), about 12 KiB each above the ~30 MiB a fresh daemon takes.
+# Memory at the cap: a sparse_prefill decision is ~6 KiB of JSON (every candidate's verdicts),
+# and each cache entry also holds its alias key and fields: 16,384 distinct decisions measured
+# 185 MiB RSS, 37 MiB before filling (~9 KiB each; 2026-12, CPython 3.11; issue #24 measured
+# 195 MiB), not the ~60 MiB this note used to say.
 CACHE_SIZE = 16384
 RECENT_SIZE = 10000
 EXPLAIN_LIMIT = 10000
