@@ -73,6 +73,8 @@ def priority_of(impl: Implementation) -> int | None:
     """``impl.priority`` as an int, or None when it is not an integer (a plugin's bug: the
     candidate is then disqualified, never sorted by it)."""
     p = impl.priority
+    if type(p) is int:  # the common case, first: this runs per candidate per selection
+        return p
     if isinstance(p, bool):
         return None
     if isinstance(p, numbers.Integral):

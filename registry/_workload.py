@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from registry.errors import WorkloadError
 
@@ -31,16 +31,28 @@ class Workload(BaseModel):
 
     op: ClassVar[str] = ""
 
-    @field_validator("*", mode="after")
-    @classmethod
-    def _bounded(cls, value: Any) -> Any:
-        for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT <= v <= MAX_INT:
-                raise ValueError(f"an integer of {v.bit_length()} bits is outside the 64-bit "
-                                 f"range kreg and its kernels compute in (|value| <= 2**63 - 1)")
-            if isinstance(v, str) and len(v) > MAX_STR:
-                raise ValueError(f"a string of {len(v)} characters; at most {MAX_STR}")
-        return value
+    @model_validator(mode="after")
+    def _bounded(self) -> Workload:
+        # One call per model, not one per field: this runs on every selection miss.
+        for name, value in self.__dict__.items():
+            if type(value) is int:
+                if -MAX_INT <= value <= MAX_INT:
+                    continue
+            elif type(value) is str:
+                if len(value) <= MAX_STR:
+                    continue
+            elif not isinstance(value, (int, str, tuple)):
+                continue
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, int) and not isinstance(v, bool) and \
+                        not -MAX_INT <= v <= MAX_INT:
+                    raise ValueError(f"{name}: an integer of {v.bit_length()} bits is outside "
+                                     f"the 64-bit range kreg and its kernels compute in "
+                                     f"(|value| <= 2**63 - 1)")
+                if isinstance(v, str) and len(v) > MAX_STR:
+                    raise ValueError(f"{name}: a string of {len(v)} characters; at most "
+                                     f"{MAX_STR}")
+        return self
 
     def key(self) -> tuple[Any, ...]:
         """Field values in declaration order: the workload part of every cache key."""
@@ -64,7 +76,9 @@ def _show(value: Any) -> str:
     try:
         text = repr(value)
     except ValueError:  # int -> str conversion limit (4,300 digits)
-        return f"<an int of {value.bit_length()} bits>"
+        if isinstance(value, int):
+            return f"<an int of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__} holding an int too long to print>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -90,6 +104,9 @@ def make_workload(model: type[Workload], data: Mapping[str, Any] | Workload) -> 
                 msg = f"unknown field; {model.op} workloads have: {', '.join(model.model_fields)}"
             elif err.get("type") == "missing":
                 msg = "required field is missing"
+            if not loc:  # a rule over the whole workload: its message names the fields
+                problems.append(str(msg).removeprefix("Value error, "))
+                continue
             got = _show(err.get("input"))
             problems.append(f"{where}: {msg}{_field_hint(model, loc)}; got {got}"
                             if err.get("type") not in ("missing", "extra_forbidden")
