@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from registry._format import format_config
-from registry.daemon.client import DaemonClient
+from registry.daemon.client import DaemonClient, DaemonUntrusted
 from registry.daemon.protocol import resolve_socket
 from registry.errors import DaemonError, KregError
 
@@ -53,10 +53,13 @@ def _alive(pid: int) -> bool:
 
 
 def daemon_stats(path: Path, timeout: float = 1.0) -> dict[str, Any] | None:
-    """The running daemon's counters at ``path``, or None when none answers."""
+    """The running daemon's counters at ``path``, or None when none answers. Raises
+    DaemonUntrusted when the process serving ``path`` is another user's."""
     try:
         with DaemonClient(path, timeout) as client:
             return client.stats()
+    except DaemonUntrusted:
+        raise
     except (OSError, ValueError, DaemonError):
         return None
 
@@ -135,6 +138,8 @@ def stop_daemon(path: Path, timeout: float = STOP_TIMEOUT) -> int | None:
     try:
         with DaemonClient(path, 2.0) as client:
             pid = int(client.shutdown()["pid"])
+    except DaemonUntrusted:
+        raise  # another user's: neither asked to stop nor signalled
     except (OSError, ValueError, DaemonError):
         pid = read_pid(path)
         if pid is None or not _alive(pid):
@@ -183,7 +188,10 @@ def start(socket_path: str | None, foreground: bool) -> None:
 def status(socket_path: str | None, as_json: bool) -> None:
     """Whether a daemon answers, and its counters (exit status 1 when none does)."""
     path = _checked_socket(socket_path)
-    stats = daemon_stats(path)
+    try:
+        stats = daemon_stats(path)
+    except DaemonUntrusted as exc:
+        raise click.ClickException(str(exc)) from None
     if stats is None:
         if as_json:
             click.echo(json.dumps({"running": False, "socket": str(path)}))

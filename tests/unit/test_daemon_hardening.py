@@ -203,3 +203,19 @@ def test_a_changed_store_is_never_served_stale(tmp_path: Path,
     finally:
         monkeypatch.undo()
         registry.reset_registry()
+
+
+def test_status_and_stop_name_another_users_daemon(listening: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setattr(dc, "peer_uid", lambda sock: (4321, 4242))
+    killed: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(pid))
+    for sub in ("status", "stop", "start"):
+        res = CliRunner().invoke(cli.main, ["daemon", sub, "--socket", str(listening)])
+        assert res.exit_code == 1, res.output
+        assert "runs as uid 4242 (pid 4321), not as this user" in res.output
+    assert killed == []  # never signalled
