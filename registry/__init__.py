@@ -86,7 +86,10 @@ def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
     reg = _root.current
     if reg is None:
         reg = get_registry()
-    call_key = reg.call_keys.get(op)
+    try:
+        call_key = reg.call_keys.get(op)
+    except TypeError:  # an unhashable op: spec() below says so (try costs nothing unraised)
+        call_key = None
     if call_key is None:
         reg.spec(op)  # raises UnknownOpError listing the known ops
     try:
@@ -94,12 +97,27 @@ def dispatch(op: str, /, *args: Any, **kwargs: Any) -> Any:
     except TypeError as exc:  # an unknown keyword or a missing argument
         raise errors.WorkloadError(f"{op}: {exc}; see `kreg ops` for the call's arguments") \
             from None
-    fn = reg.dispatch_map.get(key)
+    try:
+        fn = reg.dispatch_map.get(key)
+    except TypeError:  # an unhashable host argument (a list for k or max_q, ...)
+        raise _unhashable(op, key) from None
     if fn is None:
         fn = reg.dispatch_miss(op, key)
     if reg.observers:
         return reg.observe(key, fn, args, kwargs)
     return fn(*args, **kwargs)
+
+
+def _unhashable(op: str, key: Any) -> errors.WorkloadError:
+    bad = []
+    for value in key if isinstance(key, tuple) else (key,):
+        try:
+            hash(value)
+        except TypeError:
+            bad.append(f"{type(value).__name__} {value!r:.60}")
+    return errors.WorkloadError(
+        f"{op}: a host argument is not a plain value ({'; '.join(bad) or repr(key)[:80]}): "
+        f"sizes such as k and max_q are Python ints, the kind a string; see `kreg ops`")
 
 
 def select(op: str, workload: Mapping[str, Any] | Workload,
@@ -247,7 +265,9 @@ def ops() -> list[str]:
 
 
 def implementations(op: str) -> list[Implementation]:
-    return sorted(get_registry().implementations(op), key=lambda i: (-i.priority, i.name))
+    from registry._select import sort_key
+
+    return sorted(get_registry().implementations(op), key=sort_key)
 
 
 _LAZY = {"TuningEntry": "registry.tuning", "TuningStore": "registry.tuning",

@@ -50,17 +50,23 @@ class DeviceFacts(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Bounded here, so that what a requirement or the tuning store reads is always usable: an
+    # empty or 10 MB device name is refused at validation, never inside a plugin.
     vendor: Vendor
-    name: str
-    arch: str = Field(description="sm_90, sm_120, gfx950, ... or cpu")
+    name: str = Field(min_length=1, max_length=256)
+    arch: str = Field(min_length=1, max_length=64,
+                      description="sm_90, sm_120, gfx950, ... or cpu")
     compute_capability: tuple[int, int] | None = Field(
         default=None, description="(major, minor); in a profile or --set also \"10.0\"")
-    sm_count: int = Field(ge=0, description="multiprocessors (SMs on NVIDIA, CUs on AMD)")
-    memory_bytes: int = Field(ge=0)
-    torch_version: str | None = None
-    triton_version: str | None = None
-    runtime_version: str | None = Field(default=None, description="CUDA or HIP version")
-    profile: str | None = Field(default=None, description="the profile these facts came from")
+    sm_count: int = Field(ge=0, le=2**31 - 1,
+                          description="multiprocessors (SMs on NVIDIA, CUs on AMD)")
+    memory_bytes: int = Field(ge=0, le=2**63 - 1)
+    torch_version: str | None = Field(default=None, max_length=128)
+    triton_version: str | None = Field(default=None, max_length=128)
+    runtime_version: str | None = Field(default=None, max_length=128,
+                                        description="CUDA or HIP version")
+    profile: str | None = Field(default=None, max_length=256,
+                                description="the profile these facts came from")
     extra: dict[str, str] = Field(default_factory=dict,
                                   description="facts added by vendor plugins and the probe")
 
@@ -87,6 +93,23 @@ class DeviceFacts(BaseModel):
             return {k: (str(v).lower() if isinstance(v, bool) else
                         str(v) if isinstance(v, (int, float)) else v)
                     for k, v in value.items()}
+
+    @field_validator("compute_capability")
+    @classmethod
+    def _small_capability(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not all(0 <= v <= 1000 for v in value):
+            raise ValueError(f"{value} is not a (major, minor) compute capability")
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _bounded_extra(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 64:
+            raise ValueError(f"{len(value)} extra facts; at most 64")
+        for k, v in value.items():
+            if not 1 <= len(k) <= 128 or len(v) > 1024:
+                raise ValueError(f"extra fact {k[:40]!r}: keys have 1 to 128 characters, "
+                                 f"values at most 1024")
         return value
 
     def __hash__(self) -> int:

@@ -3,12 +3,20 @@
 Read a knob through ``knobs.<name>``; each read consults the environment, so tests can use
 ``monkeypatch.setenv``. A bad value fails with ``Unable to use KREG_X='val': expected ...``.
 The per-op override variable ``KREG_SELECT_<OP>`` is read through :func:`select_override`.
+
+Every ``KREG_*`` variable kreg knows is declared here (the knobs, ``KREG_SELECT_<OP>`` of each
+loaded op, and :data:`OTHER_VARIABLES` read by kreg's tests and probes); any other one in the
+environment when a registry is created is logged once, as a warning naming the closest known
+variable, so a misspelled ``KREG_STRCT=1`` does not pass silently.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -17,7 +25,10 @@ from registry.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["knobs", "require_var", "required_from_env", "select_override_var"]
+__all__ = ["OTHER_VARIABLES", "knobs", "known_variables", "require_var", "required_from_env",
+           "select_override_var", "warn_unknown_settings"]
+
+logger = logging.getLogger("registry")
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -187,3 +198,49 @@ def required_from_env(op: str) -> frozenset[str]:
 
     name = require_var(op)
     return parse_guarantees(os.environ.get(name, ""), name)
+
+
+#: KREG_* variables read outside the knobs: by kreg's tests and probes, never by the library.
+OTHER_VARIABLES = {
+    "KREG_FUZZ_EXAMPLES": "examples per hypothesis fuzz test (tests/unit)",
+    "KREG_SP_EXTRA_GEOMETRIES": "extra sparse_prefill geometries the kernel tests check",
+}
+
+
+def known_variables(ops: Iterable[str]) -> set[str]:
+    """Every KREG_* name kreg reads, with the override variables of ``ops``."""
+    return ({k.name for k in knobs.all()} | set(OTHER_VARIABLES)
+            | {select_override_var(op) for op in ops} | {require_var(op) for op in ops})
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_unknown_settings(ops: Iterable[str], environ: dict[str, str] | None = None) -> list[str]:
+    """Log one warning per unknown ``KREG_*`` variable (once per process), naming the closest
+    known one; returns the names warned about now."""
+    env = os.environ if environ is None else environ
+    unknown = [n for n in env if n.startswith("KREG_")]
+    if not unknown:
+        return []
+    known = known_variables(ops)
+    out = []
+    for name in sorted(unknown):
+        if name in known:
+            continue
+        with _warned_lock:
+            if name in _warned:
+                continue
+            _warned.add(name)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        if close:
+            hint = f"did you mean {close[0]}?"
+        elif name.startswith("KREG_SELECT_"):
+            hint = ("no loaded op has this override variable; loaded ops: "
+                    + (", ".join(sorted(ops)) or "(none)"))
+        else:
+            hint = "known: " + ", ".join(sorted(k.name for k in knobs.all()))
+        logger.warning("unknown setting %s=%r is ignored; %s", name, env[name][:60], hint)
+        out.append(name)
+    return out

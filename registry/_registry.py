@@ -6,9 +6,11 @@ entered or left, ``invalidate()``, which also re-reads KREG_SELECT_<OP> and KREG
 * the decision cache, a bounded LRU (``functools.lru_cache``, implemented in C) keyed by
   ``(op, device, workload items, override value)`` where the device is a profile name (immutable
   facts) or DeviceFacts (hashed by fingerprint), for ``select``;
-* the dispatch map, ``(op, device index, *workload values) -> bound kernel``, bounded, for
-  ``dispatch``. Its hit path is one dict lookup: no pydantic model, no device read, no
-  environment read, no lock; safe during CUDA graph capture.
+* the dispatch map, ``(op, device index, *workload values) -> bound kernel``, for ``dispatch``.
+  Its hit path is one dict lookup: no pydantic model, no device read, no environment read, no
+  lock; safe during CUDA graph capture. It is bounded and approximately least-recently-used at
+  no cost to that lookup: two generations of DISPATCH_MAP_SIZE keys, a key missed in the current
+  one but found in the previous one promoted without selecting again (``_insert``).
 
 The plugin set is not spelled out in the keys: a change to it clears both caches and bumps
 ``generation``, which is equivalent and keeps the hit paths short. Pins (``pin()``, used by
@@ -17,14 +19,17 @@ The plugin set is not spelled out in the keys: a change to it clears both caches
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pluggy
@@ -40,7 +45,7 @@ from registry._facts import (
     profiles_in,
 )
 from registry._format import format_config
-from registry._knobs import knobs, required_from_env, select_override_var
+from registry._knobs import knobs, required_from_env, select_override_var, warn_unknown_settings
 from registry._select import OverrideRequest, parse_override, select_pure
 from registry._spec import Implementation, OpSpec
 from registry._workload import Workload, make_workload
@@ -49,17 +54,19 @@ from registry.errors import (
     KernelUnavailableError,
     KregError,
     NoEligibleImplementationError,
+    OverrideError,
     PluginError,
     UnknownDeviceError,
     UnknownImplementationError,
     UnknownOpError,
 )
+from registry.requirements import Requirement
 
 logger = logging.getLogger("registry")
 
 T = TypeVar("T")
 
-__all__ = ["PluginRecord", "Registry"]
+__all__ = ["PluginRecord", "Registry", "note_build_state"]
 
 RemoteSource = Callable[["Registry", str, DeviceFacts, Workload, "tuple[str, str] | None"],
                         "tuple[Decision | None, str | None]"]
@@ -69,6 +76,26 @@ LockCheck = Callable[["Registry", Decision], Decision]
 ENTRY_POINT_GROUP = "kreg"
 DECISION_CACHE_SIZE = 4096
 DISPATCH_MAP_SIZE = 4096
+
+# Where kreg's own top-level packages (registry, backends, plugins) are installed side by side.
+_KREG_ROOT = Path(__file__).resolve().parent.parent
+_KREG_DIST = "kreg"
+
+# While a registry's plugins run their hooks: what state they read, by name (see
+# note_build_state). Per thread and task, so concurrent builds never mix their notes.
+_building: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "kreg_registry_build", default=None)
+
+
+def note_build_state(key: str, identity: str) -> None:
+    """Record that the registry being built (if any, in this thread) read state ``key`` whose
+    content is ``identity``. The tuning store calls it on every load (the ``measured`` plugin
+    loads it in its hook), so ``plugin_fingerprint()`` covers the entries a registry serves and
+    a daemon and a client agree only when built from the same store."""
+    notes = _building.get()
+    if notes is not None:
+        known = notes.get(key)
+        notes[key] = identity if known in (None, identity) else f"{known}+{identity}"
 
 
 @dataclass
@@ -120,6 +147,7 @@ class Registry:
         self.pm = pluggy.PluginManager("kreg")
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginRecord] = {}
+        self._load_errors: dict[str, str] = {}  # import failures: kept across rebuilds
         self.ops: dict[str, OpSpec] = {}
         self.op_plugins: dict[str, str] = {}  # op -> the plugin whose kreg_ops defines it
         self.call_keys: dict[str, Callable[..., tuple[Any, ...]]] = {}
@@ -141,8 +169,17 @@ class Registry:
         # The override value, or (override value, required guarantees) while some are required:
         # the part of the selection key that settings decide (one lookup on the hit path).
         self._override_now: dict[str, Any] = {}
+        # The dispatch map is approximately least-recently-used without costing the hit path
+        # anything: its hit is one lookup in ``dispatch_map``; when that is full, a miss moves it
+        # whole to ``_dispatch_old`` (the previous generation) and starts it afresh, and a miss
+        # found in the previous generation is promoted back without selecting again. A key used
+        # at least once per DISPATCH_MAP_SIZE newer keys therefore stays, and any key survives at
+        # least DISPATCH_MAP_SIZE newer ones; at most 2 * DISPATCH_MAP_SIZE kernels are held.
         self.dispatch_map: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._dispatch_old: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        # The decision behind every key of both generations (what agree() and observers read).
         self.last_decisions: dict[tuple[Any, ...], Decision] = {}
+        self.build_state: dict[str, str] = {}
         # Dispatch keys pinned to a decision (registry.agree(adopt=True)): they survive
         # invalidation, until unpin() or a new registry.
         self.pins: dict[tuple[Any, ...], Decision] = {}
@@ -176,6 +213,7 @@ class Registry:
         if load_entry_points:
             self._load_entry_points()
         self._rebuild()
+        warn_unknown_settings(self.ops)
 
     # -----------------------------------------------------------------------------------------
     # plugins
@@ -183,6 +221,7 @@ class Registry:
     def _load_entry_points(self) -> None:
         allow, deny = knobs.plugins, knobs.disable_plugins or frozenset()
         eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        _check_not_shadowed(eps)
         seen: set[str] = set()
         for ep in eps:
             if ep.name in seen:
@@ -203,14 +242,20 @@ class Registry:
     def _load_entry_point(self, ep: Any, rec: PluginRecord) -> None:
         try:
             obj = ep.load()
-        except Exception as exc:  # any import failure is isolated and named
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # any import failure (sys.exit too) is isolated, named
             rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+            self._load_errors[ep.name] = rec.errors[-1]
             logger.warning("%s", rec.errors[-1])
             return
         try:
             self.pm.register(obj, name=ep.name)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
+            self._load_errors[ep.name] = rec.errors[-1]
             logger.warning("%s", rec.errors[-1])
             return
         rec.loaded = True
@@ -237,11 +282,17 @@ class Registry:
 
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a plugin object (a module or any object with hookimpls) at run time."""
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"a plugin's name must be a non-empty string, not {name!r:.60}")
         with self._lock:
             if name in self.plugins and self.plugins[name].loaded:
                 raise PluginError(f"a plugin named {name!r} is already registered "
                                   f"({self.plugins[name].source}); choose another name")
-            self.pm.register(plugin, name=name)
+            try:
+                self.pm.register(plugin, name=name)
+            except (ValueError, pluggy.PluginValidationError) as exc:
+                raise PluginError(f"cannot register plugin {name!r}: {type(exc).__name__}: "
+                                  f"{exc}") from None
             self.plugins[name] = PluginRecord(name=name, source="registered", loaded=True)
             self._rebuild()
 
@@ -261,7 +312,9 @@ class Registry:
             name = impl.plugin_name
             try:
                 result = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: a plugin never ends the host
                 rec = self.plugins.setdefault(name, PluginRecord(name, "registered", True))
                 message = f"plugin {name!r} hook {hook} raised {type(exc).__name__}: {exc}"
                 if message not in rec.errors:  # each error once (rec.errors keeps them all)
@@ -273,20 +326,33 @@ class Registry:
                 yield name, result
 
     def _rebuild(self) -> None:
+        notes: dict[str, str] = {}
+        token = _building.set(notes)
+        try:
+            self._collect()
+        finally:
+            _building.reset(token)
+        self.build_state = notes
+        self.call_keys = {name: spec.call_key for name, spec in self.ops.items()}
+        self._facts.clear()
+        self.invalidate()
+
+    def _collect(self) -> None:
+        """Call the plugins' kreg_ops and kreg_implementations hooks; keep what is valid."""
         ops: dict[str, OpSpec] = {}
         op_owner: dict[str, str] = {}
-        for rec in self.plugins.values():
+        for name, rec in self.plugins.items():  # every rebuild judges the hooks afresh
             rec.ops, rec.implementations = [], []
+            rec.error = self._load_errors.get(name)
+            rec.loaded = self.pm.get_plugin(name) is not None
         for name, specs in self._call_each("kreg_ops"):
             for spec in self._items(name, "kreg_ops", specs, OpSpec):
-                if spec.name in ops:
-                    self._fail(name, f"op {spec.name!r} is already defined by plugin "
-                                     f"{op_owner[spec.name]!r}; rename one of them")
-                    continue
-                try:
-                    spec.check_consistent()
-                except ValueError as exc:
-                    self._fail(name, str(exc))
+                problem = _spec_problem(spec)
+                if problem is None and spec.name in ops:
+                    problem = (f"op {spec.name!r} is already defined by plugin "
+                               f"{op_owner[spec.name]!r}; rename one of them")
+                if problem is not None:
+                    self._fail(name, problem)
                     continue
                 ops[spec.name] = spec
                 op_owner[spec.name] = name
@@ -296,7 +362,8 @@ class Registry:
         wanted: dict[str, list[str]] = {}  # op -> the plugins needing its left-out package
         for name, found in self._call_each("kreg_implementations", ops=dict(ops)):
             for impl in self._items(name, "kreg_implementations", found, Implementation):
-                if impl.op not in ops:
+                problem = _impl_problem(impl)
+                if problem is None and impl.op not in ops:
                     if impl.op in self._skipped_eps or (impl.op in self.plugins
                                                         and self.plugins[impl.op].skipped_reason):
                         users = wanted.setdefault(impl.op, [])
@@ -305,13 +372,13 @@ class Registry:
                         continue
                     add = ("; KREG_PLUGINS lists policy plugins: add the plugin that defines "
                            f"op {impl.op!r} to it" if knobs.plugins is not None else "")
-                    self._fail(name, f"implementation {impl.name!r} is for op {impl.op!r}, which "
-                                     f"no loaded plugin defines (loaded ops: {', '.join(ops)})"
-                                     f"{add}")
-                    continue
-                if impl.name in owner:
-                    self._fail(name, f"implementation {impl.name!r} is already registered by "
-                                     f"plugin {owner[impl.name]!r}")
+                    problem = (f"implementation {impl.name!r} is for op {impl.op!r}, which no "
+                               f"loaded plugin defines (loaded ops: {', '.join(ops)}){add}")
+                if problem is None and impl.name in owner:
+                    problem = (f"implementation {impl.name!r} is already registered by plugin "
+                               f"{owner[impl.name]!r}")
+                if problem is not None:
+                    self._fail(name, problem)
                     continue
                 if impl.plugin != name:
                     logger.debug("implementation %s registered by plugin %s", impl.name, name)
@@ -323,26 +390,35 @@ class Registry:
         self.ops, self.impls, self.op_plugins = ops, impls, op_owner
         self.call_keys = {name: spec.call_key for name, spec in ops.items()}
         for op in ops:
-            problem = self._reference_problem(op)
-            if problem is not None and problem[1]:
-                self._fail(op_owner[op], problem[0])
+            ref_problem = self._reference_problem(op)
+            if ref_problem is not None and ref_problem[1]:
+                self._fail(op_owner[op], ref_problem[0])
         self._facts.clear()
         self.invalidate()
 
     def _items(self, plugin: str, hook: str, result: Any, kind: type[T]) -> list[T]:
-        """A hook's result as a list of ``kind``; anything else fails the plugin, by name, and
-        the rest of its items still count."""
-        if isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+        """A hook's result as a list of ``kind``. Items of another type fail the plugin, by name,
+        and the rest of its items still count; a result that is not a list (a string, a number,
+        a mapping), or whose iteration raises, fails the plugin and contributes nothing."""
+        if isinstance(result, (str, bytes, Mapping)) or not hasattr(result, "__iter__"):
             self._fail(plugin, f"hook {hook} returned {type(result).__name__} {result!r:.60}; "
                                f"it must return a list of {kind.__name__}")
             return []
         good = []
-        for item in result:
-            if isinstance(item, kind):
-                good.append(item)
-            else:
-                self._fail(plugin, f"hook {hook} returned {type(item).__name__} {item!r:.60} "
-                                   f"among its items; each must be a {kind.__name__}")
+        try:
+            for item in result:
+                if isinstance(item, kind):
+                    good.append(item)
+                else:
+                    self._fail(plugin, f"hook {hook} returned {type(item).__name__} "
+                                       f"{item!r:.60} among its items; each must be a "
+                                       f"{kind.__name__}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self._fail(plugin, f"hook {hook}: reading its result raised {type(exc).__name__}: "
+                               f"{exc}; none of its items count")
+            return []
         return good
 
     def _fail(self, plugin: str, message: str) -> None:
@@ -352,10 +428,14 @@ class Registry:
             logger.warning("plugin %r: %s", plugin, message)
 
     def plugin_fingerprint(self) -> str:
+        """A digest of the implementations (op, name, priority) and of the state their plugins
+        read at the last build (:func:`note_build_state`: the tuning store's entries): equal only
+        for registries that decide alike. The daemon and its clients compare it."""
         import hashlib
 
-        parts = sorted(f"{op}:{n}:{i.priority}"
+        parts = sorted(f"{op}:{n}:{i.priority!r}"
                        for op, d in self.impls.items() for n, i in d.items())
+        parts += [f"{k}={v}" for k, v in sorted(self.build_state.items())]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     # -----------------------------------------------------------------------------------------
@@ -366,19 +446,25 @@ class Registry:
 
         The environment is read here (at first use and on every invalidation), not per call: the
         hit paths stay free of environment reads. ``registry.override()`` needs no invalidation.
+        The caches are dropped even when a setting fails to parse (the ConfigError then says
+        which): a failed invalidation never leaves a stale decision behind.
         """
         with self._lock:
-            self._env_overrides = {op: os.environ.get(select_override_var(op)) for op in self.ops}
-            self._env_strict = knobs.strict
-            self._env_required = {op: required_from_env(op) for op in self.ops}
-            self._override_now = {op: self._selection_setting(op) for op in self.ops}
-            self._env_profiles, self._profiles = knobs.profiles, None
-            self._profile_facts.clear()
             self._lru.cache_clear()
             self._decisions.clear()
             self.dispatch_map.clear()
+            self._dispatch_old.clear()
             self.last_decisions.clear()
             self.generation += 1
+            self._profiles = None
+            self._profile_facts.clear()
+            # Each read raises ConfigError for a bad value, the caches already empty.
+            env = {op: os.environ.get(select_override_var(op)) for op in self.ops}
+            strict = knobs.strict
+            required = {op: required_from_env(op) for op in self.ops}
+            self._env_overrides, self._env_strict, self._env_required = env, strict, required
+            self._env_profiles = knobs.profiles
+            self._override_now = {op: self._selection_setting(op) for op in self.ops}
             for read in list(self.settings_readers):
                 read(self)
 
@@ -395,9 +481,15 @@ class Registry:
         self._strict_set = bool(value)
 
     def spec(self, op: str) -> OpSpec:
-        spec = self.ops.get(op)
+        try:
+            spec = self.ops.get(op)
+        except TypeError:  # unhashable
+            spec = None
         if spec is None:
             known = ", ".join(sorted(self.ops)) or "(none loaded: see kreg plugins)"
+            if not isinstance(op, str):
+                raise UnknownOpError(f"an op is named by a string, not {type(op).__name__} "
+                                     f"{op!r:.60}; known ops: {known}")
             raise UnknownOpError(f"unknown op {op!r}; known ops: {known}")
         return spec
 
@@ -457,12 +549,27 @@ class Registry:
                 self._fail(plugin, f"hook kreg_configs returned {type(found).__name__}; it must "
                                    f"return a mapping of config name -> config dict")
                 continue
-            for name, cfg in found.items():
-                if not isinstance(cfg, Mapping):
-                    self._fail(plugin, f"hook kreg_configs: config {name!r} is a "
-                                       f"{type(cfg).__name__}, not a mapping")
+            try:
+                items = list(found.items())
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                self._fail(plugin, f"hook kreg_configs: reading its result raised "
+                                   f"{type(exc).__name__}: {exc}")
+                continue
+            for name, cfg in items:
+                if not isinstance(name, str) or not isinstance(cfg, Mapping):
+                    self._fail(plugin, f"hook kreg_configs: config {name!r:.60} is a "
+                                       f"{type(cfg).__name__}; it must be a mapping named by a "
+                                       f"string")
                     continue
-                out[f"{plugin}.{name}"] = dict(cfg)
+                try:
+                    out[f"{plugin}.{name}"] = dict(cfg)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:
+                    self._fail(plugin, f"hook kreg_configs: config {name!r} cannot be read: "
+                                       f"{type(exc).__name__}: {exc}")
         return out
 
     def implementation(self, op: str, name: str) -> Implementation:
@@ -490,17 +597,25 @@ class Registry:
 
     @contextmanager
     def override(self, op: str, value: str) -> Iterator[None]:
-        """Prefer ``value`` (``auto``, an implementation, or ``impl:measure``) inside the block."""
+        """Prefer ``value`` (``auto``, an implementation, or ``impl:measure``) inside the block.
+
+        The override is pushed inside the ``try``: when entering fails (a bad KREG_STRICT makes
+        the invalidation raise), it is popped again and nothing stays in force."""
         self.spec(op)
+        if not isinstance(value, str):
+            raise OverrideError(f"registry.override({op!r}, ...): the override is a string "
+                                f"(auto | <implementation> | <implementation>:measure), not "
+                                f"{type(value).__name__} {value!r:.60}")
         parse_override(op, value, "registry.override()", self.impls.get(op, {}))  # fail now
-        with self._lock:
-            self._context_overrides.setdefault(op, []).append(value)
-            self.invalidate()
+        stack = self._context_overrides.setdefault(op, [])
         try:
+            with self._lock:
+                stack.append(value)
+                self.invalidate()
             yield
         finally:
             with self._lock:
-                self._context_overrides[op].pop()
+                stack.pop()
                 self.invalidate()
 
     # -----------------------------------------------------------------------------------------
@@ -722,8 +837,12 @@ class Registry:
             # The daemon shares one decision per key across the node's processes; when it is
             # gone, slow or refuses, selection stays in-process and the decision says why.
             remote, note = self.remote(self, op, facts, wl, raw)
-            if remote is not None:
+            if remote is not None and remote.implementation in self.impls.get(op, {}):
                 return self._finish(remote)
+            if remote is not None:
+                note = (f"the daemon chose {remote.implementation}, which this process does not "
+                        f"have (its plugin set differs); selected in-process")
+                logger.warning("%s: %s", op, note)
         decision = select_pure(op, facts, wl, list(self.impls.get(op, {}).values()), override,
                                strict=self.strict)
         if note:
@@ -843,22 +962,113 @@ class Registry:
         if not (isinstance(key, tuple) and len(key) >= 2 and key[0] == op):
             raise PluginError(f"op {op!r}: its call_key returned {key!r}; it must return "
                               f"(op name, device index, *workload values)")
+        with self._lock:
+            old = self._dispatch_old.pop(key, None)
+            if old is not None and key in self.last_decisions:
+                # Used again since the map's last generation began: promote it, no selection.
+                self._insert(key, old, self.last_decisions[key])
+                return old
         decision = self.pins.get(key)
         if decision is None or decision.implementation not in self.impls[op]:
             facts = self.facts_for_index(key[1])
             wl = spec.workload_from_key(key[2:])
             decision = self.select(op, wl, facts)
-        impl = self.impls[op][decision.implementation]
+        impl = self.impls[op].get(decision.implementation)
+        if impl is None:  # unreachable: _decide refuses such decisions; never a KeyError
+            raise UnknownImplementationError(
+                f"{op}: the decision names {decision.implementation!r}, which this process "
+                f"does not have; known: {', '.join(sorted(self.impls[op]))}")
         fn = impl.bind(decision.config)
         with self._lock:
-            if len(self.dispatch_map) >= DISPATCH_MAP_SIZE:
-                # Bounded: drop the oldest insertion (dicts keep insertion order).
-                self.dispatch_map.pop(next(iter(self.dispatch_map)))
-            self.dispatch_map[key] = fn
-            if len(self.last_decisions) >= DISPATCH_MAP_SIZE:
-                self.last_decisions.pop(next(iter(self.last_decisions)))
-            self.last_decisions[key] = decision
+            self._insert(key, fn, decision)
         return fn
+
+    def _insert(self, key: tuple[Any, ...], fn: Callable[..., Any], decision: Decision) -> None:
+        """Put ``key`` in the current generation (the lock held); a full one becomes the
+        previous generation, and the previous one's keys not used since are dropped."""
+        if len(self.dispatch_map) >= DISPATCH_MAP_SIZE and key not in self.dispatch_map:
+            for gone in self._dispatch_old:
+                if gone not in self.pins:
+                    self.last_decisions.pop(gone, None)
+            self._dispatch_old = dict(self.dispatch_map)
+            # clear(), not a new dict: registry.dispatch reads this very object on its hit path
+            self.dispatch_map.clear()
+        self.dispatch_map[key] = fn
+        self.last_decisions[key] = decision
+
+
+def _spec_problem(spec: OpSpec) -> str | None:
+    """Why an op spec a plugin returned cannot be loaded, or None."""
+    try:
+        if not isinstance(spec.name, str) or not spec.name:
+            return f"an OpSpec's name must be a non-empty string, not {spec.name!r:.60}"
+        if not (isinstance(spec.workload_model, type)
+                and issubclass(spec.workload_model, Workload)):
+            return (f"op {spec.name!r}: OpSpec.workload_model must be a registry.Workload "
+                    f"subclass, not {spec.workload_model!r:.60}")
+        if not callable(spec.call_key):
+            return f"op {spec.name!r}: OpSpec.call_key must be callable"
+        spec.check_consistent()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return f"op spec {getattr(spec, 'name', '?')!r:.60} is invalid: {exc}"
+    return None
+
+
+def _impl_problem(impl: Implementation) -> str | None:
+    """Why an implementation a plugin returned cannot be registered, or None. (A priority that
+    is not an integer is not refused here: selection disqualifies that candidate, by name.)"""
+    name, op = impl.name, impl.op
+    if not isinstance(name, str) or "." not in name:
+        return f"an implementation's name must be 'plugin.impl', not {name!r:.60}"
+    if not isinstance(op, str) or not op:
+        return f"implementation {name!r}: op must be an op's name, not {op!r:.60}"
+    reqs = impl.requirements
+    if not isinstance(reqs, (tuple, list)) or not all(isinstance(r, Requirement) for r in reqs):
+        return (f"implementation {name!r}: requirements must be a tuple of Requirement, not "
+                f"{reqs!r:.80}")
+    if impl.config is not None and not (callable(impl.config) or isinstance(impl.config, Mapping)):
+        return (f"implementation {name!r}: config must be a mapping, a resolver "
+                f"(facts, workload) -> mapping, or None, not {type(impl.config).__name__}")
+    if impl.kernel is not None and not (callable(impl.kernel) or isinstance(impl.kernel, str)):
+        return (f"implementation {name!r}: kernel must be 'module:function', a callable or "
+                f"None, not {type(impl.kernel).__name__}")
+    return None
+
+
+def _check_not_shadowed(eps: Any) -> None:
+    """Fail, naming the path and the fix, when a package of the same name earlier on sys.path
+    (an application's own ``plugins/`` in its working directory) hides one of kreg's."""
+    names = set()
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        if dist is not None and getattr(dist, "name", None) == _KREG_DIST:
+            names.add(str(ep.value).partition(":")[0].split(".")[0])
+    for name in sorted(names):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        where: str | None = None
+        if spec is not None and spec.origin not in (None, "namespace", "built-in", "frozen"):
+            where = str(spec.origin)
+        elif spec is not None and spec.submodule_search_locations:
+            where = str(next(iter(spec.submodule_search_locations)))
+        mine = _KREG_ROOT / name
+        if where is None:
+            found = "nothing importable"
+        else:
+            path = Path(where)
+            top = path.parent if path.name.startswith("__init__.") else path
+            if top.resolve() == mine.resolve():
+                continue
+            found = str(top)
+        raise PluginError(
+            f"kreg's package {name!r} is shadowed: `import {name}` finds {found}, not kreg's "
+            f"{mine} (a directory earlier on sys.path, such as the working directory, has its "
+            f"own {name!r} package). Every in-tree plugin would fail to import. Fix: rename that "
+            f"package, or run from another directory (or remove it from sys.path / PYTHONPATH)")
 
 
 class _Fresh(threading.local):

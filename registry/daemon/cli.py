@@ -14,9 +14,9 @@ from typing import Any
 import click
 
 from registry._format import format_config
-from registry.daemon.client import DaemonClient
+from registry.daemon.client import DaemonClient, DaemonUntrusted
 from registry.daemon.protocol import resolve_socket
-from registry.errors import DaemonError
+from registry.errors import DaemonError, KregError
 
 __all__ = ["daemon", "show_live", "spawn_daemon", "stop_daemon"]
 
@@ -28,6 +28,13 @@ def _socket(value: str | None) -> Path:
     from registry._knobs import knobs
 
     return resolve_socket(value if value is not None else knobs.daemon)
+
+
+def _checked_socket(value: str | None) -> Path:
+    try:
+        return _socket(value)
+    except KregError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _alive(pid: int) -> bool:
@@ -46,10 +53,13 @@ def _alive(pid: int) -> bool:
 
 
 def daemon_stats(path: Path, timeout: float = 1.0) -> dict[str, Any] | None:
-    """The running daemon's counters at ``path``, or None when none answers."""
+    """The running daemon's counters at ``path``, or None when none answers. Raises
+    DaemonUntrusted when the process serving ``path`` is another user's."""
     try:
         with DaemonClient(path, timeout) as client:
             return client.stats()
+    except DaemonUntrusted:
+        raise
     except (OSError, ValueError, DaemonError):
         return None
 
@@ -64,15 +74,23 @@ def spawn_daemon(path: Path, timeout: float = START_TIMEOUT) -> int:
         raise DaemonError(f"a kreg daemon (pid {running['pid']}) already serves {path}; "
                           f"`kreg daemon stop --socket {path}` stops it")
     home = knobs.home
-    home.mkdir(parents=True, exist_ok=True)
     log_path = home / "daemon.log"
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise DaemonError(f"cannot write the daemon's log {log_path}: {exc.strerror or exc} "
+                          f"({type(exc).__name__}); KREG_HOME ({home}) must be a writable "
+                          f"directory: set KREG_HOME to one") from None
     offset = os.lseek(fd, 0, os.SEEK_END)
     try:
         # A new session (no controlling terminal, own process group) and cwd "/" so the daemon
         # neither dies with the shell nor pins a mount; the child is re-parented once we exit.
+        # It rotates the log it inherits as stderr (--log): daemon.log stays bounded.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "registry.daemon", "--socket", str(path)],
+            [sys.executable, "-m", "registry.daemon", "--socket", str(path), "--log",
+             str(log_path)],
             stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
             close_fds=True, cwd="/", env={**os.environ, "PYTHONPATH": _pythonpath()})
     finally:
@@ -120,6 +138,8 @@ def stop_daemon(path: Path, timeout: float = STOP_TIMEOUT) -> int | None:
     try:
         with DaemonClient(path, 2.0) as client:
             pid = int(client.shutdown()["pid"])
+    except DaemonUntrusted:
+        raise  # another user's: neither asked to stop nor signalled
     except (OSError, ValueError, DaemonError):
         pid = read_pid(path)
         if pid is None or not _alive(pid):
@@ -157,7 +177,7 @@ def start(socket_path: str | None, foreground: bool) -> None:
 
             sys.exit(main(["--socket", str(path)]))
         pid = spawn_daemon(path)
-    except DaemonError as exc:
+    except KregError as exc:  # DaemonError, or ConfigError for a socket path too long
         raise click.ClickException(str(exc)) from None
     click.echo(f"kreg daemon started (pid {pid}) on {path}; log {knobs.home / 'daemon.log'}")
 
@@ -167,8 +187,11 @@ def start(socket_path: str | None, foreground: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def status(socket_path: str | None, as_json: bool) -> None:
     """Whether a daemon answers, and its counters (exit status 1 when none does)."""
-    path = _socket(socket_path)
-    stats = daemon_stats(path)
+    path = _checked_socket(socket_path)
+    try:
+        stats = daemon_stats(path)
+    except DaemonUntrusted as exc:
+        raise click.ClickException(str(exc)) from None
     if stats is None:
         if as_json:
             click.echo(json.dumps({"running": False, "socket": str(path)}))
@@ -194,7 +217,7 @@ def status(socket_path: str | None, as_json: bool) -> None:
 @_SOCKET
 def stop(socket_path: str | None) -> None:
     """Stop the daemon and wait until it has exited."""
-    path = _socket(socket_path)
+    path = _checked_socket(socket_path)
     try:
         pid = stop_daemon(path)
     except DaemonError as exc:

@@ -4,6 +4,12 @@
 ``KREG_DAEMON`` is set. It never raises: on any failure it returns a one-line note, the caller
 selects in-process, and further attempts wait out a backoff (1 s doubling to 30 s) so a dead
 socket is not retried on every miss.
+
+Trust. A client trusts only a daemon run by its own user or by root: on every connection it
+reads the daemon's uid (SO_PEERCRED on the client's socket, where the platform has it) and a
+daemon of any other uid is refused before a request is sent (:class:`DaemonUntrusted`); the
+registry then selects in-process and logs the reason once, as an error. Root is trusted because
+it can impersonate any user anyway; a daemon in a shared directory run by another user is not.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ if TYPE_CHECKING:
     from registry._registry import Registry
     from registry._workload import Workload
 
-__all__ = ["DaemonClient", "DaemonRefused", "remote_select", "reset_links"]
+__all__ = ["DaemonClient", "DaemonRefused", "DaemonUntrusted", "peer_uid", "remote_select",
+           "reset_links"]
 
 logger = logging.getLogger("registry.daemon")
 
@@ -54,6 +61,36 @@ class DaemonRefused(DaemonError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class DaemonUntrusted(DaemonError):
+    """The process serving the socket runs as another user (neither ours nor root)."""
+
+    def __init__(self, path: str, uid: int, pid: int | None) -> None:
+        me = os.getuid()
+        super().__init__(f"the daemon at {path} runs as uid {uid}"
+                         + (f" (pid {pid})" if pid else "")
+                         + f", not as this user (uid {me}) or root: its decisions are not "
+                         f"trusted; start your own with `kreg daemon start` or point KREG_DAEMON "
+                         f"at a socket of yours")
+        self.uid = uid
+
+
+def peer_uid(sock: socket.socket) -> tuple[int, int] | None:
+    """``(pid, uid)`` of the process at the other end of a connected Unix socket, or None where
+    the platform cannot say (no SO_PEERCRED: the socket's file mode is then the only guard)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _trusted(uid: int) -> bool:
+    return uid in (os.getuid(), 0)
 
 
 class DaemonClient:
@@ -85,6 +122,9 @@ class DaemonClient:
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.path)
+            peer = peer_uid(sock)
+            if peer is not None and not _trusted(peer[1]):
+                raise DaemonUntrusted(self.path, peer[1], peer[0])
         except BaseException:
             sock.close()
             raise
@@ -270,7 +310,7 @@ def reset_links() -> None:
         _links.clear()
 
 
-def _fail(link: _Link, note: str, detail: str) -> None:
+def _fail(link: _Link, note: str, detail: str, level: int = logging.WARNING) -> None:
     if link.client is not None:
         link.client.close()
         link.client = None
@@ -278,9 +318,8 @@ def _fail(link: _Link, note: str, detail: str) -> None:
     link.next_try = time.monotonic() + link.delay
     if not link.warned:
         link.warned = True
-        logger.warning("%s; further misses select in-process until it answers again "
-                       "(next attempt in %g s, backoff up to %g s)", detail, link.delay,
-                       BACKOFF_MAX)
+        logger.log(level, "%s; further misses select in-process until it answers again "
+                   "(next attempt in %g s, backoff up to %g s)", detail, link.delay, BACKOFF_MAX)
     else:
         logger.debug("%s (next attempt in %g s)", detail, link.delay)
     link.delay = min(link.delay * 2, BACKOFF_MAX)
@@ -322,6 +361,11 @@ def remote_select(reg: Registry, op: str, facts: DeviceFacts, wl: Workload,
             reply = link.client.select(op, fjson, wl.model_dump(mode="json"),
                                        raw[0] if raw else None, link.fingerprint[1],
                                        facts.fingerprint)
+        except DaemonUntrusted as exc:
+            note = f"daemon at {path} not trusted (it runs as uid {exc.uid}, neither this " \
+                   f"user's nor root's); selected in-process"
+            _fail(link, note, f"kreg: {exc}", logging.ERROR)
+            return None, note
         except DaemonRefused as exc:
             if exc.code == "select_failed":
                 # The daemon is fine; this workload is not. Selecting in-process raises the

@@ -99,8 +99,12 @@ def encode_frame(obj: Any) -> bytes:
 
 def decode_frame(body: bytes) -> dict[str, Any]:
     """Parse one frame body; raises ValueError for anything but a JSON object (UTF-8 only:
-    decoding first also spares json its encoding detection)."""
-    obj = json.loads(body.decode())
+    decoding first also spares json its encoding detection). JSON nested deeper than the
+    parser's recursion limit is a ValueError too, not a RecursionError."""
+    try:
+        obj = json.loads(body.decode())
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError(f"a frame must hold a JSON object, not {type(obj).__name__}")
     return obj

@@ -13,10 +13,24 @@ of that cache an alias table maps the request's raw text (facts JSON, canonical 
 the entry, so a hit parses no pydantic model.
 
 Safety. The socket is 0600 in a 0700 directory and every connection's peer uid is checked
-(SO_PEERCRED): another user's process is answered ``forbidden`` and disconnected. One daemon per
-socket: it holds ``<socket>.lock`` (a filelock) for its lifetime and writes its pid to
-``<socket>.pid``; a second one exits with a message naming the first. A socket left by a crash
-is removed at start (the lock proves nobody serves it).
+(SO_PEERCRED): another user's process is answered ``forbidden`` and disconnected; clients check
+the daemon's uid the same way (it must be theirs, or root's: :mod:`registry.daemon.client`).
+One daemon per socket: it holds ``<socket>.lock`` (a filelock) for its lifetime and writes its
+pid to ``<socket>.pid``, created afresh with O_EXCL|O_NOFOLLOW (a symbolic link planted in its
+place is refused, never followed); a second one exits with a message naming the first. A socket
+left by a crash is removed at start (the lock proves nobody serves it).
+
+Freshness. The plugin-set fingerprint clients must match covers the tuning store the daemon's
+registry read (``Registry.plugin_fingerprint``). Once a second the daemon looks at the store
+file; when its entries changed (``kreg tune``, ``kreg tuning import``) it rebuilds its registry
+and drops its cache, so it never serves decisions of an older store: clients started since
+agree with it again, older clients (whose registries read the older store) get
+``plugin_mismatch`` and select in-process until ``registry.reset_registry()`` or a restart.
+
+Logging. A request that crashes the daemon's own code costs that request only (``internal``);
+its traceback is logged for the first few of each kind, then one line each. Started by
+``kreg daemon start``, the daemon rotates its log (``--log``) past :data:`LOG_MAX_BYTES`,
+keeping :data:`LOG_FILES` files.
 
 Robustness. asyncio protocol callbacks, no blocking reads: a frame longer than
 :data:`MAX_REQUEST` is answered ``too_large`` and the connection closed; bad JSON, a non-object,
@@ -63,11 +77,22 @@ __all__ = ["AlreadyRunningError", "Daemon", "journal_path_for", "lock_path", "pi
 
 logger = logging.getLogger("registry.daemon")
 
-# Decisions are ~3.5 KiB of JSON each: the shared cache stays under ~60 MiB.
+# Memory at the cap: a sparse_prefill decision is ~6 KiB of JSON (every candidate's verdicts),
+# and each cache entry also holds its alias key and fields: 16,384 distinct decisions measured
+# 185 MiB RSS, 37 MiB before filling (~9 KiB each; 2026-12, CPython 3.11; issue #24 measured
+# 195 MiB), not the ~60 MiB this note used to say.
 CACHE_SIZE = 16384
 RECENT_SIZE = 10000
 EXPLAIN_LIMIT = 10000
 _TRUE, _FALSE = b"true", b"false"
+#: Tracebacks of internal errors logged per exception type before they shrink to one line.
+TRACEBACKS_PER_KIND = 3
+#: The log of a daemon started by ``kreg daemon start`` rotates past this size ...
+LOG_MAX_BYTES = 4 * 1024 * 1024
+#: ... keeping this many files (``daemon.log``, ``daemon.log.1``).
+LOG_FILES = 2
+#: Seconds between looks at the tuning store.
+STORE_CHECK_S = 1.0
 
 
 class AlreadyRunningError(DaemonError):
@@ -252,7 +277,8 @@ class Daemon:
                  journal_path: Path | None = None, read_timeout: float = 2.0,
                  idle_timeout: float = 600.0, max_connections: int = 1024,
                  cache_size: int = CACHE_SIZE, journal_max_bytes: int = DEFAULT_MAX_BYTES,
-                 journal_files: int = DEFAULT_FILES) -> None:
+                 journal_files: int = DEFAULT_FILES, log_path: Path | None = None,
+                 log_max_bytes: int = LOG_MAX_BYTES) -> None:
         from registry._default import get_registry
 
         self.path = resolve_socket(socket_path)
@@ -264,8 +290,19 @@ class Daemon:
         self.journal_max_bytes = journal_max_bytes
         self.journal_files = journal_files
         self.uid = os.getuid()
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.log_max_bytes = log_max_bytes
         self.reg = get_registry()
         self.plugin_fp = self.reg.plugin_fingerprint()
+        self.reloads = 0
+        self.tracebacks: dict[str, int] = {}
+        self._store_seen = self._store_stat()
+        self._store_checked = time.monotonic()
+        if "tuning" in self.reg.build_state:
+            from registry.tuning.store import store_identity
+
+            if store_identity(self._store_path()) != self.reg.build_state["tuning"]:
+                self.reload("the tuning store changed since the registry was built")
         self.conns: set[_Connection] = set()
         self.cache: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.aliases: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
@@ -320,9 +357,16 @@ class Daemon:
             self.count_error(rej.code)
             return _error_frame(rid, rej.code, rej.message), rej.close
         except Exception as exc:  # a bug must cost one request, never the daemon
-            logger.exception("request failed")
+            kind = type(exc).__name__
+            seen = self.tracebacks.get(kind, 0)
+            self.tracebacks[kind] = seen + 1
+            if seen < TRACEBACKS_PER_KIND:
+                logger.exception("request failed")
+            else:  # bounded: a client repeating one bad request cannot fill the log
+                logger.error("request failed: %s: %s (%d so far; traceback logged %d times)",
+                             kind, str(exc)[:200], seen + 1, TRACEBACKS_PER_KIND)
             self.count_error("internal")
-            return _error_frame(rid, "internal", f"{type(exc).__name__}: {exc}"), False
+            return _error_frame(rid, "internal", f"{kind}: {str(exc)[:500]}"), False
 
     @staticmethod
     def _reply(rid: Any, payload: dict[str, Any]) -> bytes:
@@ -340,9 +384,11 @@ class Daemon:
         if plugins != self.plugin_fp:
             raise _Reject("plugin_mismatch",
                           f"plugin set {plugins} differs from the daemon's {self.plugin_fp}; its "
-                          f"decisions could name implementations this client lacks (check "
-                          f"KREG_PLUGINS, KREG_DISABLE_PLUGINS and registered plugins, or run a "
-                          f"daemon with the same plugin set)")
+                          f"decisions could name implementations this client lacks or come "
+                          f"from another tuning store (check KREG_PLUGINS, KREG_DISABLE_PLUGINS, "
+                          f"registered plugins and KREG_HOME; a process that started before "
+                          f"the store last changed picks it up with registry.reset_registry() "
+                          f"or a restart)")
         facts_s = req.get("facts")
         if facts_s is not None:
             self._learn_facts(fp, facts_s)
@@ -452,9 +498,58 @@ class Daemon:
             "connections_open": len(self.conns), "connections_total": self.connections_total,
             "journal": str(self.journal_path),
             "journal_rotations": self.journal.rotations if self.journal else 0,
+            "reloads": self.reloads,
             "rss_bytes": rss_bytes(), "cpu_s": round(sum(os.times()[:2]), 3),
             "torch_imported": "torch" in sys.modules, "triton_imported": "triton" in sys.modules,
         }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    # -- the tuning store --------------------------------------------------------------------
+
+    @staticmethod
+    def _store_path() -> Path:
+        from registry._knobs import knobs
+
+        return knobs.home / "tuning.json"
+
+    def _store_stat(self) -> str:
+        try:
+            st = os.stat(self._store_path())
+        except OSError as exc:
+            return f"absent ({type(exc).__name__})"
+        return f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}-{st.st_mode}"
+
+    def check_store(self) -> bool:
+        """Rebuild the registry when the tuning store's entries differ from those it was built
+        with (called once a second by the event loop); True when it rebuilt."""
+        seen = self._store_stat()
+        if seen == self._store_seen or "tuning" not in self.reg.build_state:
+            return False  # unchanged, or no plugin of this registry reads the store
+        # Taken before the rebuild reads the file: a write after this stat is seen next time.
+        self._store_seen = seen
+        from registry.tuning.store import store_identity
+
+        if store_identity(self._store_path()) == self.reg.build_state.get("tuning"):
+            return False  # replaced by the same entries (a resumed kreg tune)
+        return self.reload("the tuning store changed")
+
+    def reload(self, why: str) -> bool:
+        """Build the registry afresh (its plugins read the store again); drop the cache when
+        the fingerprint changed. True when it changed."""
+        from registry._default import build_registry
+
+        reg = build_registry()
+        old, new = self.plugin_fp, reg.plugin_fingerprint()
+        self.reg, self.plugin_fp = reg, new
+        self.reloads += 1
+        if new == old:
+            return False
+        self.cache.clear()
+        self.aliases.clear()
+        logger.info("%s: registry rebuilt, plugins %s -> %s; cached decisions dropped (clients "
+                    "started before see plugin_mismatch and select in-process)", why, old, new)
+        return True
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -463,10 +558,15 @@ class Daemon:
         from registry.daemon.protocol import default_socket_path
 
         parent = self.path.parent
-        if not parent.exists():
-            parent.mkdir(parents=True, mode=0o700)
-        elif self.path == default_socket_path():
-            parent.chmod(0o700)  # ours alone; a chosen --socket directory is left as it is
+        try:
+            if not parent.exists():
+                parent.mkdir(parents=True, mode=0o700)
+            elif self.path == default_socket_path():
+                parent.chmod(0o700)  # ours alone; a chosen --socket directory is left as it is
+        except OSError as exc:
+            raise DaemonError(f"cannot create the socket directory {parent}: "
+                              f"{exc.strerror or exc} ({type(exc).__name__}); choose another "
+                              f"--socket or fix the directory's permissions") from None
         lock = filelock.FileLock(str(lock_path(self.path)), timeout=0)
         try:
             lock.acquire()
@@ -476,21 +576,33 @@ class Daemon:
                 f"another kreg daemon (pid {other if other else 'unknown'}) already serves "
                 f"{self.path}; stop it with `kreg daemon stop --socket {self.path}` or choose "
                 f"another --socket") from None
+        except OSError as exc:
+            planted = os.path.islink(lock_path(self.path))
+            raise DaemonError(
+                f"cannot take the daemon's lock {lock_path(self.path)}: {exc.strerror or exc} "
+                f"({type(exc).__name__})"
+                + ("; it is a symbolic link, which kreg never follows: remove it (someone else "
+                   "may have planted it) or choose another --socket" if planted else
+                   "; choose another --socket or fix the directory's permissions")) from None
         self._lock = lock
         try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                lock.release()
-                raise DaemonError(f"{self.path} exists and is not a socket; remove it or choose "
-                                  f"another --socket")
-            # We hold the lock, so no daemon serves it: a crashed daemon left it behind.
-            logger.warning("removing stale socket %s left by a previous daemon (pid %s)",
-                           self.path, read_pid(self.path))
-            self.path.unlink()
-        pid_path(self.path).write_text(f"{os.getpid()}\n")
+            try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(st.st_mode):
+                    raise DaemonError(f"{self.path} exists and is not a socket; remove it or "
+                                      f"choose another --socket")
+                # We hold the lock, so no daemon serves it: a crashed daemon left it behind.
+                logger.warning("removing stale socket %s left by a previous daemon (pid %s)",
+                               self.path, read_pid(self.path))
+                self.path.unlink()
+            _write_pid_file(pid_path(self.path))
+        except BaseException:
+            lock.release()
+            self._lock = None
+            raise
 
     def _release(self) -> None:
         for p in (self.path, pid_path(self.path)):
@@ -531,10 +643,19 @@ class Daemon:
             await server.wait_closed()
 
     async def _sweep(self) -> None:
-        """Close connections with a stalled frame or idle too long; flush the journal."""
+        """Close connections with a stalled frame or idle too long; flush the journal; look at
+        the tuning store and the log's size."""
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
+            if now - self._store_checked >= STORE_CHECK_S:
+                self._store_checked = now
+                try:
+                    self.check_store()
+                except Exception:  # never the daemon: the next look tries again
+                    logger.exception("checking the tuning store failed")
+                if self.log_path is not None:
+                    _rotate_log(self.log_path, self.log_max_bytes)
             for conn in list(self.conns):
                 t = conn.transport
                 if t is None or t.is_closing():
@@ -560,6 +681,62 @@ class Daemon:
             logger.info("kreg daemon pid %d stopped", os.getpid())
 
 
+def _write_pid_file(path: Path) -> None:
+    """Write our pid to ``path`` as a new file: a leftover regular file is replaced, a symbolic
+    link (or anything else) in its place is refused, never followed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise DaemonError(f"the daemon's pid file {path} is {what}; kreg never follows or "
+                              f"overwrites one: remove it (someone else may have planted it) or "
+                              f"choose another --socket")
+        path.unlink()  # a crashed daemon's (we hold the lock)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise DaemonError(f"cannot create the daemon's pid file {path}: {exc.strerror or exc} "
+                          f"({type(exc).__name__}); remove what is there or choose another "
+                          f"--socket") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+
+
+def _rotate_log(path: Path, max_bytes: int, files: int = LOG_FILES) -> bool:
+    """When this process's stderr (where it logs) is ``path`` and has passed ``max_bytes``:
+    shift ``path`` to ``path.1`` (and so on, the oldest dropped) and point stdout and stderr at
+    a fresh ``path``. True when it rotated."""
+    try:
+        st, err = os.stat(path), os.fstat(2)
+    except OSError:
+        return False
+    if (st.st_ino, st.st_dev) != (err.st_ino, err.st_dev) or err.st_size < max_bytes:
+        return False
+    try:
+        for i in range(files - 1, 0, -1):
+            src = path if i == 1 else path.with_name(f"{path.name}.{i - 1}")
+            if src.exists():
+                os.replace(src, path.with_name(f"{path.name}.{i}"))
+        if files <= 1:
+            path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+    except OSError as exc:
+        logger.warning("cannot rotate %s: %s", path, exc)
+        return False
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os.dup2(fd, 2)
+    os.dup2(fd, 1)
+    os.close(fd)
+    logger.info("log rotated (the previous one is %s.1)", path)
+    return True
+
+
 def _run_loop(coro: Any) -> None:
     """Run the server's event loop: uvloop's when installed (the ``daemon`` extra), which cuts
     the per-request event-loop cost of a paced select, else asyncio's."""
@@ -578,6 +755,11 @@ def serve(socket_path: str | os.PathLike[str] | None = None, **options: Any) -> 
     except (DaemonError, KregError) as exc:
         print(f"kreg daemon: {exc}", file=sys.stderr, flush=True)
         return 1
+    except OSError as exc:  # a KREG_HOME it cannot write (the journal), a full disk, ...
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"kreg daemon: cannot use{where}: {exc.strerror or exc} ({type(exc).__name__}); "
+              f"set KREG_HOME to a writable directory", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -592,13 +774,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds a started request frame may take to arrive (default 2)")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds an idle connection is kept (default 600)")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="the file stderr is redirected to: rotated past --log-max-bytes")
+    parser.add_argument("--log-max-bytes", type=int, default=LOG_MAX_BYTES)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     from registry._knobs import knobs
 
     return serve(args.socket if args.socket is not None else knobs.daemon,
-                 read_timeout=args.read_timeout, idle_timeout=args.idle_timeout)
+                 read_timeout=args.read_timeout, idle_timeout=args.idle_timeout,
+                 log_path=args.log, log_max_bytes=args.log_max_bytes)
 
 
 if __name__ == "__main__":

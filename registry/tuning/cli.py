@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from registry._format import format_config
+from registry.errors import KregError
 from registry.tuning.store import TuningStore
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errors(fn: F) -> F:
+    """kreg's errors (a store that cannot be read or written, a bad setting) as a message and
+    exit status 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KregError as exc:
+            name = next(c.__name__ for c in type(exc).__mro__ if not c.__name__.startswith("_"))
+            raise click.ClickException(f"{name}: {exc}") from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _grid(items: tuple[str, ...]) -> dict[str, list[str]]:
@@ -37,11 +57,11 @@ def _grid(items: tuple[str, ...]) -> dict[str, list[str]]:
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the crossover chart (time against the point per config) to a PNG.")
 @click.option("--json", "as_json", is_flag=True)
+@_errors
 def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup: int,
          iters: int, min_gain: float | None, plot: str | None, as_json: bool) -> None:
     """Sweep OP's valid configs on this device; write each point's winner to the store."""
     import registry
-    from registry.errors import KregError
     from registry.tuning.tune import DEFAULT_MIN_GAIN, load_tuner
     from registry.tuning.tune import tune as run_tune
 
@@ -51,13 +71,25 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
                                  f"baseline unless a config is more than 3% faster",
                                  param_hint="--min-gain")
 
-    try:
-        tuner = load_tuner(op)
-        facts = registry.probe()
-        cases = tuner.cases(_grid(grid))
-    except KregError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    from registry.tuning.tune import cannot_run_here
+
+    tuner = load_tuner(op)
+    facts = registry.probe()
+    cases = tuner.cases(_grid(grid))
     store = TuningStore()
+    # Up front, dry run too: a device where the tuned kernel cannot run measures nothing.
+    blocked = {tuner.label(c): why for c in cases
+               if (why := cannot_run_here(op, tuner.bucket(c), facts))}
+    if cases and len(blocked) == len(cases):
+        reasons = sorted(set(blocked.values()))
+        raise click.ClickException(
+            f"no candidate of {op} can run on {facts.describe()}: " + " | ".join(reasons)
+            + f" (all {len(cases)} points); nothing to measure")
+    if blocked:
+        click.echo(f"# {len(blocked)} of {len(cases)} points cannot run here and are not "
+                   f"measured: " + " | ".join(sorted(set(blocked.values()))), err=True)
+    if not dry_run:
+        store.ensure_writable()  # before measuring for minutes, not after
     import shlex
 
     command = "kreg tune " + shlex.join([op, *[f"--grid={g}" for g in grid],
@@ -77,7 +109,7 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
         for r in results:
             pruned = [f"{lab} ({note})" for lab, cfg, note in r.candidates if cfg is None]
             valid = [lab for lab, cfg, _ in r.candidates if cfg is not None]
-            head = f"{r.label}: {r.status}"
+            head = f"{r.label}: {r.status}" + (f" ({r.note})" if r.note else "")
             if r.winner and r.fastest and r.winner != r.fastest:
                 fast, kept = r.timings[r.fastest].ms or 0.0, r.timings[r.winner].ms or 0.0
                 head += (f"; kept the baseline {r.winner} {kept:.4f} ms: "
@@ -105,6 +137,11 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
     violations = [v for r in results for v in r.violations]
     if violations:
         raise click.ClickException("accuracy violations: " + "; ".join(violations))
+    failed = [r.label for r in results if r.status in ("no candidate ran", "cannot run here")]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(results)} points measured nothing "
+                                   f"({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''})"
+                                   f"; see each point's lines above")
 
 
 def _plot(results: list[Any], path: str, tuner: Any) -> None:
@@ -116,15 +153,7 @@ def _plot(results: list[Any], path: str, tuner: Any) -> None:
     except ImportError:
         raise click.ClickException("--plot needs matplotlib: pip install 'kreg[plot]'") from None
     point_field = getattr(tuner, "PLOT_AXIS", None)
-    groups: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for r in results:
-        if not r.timings or point_field not in r.bucket:
-            continue
-        shape = " ".join(f"{k}={v}" for k, v in r.bucket.items() if k != point_field)
-        for lab, t in r.timings.items():
-            if t.ms:
-                groups.setdefault(shape, {}).setdefault(lab, []).append(
-                    (r.bucket[point_field], t.ms))
+    groups = _panels(results, point_field)
     if not groups:
         raise click.ClickException("nothing measured to plot")
     fig, axes = plt.subplots(len(groups), 1, figsize=(9, 4 * len(groups)), squeeze=False)
@@ -143,6 +172,41 @@ def _plot(results: list[Any], path: str, tuner: Any) -> None:
     click.echo(f"wrote {path}", err=True)
 
 
+def _panels(results: list[Any], point_field: str | None
+            ) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{panel title: {config label: [(point, ms), ...]}}``: one panel per workload shape.
+    Fields that move with the plot axis (max_q, equal to total_q) are not part of the shape,
+    else no panel would ever join two points."""
+    measured = [r for r in results if r.timings and point_field in r.bucket]
+    tied = _covarying(measured, point_field)
+    groups: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for r in measured:
+        shape = " ".join(f"{k}={v}" for k, v in r.bucket.items()
+                         if k != point_field and k not in tied)
+        for lab, t in r.timings.items():
+            if t.ms:
+                groups.setdefault(shape, {}).setdefault(lab, []).append(
+                    (r.bucket[point_field], t.ms))
+    return groups
+
+
+def _covarying(results: list[Any], axis: str | None) -> set[str]:
+    """Bucket fields that vary, and are a function of the plot axis across ``results``."""
+    out: set[str] = set()
+    fields = {k for r in results for k in r.bucket} - {axis}
+    for f in fields:
+        seen: dict[Any, Any] = {}
+        functional = True
+        for r in results:
+            a, v = r.bucket.get(axis), r.bucket.get(f)
+            if seen.setdefault(a, v) != v:
+                functional = False
+                break
+        if functional and len({repr(r.bucket.get(f)) for r in results}) > 1:
+            out.add(f)
+    return out
+
+
 @click.group()
 def tuning() -> None:
     """List, show, export, import or clear the tuning store's entries."""
@@ -155,6 +219,7 @@ def _entries(op: str | None) -> list[Any]:
 @tuning.command("list")
 @click.option("--op", default=None)
 @click.option("--json", "as_json", is_flag=True)
+@_errors
 def list_(op: str | None, as_json: bool) -> None:
     """One line per entry: its index, op, family, device, software, point and config."""
     entries = _entries(op)
@@ -171,6 +236,7 @@ def list_(op: str | None, as_json: bool) -> None:
 
 @tuning.command()
 @click.argument("index", type=int)
+@_errors
 def show(index: int) -> None:
     """Everything about entry INDEX (from `kreg tuning list`), every candidate's time included."""
     entries = _entries(None)
@@ -183,6 +249,7 @@ def show(index: int) -> None:
 @tuning.command("export")
 @click.argument("dest", type=click.Path(dir_okay=False))
 @click.option("--op", default=None)
+@_errors
 def export(dest: str, op: str | None) -> None:
     """Write the entries as a table a vendor plugin can ship (see docs/PLUGINS.md)."""
     n = TuningStore().export_table(Path(dest), op=op)
@@ -191,20 +258,17 @@ def export(dest: str, op: str | None) -> None:
 
 @tuning.command("import")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@_errors
 def import_(src: str) -> None:
     """Merge an exported table into the store (validated first; a bad table changes nothing)."""
-    from registry.errors import StoreError
-
-    try:
-        n = TuningStore().import_table(Path(src))
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+    n = TuningStore().import_table(Path(src))
     click.echo(f"imported {n} entries from {src}")
 
 
 @tuning.command()
 @click.option("--op", default=None, help="Only this op's entries.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_errors
 def clear(op: str | None, yes: bool) -> None:
     """Remove entries (all, or one op's). Asks first unless --yes."""
     store = TuningStore()

@@ -14,12 +14,23 @@ Writers take ``tuning.json.lock`` (a :mod:`filelock`), read the current file, ch
 temporary file in the same directory, fsync it, ``os.replace`` it over the store and fsync the
 directory. Readers take no lock: a reader sees the old file or the new one, never a mix.
 
-A file that fails validation (bad JSON, bad checksum, wrong schema version, missing or malformed
-fields) is never trusted and never overwritten: it is renamed to
+A file that fails validation (bad JSON, bad checksum, an unknown older schema version, missing
+or malformed fields) is never trusted and never overwritten: it is renamed to
 ``tuning.json.corrupt-<UTC timestamp>-<pid>`` with a warning naming both paths, lookups see an
-empty store, and the next write starts a fresh file. A file that cannot be *read* at all
-(permissions, a directory in the way) is an environment problem, not corruption: that raises
-:class:`~registry.errors.StoreError` and leaves everything in place.
+empty store, and the next write starts a fresh file. When it cannot be renamed (a read-only
+``KREG_HOME``), :class:`~registry.errors.StoreError` says it is corrupt and what to do. A file that
+cannot be *read* at all (permissions, a directory, a FIFO or a device in the way: only regular
+files are opened, so a FIFO never hangs a reader) is an environment problem, not corruption:
+that raises :class:`~registry.errors.StoreError` and leaves everything in place.
+
+A store written by a newer kreg (a larger ``schema_version``) is not corrupt: it is never set
+aside and never written; every read raises :class:`~registry.errors.StoreError` saying which
+schema version (and, when the file says so, which kreg) wrote it, so nothing is served from it.
+
+Writers remove the ``.tuning.json.*.tmp`` files that killed writers left behind (with the lock
+held, so no live writer's file is touched). Every :meth:`TuningStore.load` notes the identity of
+what it served (a digest of the entries) with the registry being built, if any, so that the
+registry's ``plugin_fingerprint()`` covers the store the ``measured`` plugin read.
 
 An entry holds the exact device identity and software it was measured with. :meth:`lookup` serves
 only entries that match the running ones and returns the others as :class:`Mismatch` with every
@@ -46,6 +57,7 @@ import filelock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry._knobs import knobs
+from registry._registry import note_build_state
 from registry.errors import StoreError
 
 if TYPE_CHECKING:
@@ -60,12 +72,14 @@ __all__ = [
     "TuningStore",
     "identity_of",
     "load_table",
+    "store_identity",
     "utc_now",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk document. A file with any other version is set aside as corrupt.
+#: Version of the on-disk document. A file with a larger one was written by a newer kreg and is
+#: left alone (never served, written or set aside); any other version is set aside as corrupt.
 SCHEMA_VERSION = 1
 
 STORE_FILENAME = "tuning.json"
@@ -207,6 +221,16 @@ class _Invalid(Exception):
     """The bytes are not a valid tuning document; the message says which rule they break."""
 
 
+class _Newer(Exception):
+    """The document was written by a newer kreg (a larger schema version): not corrupt."""
+
+    def __init__(self, version: int, writer: str | None) -> None:
+        by = f"kreg {writer}" if writer else "a newer kreg"
+        super().__init__(f"schema version {version}, written by {by}; this kreg reads version "
+                         f"{SCHEMA_VERSION}")
+        self.version, self.writer = version, writer
+
+
 def _parse_document(raw: bytes, memo: _Memo | None = None) -> _Doc:
     """The entries of a tuning document by key, in file order; raises :class:`_Invalid`."""
     doc = _parse_own_layout(raw, memo or {})
@@ -268,6 +292,11 @@ def _parse_any_layout(raw: bytes) -> _Doc:
         raise _Invalid("not valid JSON (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise _Invalid(f"top level is a JSON {type(doc).__name__}, expected an object")
+    version = doc.get("schema_version")
+    if type(version) is int and version > SCHEMA_VERSION:
+        # A newer format may differ in anything else: nothing more is checked.
+        writer = doc.get("written_by", doc.get("kreg_version"))
+        raise _Newer(version, str(writer)[:60] if writer is not None else None)
     missing = [k for k in ("schema_version", "checksum", "entries") if k not in doc]
     if missing:
         raise _Invalid(f"missing field(s) {', '.join(missing)}")
@@ -323,6 +352,14 @@ def _memo_of(doc: _Doc) -> dict[str, tuple[str, TuningEntry]]:
     return {line: (key, entry) for key, (line, entry) in doc.items()}
 
 
+def _identity(doc: _Doc) -> str:
+    """A digest of the entries (not of the file's layout): equal entries, equal identity."""
+    return _checksum_of_lines(doc[key][0] for key in sorted(doc))[:16]
+
+
+_EMPTY_IDENTITY = _identity({})
+
+
 # --------------------------------------------------------------------------------------------
 # file system helpers (every OSError leaves as StoreError naming the path and the fix)
 
@@ -336,14 +373,41 @@ def _fix_for(path: Path) -> str:
     return f"make {path.parent} a readable and writable directory, or set KREG_HOME to one"
 
 
-def _read_bytes(path: Path) -> bytes | None:
-    """The file's bytes, or None when it does not exist."""
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _read_bytes(path: Path, what: str = "tuning file",
+                fix: str | None = None) -> bytes | None:
+    """The file's bytes, or None when it does not exist. Only a regular file is read: it is
+    opened without blocking and checked first, so a FIFO in its place never hangs the reader."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        return path.read_bytes()
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise _os_error("read tuning file", path, exc, _fix_for(path)) from exc
+        raise _os_error(f"read {what}", path, exc, fix or _fix_for(path)) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StoreError(
+                f"Cannot read {what} {path}: it is a {_kind_of(mode)}, not a regular file; "
+                + (fix or f"remove it (kreg writes {path.name} itself) or set KREG_HOME to "
+                          f"another directory"))
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    except OSError as exc:
+        raise _os_error(f"read {what}", path, exc, fix or _fix_for(path)) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -406,7 +470,8 @@ class TuningStore:
         # The last good read or write: its fingerprint, entries and memo. load() runs on every
         # selection that consults the store; parsing and validating are the expensive parts.
         # Replaced as a whole (one assignment), so threads sharing a store see a consistent one.
-        self._last: tuple[str, _Doc, _Memo] = ("", {}, {})
+        # With the identity of those entries (what load() notes for plugin_fingerprint()).
+        self._last: tuple[str, _Doc, _Memo, str] = ("", {}, {}, _EMPTY_IDENTITY)
 
     def __repr__(self) -> str:
         return f"TuningStore({str(self.path)!r})"
@@ -427,25 +492,66 @@ class TuningStore:
         return f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
 
     def load(self) -> list[TuningEntry]:
-        """Every entry in the store; ``[]`` when there is no file or it was corrupt (set aside)."""
+        """Every entry in the store; ``[]`` when there is no file or it was corrupt (set aside).
+
+        Raises StoreError when the file cannot be read, is not a regular file, was written by a
+        newer kreg, or is corrupt and cannot be set aside (a read-only directory)."""
+        try:
+            doc, ident = self._load_doc()
+        except StoreError as exc:
+            note_build_state("tuning", f"unusable ({type(exc).__name__})")
+            raise
+        # By content, not path: a daemon and a client with equal stores in two homes agree.
+        note_build_state("tuning", ident)
+        return [entry for _, entry in doc.values()]
+
+    def identity(self) -> str:
+        """A digest of the entries :meth:`load` serves now (what ``plugin_fingerprint()``
+        covers), or ``unusable (...)`` when it raises."""
+        try:
+            return self._load_doc()[1]
+        except StoreError as exc:
+            return f"unusable ({type(exc).__name__})"
+
+    def _load_doc(self) -> tuple[_Doc, str]:
+        """The entries by key and their identity."""
         fp = self.fingerprint()
-        last_fp, last_doc, memo = self._last
+        last_fp, last_doc, memo, ident = self._last
         if fp == last_fp:
-            return [entry for _, entry in last_doc.values()]
+            return last_doc, ident
         raw = _read_bytes(self.path)
         if raw is None:
-            return []
+            return {}, _EMPTY_IDENTITY
         try:
             doc = _parse_document(raw, memo)
-        except _Invalid:
+        except _Newer as newer:
+            raise self._newer_error(newer) from None
+        except _Invalid as problem:
             # Re-check under the lock: a writer may have set it aside and started afresh since.
-            with self._locked():
-                doc = self._read_locked()
-        else:
-            # fp was taken before the read, so at worst a newer file is remembered under an
-            # older fingerprint, which costs one extra parse later.
-            self._last = (fp, doc, _memo_of(doc))
-        return [entry for _, entry in doc.values()]
+            try:
+                with self._locked():
+                    doc = self._read_locked()
+                    return doc, self._last[3] if doc else _EMPTY_IDENTITY
+            except _Unlockable as exc:
+                raise StoreError(
+                    f"tuning store {self.path} is corrupt ({problem}) and cannot be set aside "
+                    f"here ({exc.reason}); nothing is served from it. Fix: move or delete it by "
+                    f"hand, or make {self.path.parent} writable (the next kreg that reads it "
+                    f"then moves it aside to tuning.json.corrupt-*)") from None
+        # fp was taken before the read, so at worst a newer file is remembered under an
+        # older fingerprint, which costs one extra parse later.
+        return doc, self._remember(fp, doc)
+
+    def _remember(self, fp: str, doc: _Doc) -> str:
+        ident = _identity(doc)
+        self._last = (fp, doc, _memo_of(doc), ident)
+        return ident
+
+    def _newer_error(self, newer: _Newer) -> StoreError:
+        return StoreError(
+            f"tuning store {self.path} has {newer}: kreg neither serves nor changes it (it is not "
+            f"corrupt). Upgrade kreg to use it, or set KREG_HOME to another directory for this "
+            f"version")
 
     def lookup(self, op: str, device: DeviceIdentity, software: Software
                ) -> tuple[list[TuningEntry], list[Mismatch]]:
@@ -493,6 +599,16 @@ class TuningStore:
         """Remove every entry; returns how many there were."""
         return self.remove(lambda _e: True)
 
+    def ensure_writable(self) -> None:
+        """Raise StoreError now, naming the path and the fix, when this store could not be
+        written (a KREG_HOME that is a file, read-only, ...); ``kreg tune`` asks before it
+        measures. Reads the file too: a newer kreg's store is refused the same way."""
+        with self._locked():
+            self._read_locked()
+            if not os.access(self.path.parent, os.W_OK):
+                raise StoreError(f"Cannot write tuning store {self.path}: {self.path.parent} is "
+                                 f"not writable; {_fix_for(self.path)}")
+
     # -- tables --------------------------------------------------------------------------------
 
     def export_table(self, dest: Path, *, op: str | None = None) -> int:
@@ -521,8 +637,8 @@ class TuningStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _os_error("create the store directory for", self.path, exc,
-                            _fix_for(self.path)) from exc
+            raise _Unlockable(_os_error("create the store directory for", self.path, exc,
+                                        _fix_for(self.path)), exc) from exc
         try:
             self._lock.acquire()
         except filelock.Timeout:
@@ -531,7 +647,8 @@ class TuningStore:
                 f"{self.lock_timeout:g} s; another kreg process is writing it. Wait for it, or "
                 "stop it if it hangs (the lock is released when its holder exits)") from None
         except OSError as exc:
-            raise _os_error("lock tuning store", self.lock_path, exc, _fix_for(self.path)) from exc
+            raise _Unlockable(_os_error("lock tuning store", self.lock_path, exc,
+                                        _fix_for(self.path)), exc) from exc
         try:
             yield
         finally:
@@ -541,23 +658,38 @@ class TuningStore:
         """Read the file with the lock held, setting it aside if it is corrupt.
 
         Always reads the file, never the remembered copy: another process may have written. The
-        result is a fresh dict the caller may change.
+        result is a fresh dict the caller may change. A newer kreg's store raises StoreError.
         """
         raw = _read_bytes(self.path)
         if raw is None:
             return {}
         try:
             doc = _parse_document(raw, self._last[2])
+        except _Newer as newer:
+            raise self._newer_error(newer) from None
         except _Invalid as problem:
             self._quarantine(str(problem))
             return {}
         # With the lock held nobody can replace the file, so this fingerprint belongs to doc.
-        self._last = (self.fingerprint(), doc, _memo_of(doc))
+        self._remember(self.fingerprint(), doc)
         return dict(doc)
 
     def _write_locked(self, doc: _Doc) -> None:
+        self._remove_stale_temporaries()
         _atomic_write(self.path, _render_document(doc))
-        self._last = (self.fingerprint(), doc, _memo_of(doc))
+        self._remember(self.fingerprint(), doc)
+
+    def _remove_stale_temporaries(self) -> None:
+        """Delete what killed writers left (``.tuning.json.*.tmp``); the lock is held, so every
+        live writer of this store is us."""
+        try:
+            stale = list(self.path.parent.glob(f".{self.path.name}.*.tmp"))
+        except OSError:
+            return
+        for tmp in stale:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                logger.info("removed %s, left by an interrupted write of %s", tmp, self.path)
 
     def _quarantine(self, problem: str) -> None:
         aside = _corrupt_name(self.path)
@@ -570,9 +702,23 @@ class TuningStore:
             raise _os_error(
                 "set aside corrupt tuning file", self.path, exc,
                 f"it is corrupt ({problem}); move or delete it by hand") from exc
-        self._last = ("", {}, {})
+        self._last = ("", {}, {}, _EMPTY_IDENTITY)
         logger.warning("tuning store %s is corrupt (%s); moved it aside to %s and ignored it; "
                        "the next write starts a fresh store", self.path, problem, aside)
+
+
+class _Unlockable(StoreError):
+    """The store's directory or lock file cannot be created or opened (read-only KREG_HOME)."""
+
+    def __init__(self, error: StoreError, cause: OSError) -> None:
+        super().__init__(str(error))
+        self.reason = f"{cause.strerror or cause} ({type(cause).__name__})"
+
+
+def store_identity(path: Path | None = None) -> str:
+    """The identity :meth:`TuningStore.load` of ``path`` (default: ``$KREG_HOME/tuning.json``)
+    would note now: what a daemon compares to decide whether its registry is stale."""
+    return TuningStore(path).identity()
 
 
 def _mismatch_reasons(entry: TuningEntry, device: DeviceIdentity, software: Software) -> list[str]:
@@ -600,13 +746,13 @@ def load_table(path: Path) -> list[TuningEntry]:
     the file and the problem; nothing is set aside, since the file is not the user's store.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise _os_error("read tuning table", path, exc,
-                        "check the path and that the file is readable") from exc
+    raw = _read_bytes(path, "tuning table", "check the path and that it is a readable file")
+    if raw is None:
+        raise StoreError(f"Cannot read tuning table {path}: it does not exist; check the path")
     try:
         return [entry for _, entry in _parse_document(raw).values()]
+    except _Newer as newer:
+        raise StoreError(f"Tuning table {path} has {newer}; upgrade kreg to import it") from None
     except _Invalid as problem:
         raise StoreError(f"Tuning table {path} is invalid: {problem}; re-export it from a store "
                          "(TuningStore.export_table) instead of editing it by hand") from None

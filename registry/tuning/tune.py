@@ -47,7 +47,8 @@ from registry.errors import ConfigError
 from registry.tuning.measure import Measurement, Trial, measure, registry_candidates
 from registry.tuning.store import TuningEntry, TuningStore, identity_of, utc_now
 
-__all__ = ["DEFAULT_MIN_GAIN", "PointResult", "load_tuner", "measure_point", "tune"]
+__all__ = ["DEFAULT_MIN_GAIN", "PointResult", "cannot_run_here", "load_tuner", "measure_point",
+           "tune"]
 
 DEFAULT_MIN_GAIN = 0.03
 
@@ -56,12 +57,15 @@ DEFAULT_MIN_GAIN = 0.03
 class PointResult:
     label: str
     bucket: dict[str, Any]
-    status: str  # "measured", "skipped (in store)", "dry-run", "no valid candidate"
+    # "measured", "skipped (in store)", "dry-run", "no valid candidate", "no candidate ran",
+    # "cannot run here" (``note`` says why: a capability the tuned kernel needs is missing)
+    status: str
     candidates: list[tuple[str, dict[str, Any] | None, str]] = field(default_factory=list)
     timings: dict[str, Measurement] = field(default_factory=dict)
     winner: str | None = None      # the config written for this point
     baseline: str | None = None
     fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
+    note: str = ""
 
     @property
     def speedup(self) -> float | None:
@@ -84,6 +88,29 @@ def load_tuner(op: str) -> Any:
         raise ConfigError(f"op {op!r} has no tuner; ops with one: " + ", ".join(
             n for n in registry.ops() if registry.get_registry().spec(n).tuner))
     return load_object(spec.tuner)
+
+
+def cannot_run_here(op: str, bucket: Mapping[str, Any], facts: DeviceFacts) -> str | None:
+    """Why no candidate of ``op``'s tuned kernel can run the point ``bucket`` on ``facts`` (the
+    capability requirements the op's ``measured`` implementation declares: Triton's runtime,
+    for kreg's ops), or None when it can."""
+    import registry
+    from registry.errors import KregError
+
+    reg = registry.get_registry()
+    spec = reg.spec(op)
+    try:
+        wl = reg.workload(op, bucket)
+    except KregError:
+        return None  # not a workload this op accepts: the tuner's candidates say why
+    failed = []
+    for req in spec.measured_requirements:
+        if req.kind != "capability":
+            continue
+        check = req.check(facts, wl)
+        if not check.passed:
+            failed.append(str(check))
+    return "; ".join(failed) or None
 
 
 def measure_point(op: str, case: Any, configs: Mapping[str, Mapping[str, Any]], *,
@@ -139,8 +166,11 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                           candidates=list(tuner.candidates(case, facts)),
                           baseline=tuner.baseline(case, facts))
         valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
+        blocked = cannot_run_here(op, bucket, facts)
         if resume and _bucket_key(bucket) in done:
             res.status = "skipped (in store)"
+        elif blocked:
+            res.status, res.note = "cannot run here", blocked
         elif dry_run:
             res.status = "dry-run"
         elif not valid:

@@ -279,6 +279,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("KREG_HOME", str(tmp_path))
     registry.reset_registry()
     yield tmp_path
+    monkeypatch.undo()  # first: the registry rebuilt below must not read this store
     registry.reset_registry()
 
 

@@ -15,7 +15,7 @@ import cli
 import registry
 from registry import Implementation, hookimpl
 
-from unit_helpers import setenv
+from unit_helpers import allow_plugin, setenv
 
 IN_TREE = {"sparse_prefill", "indexer_topk", "reference", "generic", "nvidia_sm120",
            "amd_mi355x"}
@@ -72,6 +72,7 @@ def test_a_plugin_that_fails_to_import_is_named_and_isolated(
     real = list(importlib.metadata.entry_points(group="kreg"))
     fake = [*real, _EP("broken_vendor", "broken_vendor.plugin", _boom)]
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: fake)
+    allow_plugin(monkeypatch, "broken_vendor")
     caplog.set_level(logging.WARNING, logger="registry")
     reg = registry.Registry()
     rec = reg.plugins["broken_vendor"]

@@ -24,7 +24,8 @@ facts = st.builds(
     registry.DeviceFacts,
     vendor=st.sampled_from(["nvidia", "amd", "cpu"]),
     name=st.one_of(st.sampled_from(["NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                                    "AMD Instinct MI355X", "NVIDIA H200"]), st.text(max_size=10)),
+                                    "AMD Instinct MI355X", "NVIDIA H200"]),
+                      st.text(min_size=1, max_size=10)),  # an empty name is refused (#24)
     arch=st.sampled_from(["sm_120", "sm_121", "sm_90", "gfx950", "gfx942", "cpu", "sm_1200"]),
     compute_capability=st.one_of(st.none(), st.tuples(st.integers(0, 20), st.integers(0, 9))),
     sm_count=st.sampled_from([0, 1, 132, 170, 188, 256, 304]),

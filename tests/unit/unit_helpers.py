@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import registry
@@ -24,3 +26,9 @@ def profile(name: str, **changes: object) -> DeviceFacts:
 def setenv(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
     registry.invalidate()
+
+
+def allow_plugin(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Add ``name`` to the plugin set the tests select with (kreg's own: tests/conftest.py)."""
+    current = [p for p in os.environ.get("KREG_PLUGINS", "").split(",") if p]
+    monkeypatch.setenv("KREG_PLUGINS", ",".join([*current, name]))

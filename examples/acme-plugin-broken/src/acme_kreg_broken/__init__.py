@@ -5,8 +5,8 @@ Requirements, by kind:
 
 * capability (never waived; the kernel is invalid outside them): Triton can run here (a GPU, or
   the interpreter on a CPU), head dims up to 256, float16/bfloat16/float32 inputs;
-* envelope (where ACME measured a win; ``acme.sparse_prefill_blocked:measure`` waives them):
-  an NVIDIA sm_89 device (L20, L40S, RTX 4090), prefill batches of at least 1,024 rows.
+* envelope (where ACME measured a win; ``acme_broken.sparse_prefill_blocked:measure`` waives
+  them): an NVIDIA sm_89 device (L20, L40S, RTX 4090), prefill batches of at least 1,024 rows.
 
 Priority 100, the vendor tier: above the generic table (10), below entries the local tuning
 store measured on this exact machine (200).
