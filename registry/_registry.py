@@ -634,13 +634,22 @@ class Registry:
         returning something other than a mapping) fails its plugin only."""
         extra: dict[str, str] = {}
         for plugin, more in self._call_each("kreg_enrich_facts", facts=facts):
-            if not isinstance(more, Mapping):
-                self._fail(plugin, f"hook kreg_enrich_facts returned {type(more).__name__}; it "
-                                   f"must return a mapping of str -> str, or None")
+            # Each plugin's facts are checked alone: one that returns something other than a
+            # mapping of str -> str, or facts DeviceFacts refuses, is named and skipped.
+            try:
+                if not isinstance(more, Mapping):
+                    raise TypeError(f"it returned {type(more).__name__} {more!r:.60}; it must "
+                                    f"return a mapping of str -> str, or None")
+                add = {str(k): str(v) for k, v in more.items() if str(k) not in facts.extra}
+                facts.what_if(extra={**facts.extra, **extra, **add})
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                self._fail(plugin, f"hook kreg_enrich_facts: {type(exc).__name__}: {exc}; its "
+                                   f"facts are ignored")
                 continue
-            extra.update({str(k): str(v) for k, v in more.items()})
-        added = {k: v for k, v in extra.items() if k not in facts.extra}
-        return facts.what_if(extra={**facts.extra, **added}) if added else facts
+            extra.update(add)
+        return facts.what_if(extra={**facts.extra, **extra}) if extra else facts
 
     # -----------------------------------------------------------------------------------------
     # device profiles

@@ -49,6 +49,13 @@ EXCEPTIONS: list[tuple[str, str]] = [
                                                   "tuning grid: long-running"),
     (r"^kreg daemon start\b(?!.*--foreground)", "starts a background service (tests/integration/"
                                                 "test_daemon.py starts and stops one)"),
+    (r"\b(workloads\.jsonl|kreg\.lock|old\.lock)\b",
+     "reads a lockfile or a workloads file the reader writes first (tests/unit/test_lock.py "
+     "locks the seed's sweep on five profiles and verifies it, with each drift)"),
+    (r"\bacme[_.]|--kreg-conformance acme\b",
+     "needs the example plugin installed (tests/integration/test_acme_plugin.py installs it and "
+     "runs these commands on it)"),
+    (r"\bserve\.py\b", "the reader's own serving process"),
 ]
 
 #: Long but CPU-capable commands, run with smaller settings (arguments appended).
