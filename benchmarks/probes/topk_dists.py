@@ -24,12 +24,12 @@ import time
 
 def main() -> int:
     import torch
-    from registry.tuning import interleaved_median_ms
 
     from backends.indexer_topk import triton_kernels as tk
     from backends.indexer_topk.config import resolve_config, scratch_bytes_per_row
     from backends.indexer_topk.distributions import DISTRIBUTIONS, make_scores
     from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches
+    from registry.tuning import interleaved_median_ms
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,64,1024,4096")
