@@ -171,8 +171,10 @@ from backends.indexer_topk.config import (
 # row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
 MEM_CH = tl.constexpr(1024)
 # Buckets a pass of the tie tier's refinement (rows with more keys above the bound than the
-# buffer holds): 256 narrow a 32-bit range to one value in four passes.
-TIE_NB = tl.constexpr(256)
+# buffer holds): 32 narrow a 32-bit range to one value in at most seven passes, usually one
+# (a bucket of a ramp's keys holds ~1/32 of them: under the buffer). 256 cost ~100
+# instructions a key (tl.histogram's ballots and popcounts; H200: ramp 4096 rows 3.1 ms).
+TIE_NB = tl.constexpr(32)
 
 
 @triton.jit
@@ -783,7 +785,9 @@ def _tie_pass(src, glist, length, lo, top, base, s, smask, n_list, cap, cpos, ck
     gi, v_next = _list_entries(glist, 0, n_list, GB, HALF, L16)
     x_next, pos_n = _list_scores(src, gi, v_next, length, GS, GB, HALF)
     gi_next, v_after = _list_entries(glist, GB, n_list, GB, HALF, L16)
-    for a0 in range(0, n_list, GB):
+    a0 = tl.full([], 0, tl.int32)
+    # Without the histogram, the pass ends once the buffer has overflowed.
+    while (a0 < n_list) & (hist | (run <= cap)):
         x = x_next
         pos = pos_n
         pm = v_next[:, None] & (pos < length)
@@ -798,6 +802,7 @@ def _tie_pass(src, glist, length, lo, top, base, s, smask, n_list, cap, cpos, ck
             inr = pm & (key >= lo) & (key <= top)
             b = tl.where(inr, ((key - base) >> s) & smask, 0)
             h += tl.histogram(tl.reshape(b, [N]), NB, mask=tl.reshape(inr, [N]))
+        a0 += GB
     tl.debug_barrier()
     return run, h
 
@@ -843,11 +848,11 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
 
     1. The groups of the level's entries > L are listed (:func:`_tie_list`; at most k + slack
        entries, fewer than k after a tie) and one pass over them places the keys > L in the
-       buffer (count c) and, when the listed groups hold more keys than the buffer, counts the
-       keys in ``(L, max]`` in NB buckets.
+       buffer (count c), ending once the buffer overflows.
     2. c < k: T = L, and :func:`_eq_scan` takes the first ``k - c`` keys equal to L after the
        c larger ones. k <= c <= cap: an ordinary selection over them (bound L + 1).
-    3. c > cap (rows whose scores grow with position: half the row above L): the bucket
+    3. c > cap (rows whose scores grow with position: half the row above L): a pass counts
+       the keys in ``(L, max]`` in NB buckets; the bucket
        holding the k-th largest key is the new range; while more than ``cap`` keys reach its
        first value and it holds several values, it is split again (NB buckets a pass over the
        keys in it: at most four passes for a 32-bit range, usually none). Then the keys >= its
@@ -861,15 +866,18 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
     lo = lb.to(tl.int64) + 1
     top = hi.to(tl.int64)
     s, smask = _bucket_shift(lo, top, NB)
-    big = n_list * GS > cap
-    run, h = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,
-                       big, GS, TGB, HALF, L16, NB, 1)
+    run, _ = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,
+                       False, GS, TGB, HALF, L16, NB, 1)
     t = lb
     need = k - run
     n_gt = run
     eq_mode = run < k
     sel_lb = lb + 1
     if run > cap:
+        # The histogram of every key above L (a pass of its own: counting costs ~30
+        # instructions a key, too much for the rows that fit the buffer).
+        _, h = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,
+                         True, GS, TGB, HALF, L16, NB, 0)
         lo, top, n_ge, above = _pick_bucket(h, lo, s, top, 0, k, NB)
         while (n_ge > cap) & (lo < top):
             if relist:
