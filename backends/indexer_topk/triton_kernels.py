@@ -73,7 +73,11 @@ bound in a launch of its own, then the count pass).
    ``k - c`` keys ``== L``, and stops there; the keys ``> L`` after that point are copied from
    the buffer. So a tie costs a pass over the tied keys' positions up to the last one taken
    (2048 keys of an all-zero row), not a search pass over the row per probe. ``c`` above the
-   buffer (rows whose scores grow with position: ``ramp``) still ends in the row tier.
+   buffer (rows whose scores grow with position: ``ramp``): the keys above L are counted in
+   buckets and the range narrowed to the bucket of the k-th key until at most the buffer
+   reaches it (:func:`_tie_tier`); the row tier remains only where no exact level survives.
+   These rare tiers run in a launch of their own after stage 3 / the row kernel
+   (:func:`_tie_kernel`, ``_TIE_LAUNCH``), so that the common kernels compile without them.
 
 Config keys (dict of ints; keys left out come from :func:`resolve_config`: the
 :func:`default_config` of the call's shape, of the path the config pins; the bare defaults are
