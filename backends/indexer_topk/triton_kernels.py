@@ -73,7 +73,11 @@ bound in a launch of its own, then the count pass).
    ``k - c`` keys ``== L``, and stops there; the keys ``> L`` after that point are copied from
    the buffer. So a tie costs a pass over the tied keys' positions up to the last one taken
    (2048 keys of an all-zero row), not a search pass over the row per probe. ``c`` above the
-   buffer (rows whose scores grow with position: ``ramp``) still ends in the row tier.
+   buffer (rows whose scores grow with position: ``ramp``): the keys above L are counted in
+   buckets and the range narrowed to the bucket of the k-th key until at most the buffer
+   reaches it (:func:`_tie_tier`); the row tier remains only where no exact level survives.
+   These rare tiers run in a launch of their own after stage 3 / the row kernel
+   (:func:`_tie_kernel`, ``_TIE_LAUNCH``), so that the common kernels compile without them.
 
 Config keys (dict of ints; keys left out come from :func:`resolve_config`: the
 :func:`default_config` of the call's shape, of the path the config pins; the bare defaults are
@@ -170,6 +174,11 @@ from backends.indexer_topk.config import (
 # register tiles). Small on purpose: a 4096-value chunk inside the search loop made the fused
 # row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
 MEM_CH = tl.constexpr(1024)
+# Buckets a pass of the tie tier's refinement (rows with more keys above the bound than the
+# buffer holds): 32 narrow a 32-bit range to one value in at most seven passes, usually one
+# (a bucket of a ramp's keys holds ~1/32 of them: under the buffer). 256 cost ~100
+# instructions a key (tl.histogram's ballots and popcounts; H200: ramp 4096 rows 3.1 ms).
+TIE_NB = tl.constexpr(32)
 
 
 @triton.jit
@@ -684,7 +693,7 @@ def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
         _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _row_tier(src, gsrc, out, length, lb, k, GS: tl.constexpr, GB: tl.constexpr,
               USE_GM: tl.constexpr):
     """The last resort (more keys above the bound than the buffer holds, and no exact level to
@@ -739,14 +748,18 @@ def _row_tier(src, gsrc, out, length, lb, k, GS: tl.constexpr, GB: tl.constexpr,
 def _tie_list(lvl, n_lvl, m, lb, glist, CT: tl.constexpr, L16: tl.constexpr):
     """Tie tier, step 1: the groups (of GS keys) of the level's entries above ``lb`` (each
     entry the maximum of ``m`` consecutive groups), in order, from ``glist`` on; returns their
-    number. Fewer than k entries lie above L when the bound search ended in a tie (L is then
-    the exact k-th largest entry), at most k + slack otherwise. ``glist`` may be the level
-    itself (m == 1): each store lands at or below an entry already read."""
+    number and the largest listed entry (the largest key in those groups; INT32_MIN when none).
+    Fewer than k entries lie above L when the bound search ended in a tie (L is then the exact
+    k-th largest entry), at most k + slack otherwise. ``glist`` may be the level itself
+    (m == 1): each store lands at or below an entry already read."""
     o = tl.arange(0, CT)
     n_f = tl.full([], 0, tl.int32)
+    hi = tl.full([], -2147483648, tl.int32)
     for c0 in range(0, n_lvl, CT):
         v = tl.load(lvl + c0 + o, mask=c0 + o < n_lvl, other=-2147483648)
-        f = ((c0 + o < n_lvl) & (v > lb)).to(tl.int32)
+        fb = (c0 + o < n_lvl) & (v > lb)
+        hi = tl.maximum(hi, tl.max(tl.where(fb, v, -2147483648), axis=0))
+        f = fb.to(tl.int32)
         dst = (n_f + tl.cumsum(f, axis=0) - f) * m
         n_f += tl.sum(f, axis=0)
         tl.debug_barrier()
@@ -757,7 +770,143 @@ def _tie_list(lvl, n_lvl, m, lb, glist, CT: tl.constexpr, L16: tl.constexpr):
             else:
                 tl.store(glist + dst + i, g, mask=f != 0)
     tl.debug_barrier()
-    return n_f * m
+    return n_f * m, hi
+
+
+@triton.jit
+def _tie_pass(src, glist, length, lo, top, base, s, smask, n_list, cap, cpos, ckey, hist,
+              GS: tl.constexpr, GB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr,
+              NB: tl.constexpr, PLACE: tl.constexpr):
+    """Tie tier: one pass over the ``n_list`` listed groups (pipelined as
+    :func:`_gather_cands`). PLACE: the keys >= ``lo`` placed in position order in the buffer
+    while it has room (no placement after the step that overflows it: the count returned is
+    then above ``cap`` but not the total). ``hist`` (runtime): the histogram of the keys in
+    ``[lo, top]`` over NB buckets, bucket ``(key - base) >> s`` (``smask``: the bits that
+    shift leaves, so that the shift is logical), returned (zeros without ``hist``)."""
+    run = tl.full([], 0, tl.int32)
+    h = tl.zeros([NB], dtype=tl.int32)
+    N: tl.constexpr = GB * GS
+    gi, v_next = _list_entries(glist, 0, n_list, GB, HALF, L16)
+    x_next, pos_n = _list_scores(src, gi, v_next, length, GS, GB, HALF)
+    gi_next, v_after = _list_entries(glist, GB, n_list, GB, HALF, L16)
+    a0 = tl.full([], 0, tl.int32)
+    # Without the histogram, the pass ends once the buffer has overflowed.
+    while (a0 < n_list) & (hist | (run <= cap)):
+        x = x_next
+        pos = pos_n
+        pm = v_next[:, None] & (pos < length)
+        x_next, pos_n = _list_scores(src, gi_next, v_after, length, GS, GB, HALF)
+        v_next = v_after
+        gi_next, v_after = _list_entries(glist, a0 + 2 * GB, n_list, GB, HALF, L16)
+        if PLACE:  # noqa: SIM102 (constexpr, then a runtime test)
+            if run <= cap:
+                run = _place_loaded(x, pos, pm, lo, run, cpos, ckey, cap, N)
+        if hist:
+            key = _to_key(x.to(tl.float32))
+            inr = pm & (key >= lo) & (key <= top)
+            b = tl.where(inr, ((key - base) >> s) & smask, 0)
+            h += tl.histogram(tl.reshape(b, [N]), NB, mask=tl.reshape(inr, [N]))
+        a0 += GB
+    tl.debug_barrier()
+    return run, h
+
+
+@triton.jit
+def _bucket_shift(lo, top, NB: tl.constexpr):
+    """The shift s that maps ``[lo, top]`` (int64) into NB buckets of ``(key - lo) >> s``,
+    and the mask of the bits a 32-bit arithmetic shift by s leaves (a logical shift)."""
+    r = top - lo
+    s = tl.full([], 0, tl.int32)
+    while (r >> s.to(tl.int64)) >= NB:
+        s += 1
+    smask = ((tl.full([], 1, tl.int64) << (32 - s).to(tl.int64)) - 1).to(tl.int32)
+    return s, smask
+
+
+@triton.jit
+def _pick_bucket(h, base, s, top, above, k, NB: tl.constexpr):
+    """The bucket of histogram ``h`` (buckets ``base + (j << s)``, the last one ending at
+    ``top``) that holds the k-th largest key, given ``above`` keys larger than ``top`` and at
+    least k keys >= ``base``: returns its range ``[lo, hi]`` (int64), the number of keys >=
+    lo (>= k) and the number above hi (< k)."""
+    idx = tl.arange(0, NB)
+    tot = tl.sum(h, axis=0)
+    ge = above + tot - tl.cumsum(h, axis=0) + h       # keys >= bucket j's first value
+    j = tl.sum((ge >= k).to(tl.int32), axis=0) - 1
+    n_ge = tl.sum(tl.where(idx == j, ge, 0), axis=0)
+    h_j = tl.sum(tl.where(idx == j, h, 0), axis=0)
+    lo = base + (j.to(tl.int64) << s.to(tl.int64))
+    hi = tl.minimum(top, lo + (tl.full([], 1, tl.int64) << s.to(tl.int64)) - 1)
+    return lo, hi, n_ge, n_ge - h_j
+
+
+@triton.jit(noinline=True)
+def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist,
+              GS: tl.constexpr, TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr,
+              CT: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, PCH: tl.constexpr,
+              NB: tl.constexpr):
+    """The tier for rows whose candidates (keys >= the bound L) overflowed the buffer, or
+    whose bound sits in a tie: ``lvl`` holds ``n_lvl`` exact int32 maxima of ``m`` groups each
+    (the level the bound was searched over). Its own function (not inlined), so that the
+    common path compiles as without it.
+
+    1. The groups of the level's entries > L are listed (:func:`_tie_list`; at most k + slack
+       entries, fewer than k after a tie) and one pass over them places the keys > L in the
+       buffer (count c), ending once the buffer overflows.
+    2. c < k: T = L, and :func:`_eq_scan` takes the first ``k - c`` keys equal to L after the
+       c larger ones. k <= c <= cap: an ordinary selection over them (bound L + 1).
+    3. c > cap (rows whose scores grow with position: half the row above L): a pass counts
+       the keys in ``(L, max]`` in NB buckets; the bucket
+       holding the k-th largest key is the new range; while more than ``cap`` keys reach its
+       first value and it holds several values, it is split again (NB buckets a pass over the
+       keys in it: at most four passes for a 32-bit range, usually none). Then the keys >= its
+       first value (at most cap) are placed and selected, or, the range being one value T
+       with more than cap keys >= T, the keys > T are placed and :func:`_eq_scan` takes the
+       rest of the k among the keys == T. ``relist`` (the level survives the listing: it is
+       not the list itself): each later pass reads only the groups of the entries reaching
+       the range (a few hundred keys for a ramp), else the first list again.
+    Exact in every case; the buffer is never trusted past ``cap``."""
+    n_list, hi = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
+    lo = lb.to(tl.int64) + 1
+    top = hi.to(tl.int64)
+    s, smask = _bucket_shift(lo, top, NB)
+    run, _ = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,
+                       False, GS, TGB, HALF, L16, NB, 1)
+    t = lb
+    need = k - run
+    n_gt = run
+    eq_mode = run < k
+    sel_lb = lb + 1
+    if run > cap:
+        # The histogram of every key above L (a pass of its own: counting costs ~30
+        # instructions a key, too much for the rows that fit the buffer).
+        _, h = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,
+                         True, GS, TGB, HALF, L16, NB, 0)
+        lo, top, n_ge, above = _pick_bucket(h, lo, s, top, 0, k, NB)
+        while (n_ge > cap) & (lo < top):
+            if relist:
+                n_list, _ = _tie_list(lvl, n_lvl, m, (lo - 1).to(tl.int32), glist, CT, L16)
+            s, smask = _bucket_shift(lo, top, NB)
+            _, h = _tie_pass(src, glist, length, lo.to(tl.int32), top.to(tl.int32),
+                             lo.to(tl.int32), s, smask, n_list, cap, pp, kp, True, GS, TGB,
+                             HALF, L16, NB, 0)
+            lo, top, n_ge, above = _pick_bucket(h, lo, s, top, above, k, NB)
+        # n_ge <= cap: the keys >= lo are the candidates; else lo == top == T, and the keys
+        # > T (fewer than k) go to the buffer for _eq_scan.
+        eq_mode = n_ge > cap
+        first = tl.where(eq_mode, lo + 1, lo).to(tl.int32)
+        if relist:
+            n_list, _ = _tie_list(lvl, n_lvl, m, first - 1, glist, CT, L16)
+        run, _ = _tie_pass(src, glist, length, first, first, first, s, smask, n_list, cap, pp,
+                           kp, False, GS, TGB, HALF, L16, NB, 1)
+        t = lo.to(tl.int32)
+        need = k - run
+        n_gt = run
+        sel_lb = first
+    if eq_mode:
+        _eq_scan(src, out, length, t, need, n_gt, pp, 2048)
+    else:
+        _select_buffered(kp, pp, out, run, sel_lb, k, CAP, SB, PCH)
 
 
 @triton.jit
@@ -794,7 +943,7 @@ def _eq_scan(src, out, length, t, need, n_gt, pp, S: tl.constexpr):
 
 @triton.jit
 def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, tie_ok,
-                  glist, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
+                  glist, relist, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
                   SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr,
                   TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr):
     """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) in the
@@ -810,23 +959,12 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
     buffer) :func:`_row_tier`. USE_GM: the row's group maxima are at ``gsrc`` (row tier
     pruning). PCH: keys a step of the placement (``>= CAP``: placed from the register tile).
     TGB, HALF, L16: the tie gather's groups a step, half groups, uint16 list entries."""
-    buffered = n <= cap
-    row_tier = n > cap
-    if row_tier & tie_ok:
-        n_list = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
-        c_gt = _gather_cands(src, glist, length, lb + 1, n_list, cap, pp, kp, GS, TGB, HALF,
-                             L16)
-        if c_gt < k:
-            _eq_scan(src, out, length, lb, k - c_gt, c_gt, pp, 2048)
-            row_tier = False
-        elif c_gt <= cap:
-            n = c_gt
-            lb = lb + 1
-            buffered = True
-            row_tier = False
-    if buffered:
+    if n <= cap:
         _select_buffered(kp, pp, out, n, lb, k, CAP, SB, PCH)
-    if row_tier:
+    elif tie_ok:
+        _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist, GS, TGB,
+                  HALF, L16, CT, CAP, SB, PCH, TIE_NB)
+    else:
         _row_tier(src, gsrc, out, length, lb, k, GS, GB, USE_GM)
 
 
@@ -834,9 +972,11 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
 def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
                    cap, off_bound, off_ncand, off_cpos, off_ckey, off_list,
                    GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
-                   SB: tl.constexpr, CT: tl.constexpr = 16, PDL: tl.constexpr = 0):
+                   SB: tl.constexpr, CT: tl.constexpr = 16, PDL: tl.constexpr = 0,
+                   TIE_LAUNCH: tl.constexpr = 0):
     """Four-launch stage 3; the tie tier lists the row's exact group maxima (GS keys each)
-    into the area at ``off_list``."""
+    into the area at ``off_list`` (``TIE_LAUNCH``: buffered rows only, the others left to
+    :func:`_tie_kernel`)."""
     _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -849,10 +989,15 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
         src = scores_ptr + row.to(tl.int64) * stride_s
         gsrc = ws_ptr + row.to(tl.int64) * n_groups
         row_c = row.to(tl.int64) * cap
-        _select_cands(src, gsrc, ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out,
-                      length, lb, n, k, cap, gsrc, (length + GS - 1) // GS, 1, length > k,
-                      ws_ptr + off_list + row.to(tl.int64) * n_groups, GS, GB, CAP, SB, True,
-                      CAP, GB, 0, 0, CT)
+        if TIE_LAUNCH:
+            if n <= cap:
+                _select_buffered(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n,
+                                 lb, k, CAP, SB, CAP)
+        else:
+            _select_cands(src, gsrc, ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out,
+                          length, lb, n, k, cap, gsrc, (length + GS - 1) // GS, 1, length > k,
+                          ws_ptr + off_list + row.to(tl.int64) * n_groups, True, GS, GB, CAP,
+                          SB, True, CAP, GB, 0, 0, CT)
     _pdl_done(PDL)
 
 
@@ -1049,6 +1194,28 @@ def _level_info(ws_ptr, gsrc, row, length, ng, k, off_gm2, n_groups2, GS: tl.con
 
 
 @triton.jit
+def _level_kept(length, ng, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr,
+                SPLIT: tl.constexpr, B16: tl.constexpr):
+    """Whether a row's bound level (:func:`_level_info`) holds k exact maxima that the active
+    list does not overwrite, so that the tie tier can run after an overflow."""
+    if B16:
+        n2 = tl.full([], 0, tl.int32)
+        if GS2 > 1:
+            _, n2 = _level16(length, k, n_groups2, GS, GS2)
+        kept = n2 >= k
+    elif SPLIT > 1:
+        kept = ng >= k
+    elif GS2 > 1:
+        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+        if _half_level(length, k, n_groups2, GS, GS2):
+            ng2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+        kept = ng2 >= k
+    else:
+        kept = length < 0
+    return kept
+
+
+@triton.jit
 def _compact_active(gsrc, glist, g0, ng, lb, CT: tl.constexpr, B16: tl.constexpr = 0):
     """Phase 2: the groups ``g0 + [0, ng)`` whose maximum (at ``gsrc``) reaches ``lb``, in
     order, their indices written from ``glist + g0`` on (CT at a time; ``glist`` may be
@@ -1210,7 +1377,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
                 PCH: tl.constexpr, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
                 STOP: tl.constexpr = 0, B16: tl.constexpr = 0, FALL16: tl.constexpr = 1,
-                PDL: tl.constexpr = 0):
+                PDL: tl.constexpr = 0, TIE_LAUNCH: tl.constexpr = 0, off_tie=0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -1281,9 +1448,17 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                     last = part < 0
                 else:
                     capp = cap // SPLIT
-                    run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
-                                        cpos + part * capp, ckey + part * capp, GS, GB, HALF,
-                                        B16 == 2)
+                    # Groups that may hold more than twice the buffer (a row whose scores grow
+                    # with position: every key of half the row above the bound): straight to
+                    # the tie tier's refinement when the level survives, not an overflowing
+                    # gather (any choice is exact; this one only picks the faster tier).
+                    if (n_act * GS > 2 * capp) & _level_kept(length, ng, k, n_groups2, GS, GS2,
+                                                             SPLIT, B16):
+                        run = capp + 1
+                    else:
+                        run = _gather_cands(src, glist + g0, length, lb, n_act, capp,
+                                            cpos + part * capp, ckey + part * capp, GS, GB,
+                                            HALF, B16 == 2)
                     if STOP == 3:
                         tl.store(out + part, run)
                         last = part < 0
@@ -1297,19 +1472,91 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                             if last:
                                 run = _join_parts(ws_ptr + off_cnt + row * SPLIT, cpos, ckey,
                                                   capp, cap, SPLIT)
-            if last:
+            if TIE_LAUNCH:
+                # The rare tiers in a launch of their own (_tie_kernel), so that this kernel
+                # compiles as without them: a buffered row is selected here; else its count
+                # (cap + 1 after an overflow, cap + 2 after a tie at the bound) and bound are
+                # left for that launch.
+                if last:
+                    tl.store(ws_ptr + off_tie + 2 * row,
+                             tl.where(run <= cap, 0, tl.where(tie, cap + 2, cap + 1)))
+                    if run <= cap:
+                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, SB, PCH)
+                    else:
+                        tl.store(ws_ptr + off_tie + 2 * row + 1, lb)
+            elif last:
                 lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k,
                                                         off_gm2, n_groups2, GS, GS2, B16)
                 # After an overflow, the tie tier needs the level intact: not the group maxima
                 # when the active list went over them.
                 tie_ok = tie | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
+                # Whether the level survives the tie tier's listing (it is not the list).
+                relist = sep | (SPLIT > 1) | (B16 > 0)
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, run, k, cap, lvl, n_lvl,
-                              w // GS, tie_ok, glist, GS, max(1, min(GB, 1024 // GS)), CAP, SB,
-                              False, PCH, GB, HALF, B16 == 2, CT)
+                              w // GS, tie_ok, glist, relist, GS, max(1, min(GB, 1024 // GS)),
+                              CAP, SB, False, PCH, GB, HALF, B16 == 2, CT)
+    _pdl_done(PDL)
+
+
+@triton.jit
+def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
+                off_gm2, n_groups2, off_cpos, off_ckey, off_list, off_tie,
+                GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, TGB: tl.constexpr,
+                CT: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, PCH: tl.constexpr,
+                SPLIT: tl.constexpr, HALF: tl.constexpr, B16: tl.constexpr,
+                FUSED: tl.constexpr, PDL: tl.constexpr = 0):
+    """The rare tiers of a row whose candidates did not fit the buffer, or whose bound sits in
+    a tie, after the kernel that found that (``TIE_LAUNCH``): the fused row kernel (count
+    code and bound at ``off_tie``: cap + 1 an overflow, cap + 2 a tie, the compaction skipped)
+    or the four-launch placement (count and bound at ``off_tie`` and ``off_tie + rows``).
+    Every other row returns at once. See :func:`_select_cands`."""
+    _pdl_wait(PDL)
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        if FUSED:
+            code = tl.load(ws_ptr + off_tie + 2 * row)
+        else:
+            code = tl.load(ws_ptr + off_tie + tl.num_programs(0) + row)
+        if code > cap:
+            src = scores_ptr + row.to(tl.int64) * stride_s
+            row_c = row.to(tl.int64) * cap
+            cpos = ws_ptr + off_cpos + row_c
+            ckey = ws_ptr + off_ckey + row_c
+            out = out_ptr + row.to(tl.int64) * k
+            if FUSED:
+                lb = tl.load(ws_ptr + off_tie + 2 * row + 1)
+                ng = (length + GS - 1) // GS
+                if B16:
+                    gsrc = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True) \
+                        + row.to(tl.int64) * n_groups
+                else:
+                    gsrc = ws_ptr + row.to(tl.int64) * n_groups
+                glist = gsrc
+                if (SPLIT > 1) | (B16 == 1):
+                    glist = ws_ptr + off_list + row.to(tl.int64) * n_groups
+                lvl, n_lvl, w, exact, sep = _level_info(ws_ptr, gsrc, row, length, ng, k,
+                                                        off_gm2, n_groups2, GS, GS2, B16)
+                tie_ok = (code == cap + 2) | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
+                relist = sep | (SPLIT > 1) | (B16 > 0)
+                _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, lvl, n_lvl,
+                              w // GS, tie_ok, glist, relist, GS, GB, CAP, SB, False, PCH, TGB,
+                              HALF, B16 == 2, CT)
+            else:
+                lb = tl.load(ws_ptr + off_tie + row)
+                gsrc = ws_ptr + row.to(tl.int64) * n_groups
+                _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, gsrc,
+                              (length + GS - 1) // GS, 1, length > k,
+                              ws_ptr + off_list + row.to(tl.int64) * n_groups, True, GS, GB,
+                              CAP, SB, True, CAP, GB, 0, 0, CT)
     _pdl_done(PDL)
 
 
 # ----------------------------------------------------------------------------------- wrapper
+
+# The rare tiers (tie tier, refinement, row tier) in a launch of their own after the row
+# kernel / stage 3 (True), or inlined there (False). See :func:`_tie_kernel`.
+_TIE_LAUNCH = True
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
     check_inputs(scores, lengths, k, kernel=True)
@@ -1434,7 +1681,9 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     off_cnt = off_ckey + rows * cap
     off_arr = off_cnt + (rows * split if split > 1 else 0)
     off_list = off_arr + (rows if split > 1 else 0)
-    size = off_list + (0 if in_place else rows * groups)
+    off_tie = off_list + (0 if in_place else rows * groups)
+    tie_launch = int(_TIE_LAUNCH and stop == 0)
+    size = off_tie + (2 * rows if tie_launch else 0)
     ws = _alloc(torch, size, scores.device)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
                                 groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
@@ -1450,7 +1699,19 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
                                B16=2 if b16 and in_place else b16,
                                FALL16=int(b16 and _fall16(n, k, gs, gs2)),
+                               TIE_LAUNCH=tie_launch, off_tie=off_tie,
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
+    if tie_launch:
+        pk = max(1, cfg["PLACE_KEYS"] // gs)
+        _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_gm2,
+                             groups2 if gs2 > 1 else groups, off_cpos, off_ckey, off_list,
+                             off_tie, GS=gs, GS2=gs2, GB=max(1, min(pk, 1024 // gs)), TGB=pk,
+                             CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
+                             CAP=cfg["CAND_TILE"], SB=sb,
+                             PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), SPLIT=split,
+                             HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                             B16=2 if b16 and in_place else b16, FUSED=1,
+                             num_warps=cfg["SEARCH_WARPS"], **pdl)
 
 
 def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
@@ -1525,5 +1786,12 @@ def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
                             off_ncand, off_cpos, off_ckey, off_list,
                             GS=gs, GB=max(1, min(gb, 1024 // gs)), CAP=cfg["CAND_TILE"],
                             KB=p["kb"], SB=sb, CT=min(1024, _next_pow2(groups)), num_warps=sw,
-                            **pdl)
+                            TIE_LAUNCH=int(_TIE_LAUNCH), **pdl)
+    if _TIE_LAUNCH:
+        _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, 0, 1, off_cpos,
+                             off_ckey, off_list, off_bound, GS=gs, GS2=1,
+                             GB=max(1, min(gb, 1024 // gs)), TGB=max(1, min(gb, 1024 // gs)),
+                             CT=min(1024, _next_pow2(groups)), CAP=cfg["CAND_TILE"], SB=sb,
+                             PCH=cfg["CAND_TILE"], SPLIT=1, HALF=0, B16=0, FUSED=0,
+                             num_warps=sw, **pdl)
     return out

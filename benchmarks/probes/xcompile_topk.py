@@ -34,6 +34,38 @@ def _usage(cubin: bytes) -> str:
     return f"regs {m.group(1):>3s} stack {m.group(2):>4s} local {m.group(4):>4s}" if m else res
 
 
+def _local_per_function(cubin: bytes, path: str) -> str:
+    """Writes the SASS to ``path``; returns 'function: instructions, STL/LDL' per function."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(sass)
+    parts, name, n, loc = [], None, 0, 0
+    for line in sass.splitlines():
+        m = re.match(r"\s+Function : (\S+)", line)
+        if m:
+            if name:
+                parts.append(f"{name[:28]}: {n} instr, {loc} STL/LDL")
+            name, n, loc = m.group(1), 0, 0
+        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
+            n += 1
+            loc += bool(re.search(r"\b(STL|LDL)\b", line))
+    if name:
+        parts.append(f"{name[:28]}: {n} instr, {loc} STL/LDL")
+    return "; ".join(parts)
+
+
 def main() -> int:
     import torch
     import triton
@@ -47,11 +79,17 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=131072)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--config", default="", help="KEY=VAL:KEY=VAL over the defaults")
+    ap.add_argument("--inline-tiers", action="store_true",
+                    help="the rare tiers inlined in the row / select kernels (_TIE_LAUNCH off)")
+    ap.add_argument("--sass", default="", help="a folder: each kernel's SASS written there, and "
+                    "its local-memory instructions (STL/LDL) counted per function")
     a = ap.parse_args()
     cfg = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.config.split(":") if kv}
     captured = []
     kernels = [tk._gmax_kernel, tk._row_kernel, tk._select_kernel, tk._place_kernel,
-               tk._bound_kernel]
+               tk._bound_kernel] + [getattr(tk, n) for n in ("_tie_kernel",) if hasattr(tk, n)]
+    if a.inline_tiers:
+        tk._TIE_LAUNCH = False
 
     def grab(fn):
         def run(*args, grid=None, warmup=False, **kw):
@@ -93,6 +131,9 @@ def main() -> int:
                                     target=GPUTarget("cuda", 90, 32), options=opts)
                 print(f"rows {rows:5d} {fn.fn.__name__:15s} {_usage(ck.asm['cubin'])} "
                       f"shared {ck.metadata.shared:6d} {opts}", flush=True)
+                if a.sass:
+                    print("    " + _local_per_function(ck.asm["cubin"], os.path.join(
+                        a.sass, f"{fn.fn.__name__}_{rows}.sass")), flush=True)
             except Exception as e:
                 bad += 1
                 print(f"rows {rows:5d} {fn.fn.__name__:15s} FAILED: {str(e)[-1500:]}")

@@ -222,3 +222,37 @@ def test_gpu_k2048_every_distribution(tk, name):
         ln = torch.full((rows,), n, dtype=torch.int32, device="cuda")
         got = tk.indexer_topk_triton(s, ln, k, config={})
         assert topk_mismatches(got, indexer_topk_reference(s, ln, k)) == [], rows
+
+
+@pytest.mark.parametrize("launch", [True, False])
+@pytest.mark.parametrize("geom", ["fused_overflow", "fused16_overflow", "four_launch",
+                                  "fused_split"])
+def test_overflow_refinement_cases(tk, monkeypatch, geom, launch):
+    """Rows with more keys above the bound than the buffer holds, for each end of the tie
+    tier's refinement (buckets of the keys above the bound, split again while too many reach
+    the chosen one): ramps up and down, ramps narrow in key space (a single first pass) and
+    spanning almost every key value (several passes), a tie of more than the buffer at the
+    k-th key below a few larger keys (the range narrows to that one value, then the equal keys
+    are taken by position), NaN and +inf inside a ramp; the rare tiers in a launch of their own
+    and inlined."""
+    monkeypatch.setattr(tk, "_TIE_LAUNCH", launch)
+    k, n = 16, 1200
+    g = torch.Generator().manual_seed(0)
+    rows = [D.make_scores("ramp", 1, n, seed=1)[0], -D.make_scores("ramp", 1, n, seed=2)[0]]
+    r = torch.randn(n, generator=g) - 10
+    r[600:] = 5.0
+    r[torch.randint(600, n, (5,), generator=g)] = 6.0
+    rows.append(r)
+    rows.append(torch.arange(n, dtype=torch.float32) * 1e-30)
+    rows.append(torch.linspace(-1e30, 1e30, n))
+    r = D.make_scores("ramp", 1, n, seed=3)[0]
+    r[::97] = float("nan")
+    r[5] = float("inf")
+    rows.append(r)
+    rows.append((torch.arange(n) > 500).float() + 1e-7 * (torch.arange(n) % 3))
+    scores = torch.stack(rows).to(DEV)
+    lengths = torch.full((len(rows),), n, dtype=torch.int32, device=DEV)
+    lengths[1] = n - 7
+    got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS[geom])
+    want = indexer_topk_reference(scores, lengths, k)
+    assert topk_mismatches(got, want) == []
