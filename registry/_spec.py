@@ -188,6 +188,12 @@ class Implementation:
     # (a policy whose best config at some points is not batch-invariant designates the best one
     # that is), or None: ``config`` serves then too.
     invariant_config: ConfigResolver | None = None
+    # ``route(config) -> (implementation, its config)`` when a config stands for another
+    # implementation's kernel (the ``measured`` plugin's entries that name the implementation a
+    # measurement picked), else None: :meth:`bind` then makes that implementation's callable, so
+    # the dispatch cache holds the target's kernel itself (nothing is added to the hit path).
+    route: Callable[[Mapping[str, Any] | None],
+                    tuple[Implementation, Mapping[str, Any] | None] | None] | None = None
     _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -240,6 +246,10 @@ class Implementation:
 
     def bind(self, config: Mapping[str, Any] | None) -> Callable[..., Any]:
         """The ready-to-call kernel for one config (what the dispatch cache stores)."""
+        if self.route is not None:
+            target = self.route(config)
+            if target is not None:
+                return target[0].bind(target[1])
         fn = self.load_kernel()
         if not self.configurable:
             return fn
