@@ -426,9 +426,13 @@ def kreg_implementations() -> list[Implementation]:
             op="sparse_prefill", name="flashinfer.sparse_prefill", priority=PRIORITY,
             requirements=SPARSE_REQUIREMENTS, configurable=False,
             kernel="plugins.flashinfer:sparse_prefill",
-            # FlashInfer documents batch-size invariance only with fixed_split_size (not used
-            # here), and nothing about run-to-run bits: nothing is declared.
-            contract=Contract(),
+            # Deterministic: plan() is a host function of the lengths, and nothing in the FA2
+            # path accumulates with atomics (none in include/flashinfer/attention/prefill.cuh,
+            # cascade.cuh's merge of split-KV partials, scheduler.cuh), so the same inputs give
+            # the same bits (tests: the GPU test beside the kit). Not batch-invariant: how a
+            # row's KV is split depends on the batch (FlashInfer documents batch-size invariance
+            # only with fixed_split_size, decode.py:1354-1360, not used here).
+            contract=Contract(deterministic=True),
             description="FlashInfer's tensor-core paged decode (FA2), page_size 1: each row's "
                         "valid slots are its pages; plan() on every call copies indptr to the "
                         "host: NOT CUDA-graph capturable" + note),

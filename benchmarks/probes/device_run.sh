@@ -89,7 +89,10 @@ flashinfer_part() {
       timeout 540 python3 -m pytest -q -p no:cacheprovider tests/unit/test_requirements.py \
         --kreg-conformance flashinfer -m kreg_conformance -rs > "$OUT/fi_conformance.log" 2>&1
       echo "conformance rc=$?"; grep -E "passed|failed|SKIPPED|FAILED" "$OUT/fi_conformance.log" \
-        | cut -c1-220 | tail -30 ;;
+        | cut -c1-220 | tail -30
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/unit/test_flashinfer_plugin.py > "$OUT/fi_gpu_tests.log" 2>&1
+      echo "gpu tests rc=$?"; tail -4 "$OUT/fi_gpu_tests.log" ;;
     bench)
       stage "flashinfer: kreg bench indexer_topk (graph replays)"
       timeout 150 python3 cli.py bench indexer_topk --rows 1,64,1024,4096 --keys 131072 \

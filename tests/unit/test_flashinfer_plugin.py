@@ -538,7 +538,7 @@ def test_kreg_bench_lists_flashinfer_like_any_implementation(standin: registry.R
 def test_exactness_is_declared_only_where_the_wrapper_makes_it() -> None:
     impls = {i.name: i for i in fi.kreg_implementations()}
     assert impls["flashinfer.indexer_topk"].contract_for(None).exact
-    assert impls["flashinfer.sparse_prefill"].contract_for(None).names == frozenset()
+    assert impls["flashinfer.sparse_prefill"].contract_for(None).names == {"deterministic"}
     assert "NOT CUDA-graph capturable" in impls["flashinfer.sparse_prefill"].description
     assert all(i.priority == fi.PRIORITY < 10 for i in impls.values())
     assert math.isclose(fi.WORKSPACE_BYTES / 2**20, 256)
@@ -565,3 +565,46 @@ def test_a_failed_import_at_the_first_dispatch_is_an_error_and_then_the_reason(
         fi._flashinfer()
     assert fi.availability().version is None
     assert fi.availability().reason.startswith("import failed: OSError: libcudart")
+
+
+# ---------------------------------------------------------------------------------------------
+# on a GPU with FlashInfer (the device step runs these beside the kit)
+
+
+def _real_flashinfer() -> None:
+    if fi.availability().version is None:
+        pytest.skip(f"flashinfer not importable: {fi.availability().reason}")
+
+
+@pytest.mark.gpu
+def test_gpu_sparse_prefill_is_deterministic_and_within_the_bound() -> None:
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+    from backends.sparse_prefill.compare import compare
+
+    _real_flashinfer()
+    for kind, group in (("prefill", 12), ("chunk", 6)):
+        case = BenchCase(kind=kind, group_size=group, kv_len=4096, total_q=1024, topk=2051)
+        inp = make_inputs(case)
+        args = (inp["q"], inp["k"], inp["v"], inp["indices"])
+        first = fi.sparse_prefill(*args, **inp["kwargs"])
+        again = fi.sparse_prefill(*args, **inp["kwargs"])
+        assert torch.equal(first, again), (kind, group)   # the declared contract
+        want = sparse_prefill_reference(*args, **inp["kwargs"], out_dtype=torch.float32)
+        assert compare(first, want) is None, (kind, group, compare(first, want))
+
+
+@pytest.mark.gpu
+def test_gpu_indexer_topk_is_exact_on_ties_nan_and_zeros() -> None:
+    _real_flashinfer()
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        scores = torch.randint(-2, 3, (64, 8192), generator=g).float()
+        scores[:, ::7] = float("nan")
+        scores[1] = -0.0
+        scores[2, ::2] = float("-inf")
+        scores = scores.to(dtype).cuda()
+        lengths = torch.randint(0, 8193, (64,), generator=g, dtype=torch.int32).cuda()
+        lengths[:4] = 8192
+        for k in (2048, 64):
+            got = fi.indexer_topk(scores, lengths, k)
+            assert torch.equal(got, indexer_topk_reference(scores, lengths, k)), (dtype, k)
