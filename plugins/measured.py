@@ -34,11 +34,13 @@ of the same shape that name a kv_len exist on this device and software: those su
 An entry records which implementation won (``TuningEntry.family``): the op tuner's family (its
 configs drive ``OpSpec.tuned_kernel``, as every entry did before ``kreg tune`` measured whole
 implementations), or another implementation of the op (a vendor's, FlashInfer's), measured as
-one candidate beside the configs. An entry naming another implementation is served as the config
-``{"implementation": NAME, **its config}``: ``explain`` shows the name in the config, the
-``tuning_entry`` check says by how much it won (the entry's ``timings_ms``) and fails, as a
-capability, when that implementation cannot run here (not loaded, or one of its capability checks
-fails: FlashInfer not importable); dispatch binds that implementation's own kernel with its config
+one candidate beside the configs, whose entry's config then names it: ``{"implementation": NAME,
+**its config}``. An entry without that key is a config of the tuned kernel, whatever its family
+(old stores and exported tables are served as before). An entry naming an implementation is
+served with that config: ``explain`` shows the name in it, the ``tuning_entry`` check says by
+how much it won (the entry's ``timings_ms``) and fails, as a capability, when that
+implementation cannot run here (not loaded, or one of its capability checks fails: FlashInfer not
+importable); dispatch binds that implementation's own kernel with its config
 (``Implementation.route``, at bind time: the dispatch hit path calls the target kernel directly),
 and the decision's guarantees are the target's. The target is looked up in the process's
 registry (``registry.get_registry()``), the one whose store this plugin reads.
@@ -46,7 +48,6 @@ registry (``registry.get_registry()``), the one whose store this plugin reads.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,7 +72,6 @@ class MeasuredTable:
         self.later = spec.later_point_fields
         self.unmatched = spec.shape_free_fields
         self.spec = spec
-        self._family: list[str | None] = []   # the tuner's FAMILY, read on first need
 
     def _shape(self, data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k not in self.unmatched}
@@ -187,33 +187,18 @@ class MeasuredTable:
         return entry is not None, f"{got} ({words})", "inside the measured range"
 
     def config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:
-        """The serving entry's config; ``{"implementation": NAME, **config}`` when the entry
-        names another implementation than the tuner's family (see :meth:`route`)."""
+        """The serving entry's config (``{"implementation": NAME, ...}`` for an entry another
+        implementation won: see :meth:`route`)."""
         entry, _ = self.serving(facts, workload)
-        if entry is None:
-            return None
-        target = self.target(entry)
-        return dict(entry.config) if target is None else {IMPLEMENTATION_KEY: target,
-                                                           **entry.config}
+        return None if entry is None else dict(entry.config)
 
     # -- entries that name another implementation -----------------------------------------------
 
-    def family(self) -> str | None:
-        """The implementation whose kernel the op tuner's configs drive (its ``FAMILY``), or
-        None when the tuner cannot be imported (every entry is then served as a config of the
-        tuned kernel, as before entries named implementations)."""
-        if not self._family:
-            try:
-                fam = getattr(importlib.import_module(self.spec.tuner), "FAMILY", None)
-            except Exception:  # a broken tuner must not break selection
-                fam = None
-            self._family.append(fam if isinstance(fam, str) else None)
-        return self._family[0]
-
-    def target(self, entry: TuningEntry) -> str | None:
+    @staticmethod
+    def target(entry: TuningEntry) -> str | None:
         """The implementation ``entry`` routes to, or None (a config of the tuned kernel)."""
-        family = self.family()
-        return None if family is None or entry.family == family else entry.family
+        name = entry.config.get(IMPLEMENTATION_KEY)
+        return None if name is None else str(name)
 
     def route(self, config: Mapping[str, Any] | None) -> tuple[Implementation,
                                                                dict[str, Any]] | None:

@@ -21,10 +21,11 @@ candidate, labelled by its name and run with the config it resolves there
 must pass, envelopes are what is being measured; not the reference, the ``measured`` plugin's
 own, nor implementations of the tuned kernel, whose configs reach the tuner through
 ``kreg_configs``). An entry records the implementation that won in ``TuningEntry.family`` (the
-tuner's ``FAMILY`` when a config of the tuned kernel won, as before), and the ``measured``
-plugin serves it: a config of the tuned kernel, or that implementation with its config
-(``{"implementation": NAME, ...}``, :data:`IMPLEMENTATION_KEY`). A point keeps one entry: a new
-winner of another implementation replaces the old one.
+tuner's ``FAMILY`` when a config of the tuned kernel won, as before) and, for another
+implementation, in its config too (``{"implementation": NAME, ...}``, :data:`IMPLEMENTATION_KEY`:
+an entry without it is a config of the tuned kernel, as every older entry is); the ``measured``
+plugin serves either. A point keeps one entry: a new winner of another implementation replaces
+the old one.
 
 :func:`measure_point` checks each config on the op's ``OpSpec.tuned_kernel`` (and each other
 implementation's bound kernel) with the op's compare, then times the good ones interleaved as
@@ -239,7 +240,9 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                 points = merged.setdefault(_bucket_key(bucket), [])
                 points.append(ok)
                 config_label, timings = _merge(points, res.baseline, min_gain)
-                family = config_label if config_label in res.implementations else tuner.FAMILY
+                family, config = tuner.FAMILY, valid[config_label]
+                if config_label in res.implementations:   # the config names the winner
+                    family, config = config_label, {IMPLEMENTATION_KEY: config_label, **config}
                 # One entry a point: a winner of another implementation replaces the old one
                 # (the store keys entries by family too).
                 store.remove(functools.partial(_other_winner, op=op, device=device,
@@ -247,7 +250,7 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                                                key=_bucket_key(bucket)))
                 store.put([TuningEntry(
                     op=op, family=family, device=device, software=software, bucket=bucket,
-                    config=valid[config_label], timings_ms=timings, command=command,
+                    config=config, timings_ms=timings, command=command,
                     measured_at=utc_now())])
             else:
                 res.status = "no candidate ran"

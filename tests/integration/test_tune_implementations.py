@@ -141,7 +141,7 @@ def test_tune_measures_every_implementation_and_records_the_winner(home: Path) -
     assert all(t.ok for t in res.timings.values())
     assert res.winner == "fakes.fast" and res.baseline == "s2"
     (entry,) = TuningStore().load()
-    assert (entry.family, entry.config) == ("fakes.fast", {})
+    assert (entry.family, entry.config) == ("fakes.fast", {IMPLEMENTATION_KEY: "fakes.fast"})
     assert set(entry.timings_ms) == set(res.timings)
     assert entry.timings_ms["fakes.fast"] < entry.timings_ms["s2"] < entry.timings_ms["fakes.slow"]
 
@@ -194,7 +194,8 @@ def test_a_configurable_winner_runs_with_its_config_and_a_new_winner_replaces_th
     res = _tune(resume=False)
     assert res.winner == "fakes.slow"
     (entry,) = TuningStore().load()   # one entry a point: fakes.fast's is gone
-    assert (entry.family, entry.config) == ("fakes.slow", {"SLEEP_MS": 0})
+    assert (entry.family, entry.config) == ("fakes.slow", {IMPLEMENTATION_KEY: "fakes.slow",
+                                                          "SLEEP_MS": 0})
     reg = load()
     d = registry.select(OP, WL)
     assert d.config == {IMPLEMENTATION_KEY: "fakes.slow", "SLEEP_MS": 0}
@@ -211,6 +212,25 @@ def test_a_configurable_winner_runs_with_its_config_and_a_new_winner_replaces_th
     assert (entry.family, entry.config) == ("pickop.family", {"SLEEP_MS": 2})
     load()
     assert registry.select(OP, WL).config == {"SLEEP_MS": 2}
+
+
+def test_an_entry_without_the_key_is_a_config_of_the_tuned_kernel_whatever_its_family(
+        home: Path) -> None:
+    """Stores and tables written before tune measured implementations serve as they did: a
+    vendor's family name with a plain config drives the tuned kernel."""
+    from registry.tuning import TuningEntry, identity_of
+
+    device, software = identity_of(registry.probe())
+    TuningStore().put([TuningEntry(op=OP, family="fakes.slow", device=device, software=software,
+                                   bucket=dict(WL), config={"SLEEP_MS": 3},
+                                   timings_ms={"s3": 3.0}, command="old")])
+    reg = load()
+    d = registry.select(OP, WL)
+    assert (d.implementation, d.config) == ("measured.pick", {"SLEEP_MS": 3})
+    x = torch.ones(8, 4)
+    registry.dispatch(OP, x)
+    bound = reg.dispatch_map[call_key(x)]
+    assert bound.func is family_kernel and bound.keywords == {"config": {"SLEEP_MS": 3}}
 
 
 def test_resume_skips_a_point_whichever_implementation_won_it(home: Path) -> None:
