@@ -208,8 +208,10 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
 
     A named implementation must be the one that serves: when the override cannot be honoured
     for this workload (an ineligible implementation), the candidate fails with the reason
-    rather than timing another kernel under its label. An unknown name raises
-    ``UnknownImplementationError`` at once (a typo, not a measurement).
+    rather than timing another kernel under its label. With ``inputs`` its decision (made once
+    under the override) is bound once and called as dispatch's hit path would call it; without,
+    ``call`` runs under the override. An unknown name raises ``UnknownImplementationError`` at
+    once (a typo, not a measurement).
     """
     import registry
     from registry import format_config
@@ -249,11 +251,23 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
             out.append(Trial(label=name, run=refused, runs="-"))
             continue
 
-        def overridden(name: str = name) -> Any:
-            with registry.override(op, name):
-                return call()
+        run: Callable[[], Any]
+        if inputs is not None:
+            # The overridden decision's kernel, bound once, as dispatch's hit path would call it
+            # under KREG_SELECT_<OP>=name: entering the override per call would invalidate and
+            # re-decide every call, host time that plain timings (a kernel that cannot be
+            # captured) would count.
+            bound = registry.get_registry().implementation(op, d.implementation).bind(d.config)
 
-        out.append(Trial(label=name, run=overridden, implementation=d.implementation,
+            def run(bound: Callable[..., Any] = bound,
+                    inputs: tuple[tuple[Any, ...], dict[str, Any]] = inputs) -> Any:
+                return bound(*inputs[0], **inputs[1])
+        else:
+            def run(name: str = name) -> Any:
+                with registry.override(op, name):
+                    return call()
+
+        out.append(Trial(label=name, run=run, implementation=d.implementation,
                              config=d.config,
                              runs=f"{d.implementation} {format_config(d.config)}"))
     return out
