@@ -260,3 +260,37 @@ def test_the_regret_bench_times_the_implementations_and_matches_the_routed_winne
     out = capsys.readouterr().out
     assert done.value.code == 0, out
     assert "measured fakes.fast" in out   # auto's pick, named by the candidate it equals
+
+
+def test_a_candidate_that_cannot_be_captured_is_timed_plainly_in_the_same_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What FlashInfer's attention gets in a graph window on the GPU (plan() synchronizes):
+    timed, with plain launches, and said so; no ratio against graph replays."""
+    import importlib
+
+    from registry.tuning import timing
+
+    m = importlib.import_module("registry.tuning.measure")  # the package exports measure()
+
+    def graphed(fn: Any) -> Any:
+        if getattr(fn, "syncs", False):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return fn
+
+    def plan_then_run() -> Any:
+        return torch.ones(2)
+
+    plan_then_run.syncs = True  # type: ignore[attr-defined]
+    windows: list[list[str]] = []
+    monkeypatch.setattr(m, "_cuda", lambda: True)
+    monkeypatch.setattr(timing, "graphed", graphed)
+    monkeypatch.setattr(timing, "interleaved_median_ms", lambda fns, **kw: (
+        windows.append(list(fns)) or {n: 1.0 for n in fns}))
+    res = {r.label: r for r in m.measure(
+        [m.Trial("kernel", lambda: torch.ones(2)), m.Trial("planned", plan_then_run)],
+        expected=torch.ones(2), compare=lambda a, b: None, graphs=True, baseline="kernel")}
+    assert windows == [["kernel", "planned"]]          # one window, both timed
+    assert res["kernel"].timing == "graphs" and res["kernel"].ratio == 1.0
+    assert res["planned"].ms == 1.0 and res["planned"].ratio is None
+    assert res["planned"].timing == ("plain: not capturable in a CUDA graph (RuntimeError: "
+                                     "operation not permitted when stream is capturing)")
