@@ -252,14 +252,16 @@ def _cannot_run(op: str, name: str, facts: DeviceFacts, workload: Workload) -> s
 
 
 def _won_by(entry: TuningEntry, name: str) -> str:
-    """``flashinfer.x 1.9 ms, 1.12x faster than the next (16x16x1x2 2.1 ms)``, from the
+    """``NAME MS ms, Nx faster than the next (LABEL MS ms; N candidates measured)``, from the
     entry's timings."""
     mine = entry.timings_ms.get(name)
     others = {lab: ms for lab, ms in entry.timings_ms.items() if lab != name}
     if mine is None:
         return f"{name} (no time recorded)"
-    if not others or mine <= 0:
+    if not others:
         return f"{name} {mine:.4g} ms, the only candidate measured"
+    if mine <= 0:
+        return f"{name} {mine:.4g} ms ({len(entry.timings_ms)} candidates measured)"
     nxt = min(others, key=lambda lab: others[lab])
     ratio = others[nxt] / mine
     how = (f"{ratio:.3g}x faster than the next" if ratio >= 1 else
