@@ -243,6 +243,8 @@ def plugins(as_json: bool, allow_failed: bool) -> None:
             for name in rec.implementations:
                 impl = next(i for d in reg.impls.values() for n, i in d.items() if n == name)
                 click.echo(f"    impl {name} (op {impl.op}, priority {impl.priority})")
+                if impl.description:  # what it is, and what it lacks here (a hosted library's)
+                    click.echo(f"         {impl.description}")
         for problem in problems:
             click.echo(f"error {problem}")
     failed = [r.name for r in records if r.failed]

@@ -3,17 +3,20 @@
     python benchmarks/bench_regret.py sparse_prefill [--grid AXIS=V1,V2 ...] [--top 4]
 
 For every grid point of the op's tuner, one interleaved window times ``auto`` (registry.dispatch,
-as a framework calls it), the table config (``baseline``), and the ``--top`` fastest configs the
-tuning store recorded at that point (all of the point's candidates when it has no entry).
+as a framework calls it), the table config (``baseline``), the ``--top`` fastest configs the
+tuning store recorded at that point (all of the point's candidates when it has no entry), and
+every other implementation that can run the point (``implementation_candidates``: FlashInfer's,
+a vendor's), the candidates ``kreg tune`` measured beside the configs.
 
 Regret is ``t(selection) / min(t) - 1``. When the config ``auto`` ran equals one of the timed
 candidates' configs, ``t(selection)`` is that candidate's time: the same kernel timed twice in one
 window differs only by noise, and the candidate's time is the one comparable with the others
-(regret is then 0 exactly when the selection is the fastest candidate). Otherwise it is auto's
-own time. Columns: ``picked ms`` is the time regret uses (JSON ``selection_ms``, with
-``matched``: the candidate label, or null when auto's config is none of them); ``auto ms
-(dispatch)`` is auto's own time through ``registry.dispatch`` in the same window (JSON
-``auto_ms``). The run fails when regret exceeds 2% anywhere, when the selection is slower than
+(regret is then 0 exactly when the selection is the fastest candidate); a measured decision that
+names another implementation (``implementation=NAME``) matches that implementation's candidate.
+Otherwise it is auto's own time. Columns: ``picked ms`` is the time regret uses (JSON
+``selection_ms``, with ``matched``: the candidate label, or null when auto's config is none of
+them); ``auto ms (dispatch)`` is auto's own time through ``registry.dispatch`` in the same window
+(JSON ``auto_ms``). The run fails when regret exceeds 2% anywhere, when the selection is slower than
 the table by more than the same 2% noise allowance, or when auto did not run or was past the
 error bound.
 """
@@ -27,7 +30,12 @@ from typing import Any
 
 import registry
 from registry.tuning import TuningStore, identity_of
-from registry.tuning.tune import load_tuner, measure_point
+from registry.tuning.tune import (
+    IMPLEMENTATION_KEY,
+    implementation_candidates,
+    load_tuner,
+    measure_point,
+)
 
 
 def main() -> int:
@@ -55,19 +63,25 @@ def main() -> int:
     bad = False
     for case in tuner.cases(grid):
         cands = {lab: cfg for lab, cfg, _ in tuner.candidates(case, facts) if cfg is not None}
+        others = {name: cfg for name, cfg, _ in implementation_candidates(
+            args.op, tuner.bucket(case), facts, family=tuner.FAMILY) if cfg is not None}
         base = tuner.baseline(case, facts)
         entry = stored.get(repr(sorted(tuner.bucket(case).items())))
         if entry is not None:
             keep = sorted(entry.timings_ms, key=entry.timings_ms.__getitem__)[:args.top]
             cands = {lab: cfg for lab, cfg in cands.items() if lab in keep or lab == base}
         res = measure_point(args.op, case, cands, warmup=args.warmup, iters=args.iters,
-                            include_auto=True, tuner=tuner)
+                            include_auto=True, tuner=tuner, implementations=others)
         ok = {lab: t.ms for lab, t in res.items() if t.ok and t.ms}
         dec = registry.get_registry().last_decisions
         chosen = next((d for k, d in dec.items() if k[0] == args.op), None)
-        # Name what auto ran by the candidate label it equals (e.g. 8x32x4x2:pre:rev:split2:r96).
-        same = [lab for lab, cfg in cands.items()
-                if chosen is not None and dict(chosen.config or {}) == dict(cfg)]
+        # Name what auto ran by the candidate label it equals (e.g. 8x32x4x2:pre:rev:split2:r96,
+        # or flashinfer.sparse_prefill when a measured entry names that implementation).
+        routed = None if chosen is None else (chosen.config or {}).get(
+            IMPLEMENTATION_KEY, chosen.implementation)
+        same = [routed] if routed in others else [
+            lab for lab, cfg in cands.items()
+            if chosen is not None and dict(chosen.config or {}) == dict(cfg)]
         picked = "?" if chosen is None else chosen.implementation.split(".")[0] + " " + (
             same[0] if same else chosen.config_short())
         best = min(v for k, v in ok.items() if k != "auto")

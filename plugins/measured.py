@@ -30,6 +30,20 @@ tables they exported) have no kv_len in their bucket. They load as before and se
 kv_len, None included, by the floor on total_q alone, as they did when written, until entries
 of the same shape that name a kv_len exist on this device and software: those supersede them
 (re-run ``kreg tune``), and ``explain`` says so.
+
+An entry records which implementation won (``TuningEntry.family``): the op tuner's family (its
+configs drive ``OpSpec.tuned_kernel``, as every entry did before ``kreg tune`` measured whole
+implementations), or another implementation of the op (a vendor's, FlashInfer's), measured as
+one candidate beside the configs, whose entry's config then names it: ``{"implementation": NAME,
+**its config}``. An entry without that key is a config of the tuned kernel, whatever its family
+(old stores and exported tables are served as before). An entry naming an implementation is
+served with that config: ``explain`` shows the name in it, the ``tuning_entry`` check says by
+how much it won (the entry's ``timings_ms``) and fails, as a capability, when that
+implementation cannot run here (not loaded, or one of its capability checks fails: FlashInfer not
+importable); dispatch binds that implementation's own kernel with its config
+(``Implementation.route``, at bind time: the dispatch hit path calls the target kernel directly),
+and the decision's guarantees are the target's. The target is looked up in the process's
+registry (``registry.get_registry()``), the one whose store this plugin reads.
 """
 
 from __future__ import annotations
@@ -39,8 +53,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from registry import Contract, DeviceFacts, Implementation, OpSpec, Workload, hookimpl
+from registry.errors import KernelUnavailableError
 from registry.requirements import CAPABILITY, ENVELOPE, predicate
 from registry.tuning import TuningEntry, TuningStore, identity_of
+from registry.tuning.tune import IMPLEMENTATION_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +71,7 @@ class MeasuredTable:
         self.points = spec.point_fields
         self.later = spec.later_point_fields
         self.unmatched = spec.shape_free_fields
+        self.spec = spec
 
     def _shape(self, data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k not in self.unmatched}
@@ -146,7 +163,16 @@ class MeasuredTable:
         good, why = self.candidates(facts, workload)
         required = f"an entry from `kreg tune {self.op}` on this device and software"
         if good:
-            return True, f"{len(good)} entries for this device and software", required
+            seen = f"{len(good)} entries for this device and software"
+            entry, _ = self.serving(facts, workload)
+            target = None if entry is None else self.target(entry)
+            if entry is None or target is None:
+                return True, seen, required
+            required += f", whose winner {target} can run here"
+            problem = _cannot_run(self.op, target, facts, workload)
+            if problem:
+                return False, f"{seen}; the point's winner {problem}", required
+            return True, f"{seen}; the point's winner: {_won_by(entry, target)}", required
         if why:
             uniq = sorted(set(why))
             return False, f"{len(why)} entries ignored: " + " | ".join(uniq[:3]), required
@@ -161,8 +187,88 @@ class MeasuredTable:
         return entry is not None, f"{got} ({words})", "inside the measured range"
 
     def config(self, facts: DeviceFacts, workload: Workload) -> dict[str, Any] | None:
+        """The serving entry's config (``{"implementation": NAME, ...}`` for an entry another
+        implementation won: see :meth:`route`)."""
         entry, _ = self.serving(facts, workload)
         return None if entry is None else dict(entry.config)
+
+    # -- entries that name another implementation -----------------------------------------------
+
+    @staticmethod
+    def target(entry: TuningEntry) -> str | None:
+        """The implementation ``entry`` routes to, or None (a config of the tuned kernel)."""
+        name = entry.config.get(IMPLEMENTATION_KEY)
+        return None if name is None else str(name)
+
+    def route(self, config: Mapping[str, Any] | None) -> tuple[Implementation,
+                                                               dict[str, Any]] | None:
+        """``Implementation.route``: the named implementation and its own config, or None."""
+        if not config or IMPLEMENTATION_KEY not in config:
+            return None
+        name = str(config[IMPLEMENTATION_KEY])
+        impl = _loaded(self.op, name)
+        if impl is None:
+            raise KernelUnavailableError(
+                f"measured.{self.op}: the tuning entry names {name}, which is not loaded; "
+                f"re-run `kreg tune {self.op}` or enable the plugin that provides it")
+        return impl, {k: v for k, v in config.items() if k != IMPLEMENTATION_KEY}
+
+    def contract(self, config: Mapping[str, Any] | None) -> Contract:
+        """The guarantees of what runs: the named implementation's for its config, else the
+        tuned kernel's (``OpSpec.kernel_contract``)."""
+        if config and IMPLEMENTATION_KEY in config:
+            impl = _loaded(self.op, str(config[IMPLEMENTATION_KEY]))
+            rest = {k: v for k, v in config.items() if k != IMPLEMENTATION_KEY}
+            return Contract() if impl is None else impl.contract_for(rest)
+        c = self.spec.kernel_contract
+        if c is None:
+            return Contract()
+        return c if isinstance(c, Contract) else c(config)
+
+
+def _loaded(op: str, name: str) -> Implementation | None:
+    import registry
+
+    return registry.get_registry().impls.get(op, {}).get(name)
+
+
+def _cannot_run(op: str, name: str, facts: DeviceFacts, workload: Workload) -> str:
+    """Why implementation ``name`` cannot run ``workload`` on ``facts`` ("" when it can): not
+    loaded, or a capability check fails (its envelope does not matter: the entry measured it)."""
+    impl = _loaded(op, name)
+    if impl is None:
+        return f"{name} is not loaded"
+    failed = []
+    for req in impl.requirements:
+        if req.kind != CAPABILITY:
+            continue
+        try:
+            c = req.check(facts, workload)
+        except Exception as exc:  # a buggy requirement disqualifies the route, nothing more
+            return f"{name}: its requirement {req.name} raised {type(exc).__name__}: {exc}"
+        if not c.passed:
+            failed.append(str(c))
+    return f"{name} cannot run here: {'; '.join(failed)}" if failed else ""
+
+
+def _won_by(entry: TuningEntry, name: str) -> str:
+    """``NAME MS ms, Nx faster than the next (LABEL MS ms; N candidates measured)``, from the
+    entry's timings."""
+    mine = entry.timings_ms.get(name)
+    others = {lab: ms for lab, ms in entry.timings_ms.items() if lab != name}
+    if mine is None:
+        return f"{name} (no time recorded)"
+    if not others:
+        return f"{name} {mine:.4g} ms, the only candidate measured"
+    if mine <= 0:
+        return f"{name} {mine:.4g} ms ({len(entry.timings_ms)} candidates measured)"
+    nxt = min(others, key=lambda lab: others[lab])
+    ratio = others[nxt] / mine
+    how = (f"{ratio:.3g}x faster than the next" if ratio >= 1 else
+           f"{1 / ratio:.3g}x slower than the fastest here, kept by minimax regret over the "
+           f"entry's points")
+    return (f"{name} {mine:.4g} ms, {how} ({nxt} {others[nxt]:.4g} ms; "
+            f"{len(entry.timings_ms)} candidates measured)")
 
 
 def _fmt(p: tuple[int, ...], fields: Sequence[str]) -> str:
@@ -183,9 +289,11 @@ def implementations_from(entries: Sequence[TuningEntry],
                 *spec.measured_requirements)
         out.append(Implementation(op=name, name=f"measured.{name}", priority=PRIORITY,
                                   requirements=reqs, config=table.config,
-                                  kernel=spec.tuned_kernel,
-                                  contract=spec.kernel_contract or Contract(),
-                                  description="configs kreg tune measured on this device"))
+                                  kernel=spec.tuned_kernel, contract=table.contract,
+                                  route=table.route,
+                                  description="what kreg tune measured on this device: configs "
+                                              "of the tuned kernel, or the implementation that "
+                                              "won (config implementation=NAME)"))
     return out
 
 

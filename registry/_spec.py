@@ -200,6 +200,12 @@ class Implementation:
     invariant_config: ConfigResolver | None = None
     conformance_profiles: tuple[str, ...] = ()
     conformance_cases: str = ""
+    # ``route(config) -> (implementation, its config)`` when a config stands for another
+    # implementation's kernel (the ``measured`` plugin's entries that name the implementation a
+    # measurement picked), else None: :meth:`bind` then makes that implementation's callable, so
+    # the dispatch cache holds the target's kernel itself (nothing is added to the hit path).
+    route: Callable[[Mapping[str, Any] | None],
+                    tuple[Implementation, Mapping[str, Any] | None] | None] | None = None
     _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -252,6 +258,10 @@ class Implementation:
 
     def bind(self, config: Mapping[str, Any] | None) -> Callable[..., Any]:
         """The ready-to-call kernel for one config (what the dispatch cache stores)."""
+        if self.route is not None:
+            target = self.route(config)
+            if target is not None:
+                return target[0].bind(target[1])
         fn = self.load_kernel()
         if not self.configurable:
             return fn

@@ -24,12 +24,21 @@
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
-# dists-indexer (issue #25: every score distribution through kreg bench).
+# dists-indexer (issue #25: every score distribution through kreg bench),
+# flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
+# with auto, the kreg families and flashinfer.* at the seed's shapes, a small kreg tune grid of
+# both ops and the regret bench on it; its parts flashinfer-kit, flashinfer-bench and
+# flashinfer-tune run alone too: FlashInfer's first JIT builds take more than 3 minutes here,
+# so a lease can give the kit one call and the rest the next; the builds are cached in
+# $PWD/.fi-ws, kept between calls while the machine stays warm).
 # Logs go to $OUT (or ./device-out); the tuning store is copied there at the end.
 #
 # The device image has no kreg installed, and plugins load through entry points only, so carry an
 # installed copy: before the call, here, `rm -f .whl/kreg-*.whl && .venv/bin/pip wheel --no-deps
 # -w .whl .` (next to the pydantic wheels the device README lists), and name `.whl` in `carry`.
+# The flashinfer steps need nothing else: the flashinfer-python and apache-tvm-ffi wheels are in
+# /work/main/.whl beside those (copy them into this tree's .whl if it lacks them), installed with
+# the rest below; the image has FlashInfer's other imports (torch, ninja, nvcc, pynvml).
 set -u
 ls .whl/kreg-*.whl >/dev/null 2>&1 || { echo "no .whl/kreg-*.whl: build it first (see above)"; exit 2; }
 OUT=${OUT:-device-out}
@@ -61,6 +70,57 @@ ab_cells() {
         | tee -a "$OUT/$name.log" | grep -v "^-"
     done
   done
+}
+# flashinfer_part PART: one part of the flashinfer step (issue #27), logs into $OUT/fi_*.log;
+# each part fits one 10-minute call (kit: the JIT builds; bench: ~9 min; tune: ~9 min).
+flashinfer_part() {
+  export FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+  local FG="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192"
+  FG="$FG --grid total_q=1024,8192 --grid space=tiny"
+  local FI="--grid rows=64,4096 --grid keys=131072"
+  case "$1" in
+    kit)
+      stage "flashinfer: availability, then the conformance kit (the first call JIT-builds)"
+      python3 -c "import plugins.flashinfer as p, flashinfer; print(p.availability(), \
+        flashinfer.__version__)" 2>&1 | tail -2
+      # one small test file to collect beside the kit's items (-m keeps the kit alone); a
+      # timeout leaves the finished JIT builds in .fi-ws: the next call goes on from there
+      timeout 540 python3 -m pytest -q -p no:cacheprovider tests/unit/test_requirements.py \
+        --kreg-conformance flashinfer -m kreg_conformance -rs > "$OUT/fi_conformance.log" 2>&1
+      echo "conformance rc=$?"; grep -E "passed|failed|SKIPPED|FAILED" "$OUT/fi_conformance.log" \
+        | cut -c1-220 | tail -30
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/unit/test_flashinfer_plugin.py > "$OUT/fi_gpu_tests.log" 2>&1
+      echo "gpu tests rc=$?"; tail -4 "$OUT/fi_gpu_tests.log" ;;
+    bench)
+      stage "flashinfer: kreg bench indexer_topk (graph replays)"
+      timeout 150 python3 cli.py bench indexer_topk --rows 1,64,1024,4096 --keys 131072 \
+        --graphs --warmup 3 --iters 20 --providers torch-topk,triton,auto,flashinfer.indexer_topk \
+        2>&1 | tee "$OUT/fi_bench_indexer.log" | grep -v "^-"
+      for kind in prefill chunk; do
+        stage "flashinfer: kreg bench sparse_prefill $kind, the seed's shapes (graph replays)"
+        timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
+          --kv-len 8192,32768 --total-q 8192 --graphs --warmup 3 --iters 15 \
+          --providers table,h200,auto,flashinfer.sparse_prefill 2>&1 \
+          | tee -a "$OUT/fi_bench_sparse.log" | grep -v "^-"
+      done ;;
+    tune)
+      stage "flashinfer: kreg tune, a small grid of both ops, FlashInfer among the candidates"
+      timeout 200 python3 -m cli tune sparse_prefill $FG --warmup 3 --iters 10 \
+        > "$OUT/fi_tune_sparse.log" 2>&1
+      echo "rc=$?"; grep -E "^(prefill|chunk)|flashinfer" "$OUT/fi_tune_sparse.log" | cut -c1-200
+      timeout 120 python3 -m cli tune indexer_topk $FI --warmup 3 --iters 15 \
+        > "$OUT/fi_tune_indexer.log" 2>&1
+      echo "rc=$?"; grep -E "^[0-9]|flashinfer" "$OUT/fi_tune_indexer.log" | cut -c1-200
+      stage "flashinfer: regret with FlashInfer among the candidates"
+      timeout 150 python3 benchmarks/bench_regret.py sparse_prefill $FG --top 3 --warmup 3 \
+        --iters 15 > "$OUT/fi_regret_sparse.log" 2>&1
+      echo "rc=$?"; tail -10 "$OUT/fi_regret_sparse.log"
+      timeout 90 python3 benchmarks/bench_regret.py indexer_topk $FI --warmup 3 --iters 20 \
+        > "$OUT/fi_regret_indexer.log" 2>&1
+      echo "rc=$?"; tail -12 "$OUT/fi_regret_indexer.log" ;;
+  esac
 }
 GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
 GRID="$GRID --grid total_q=32,64,128,256,512,1024,2048,4096,8192 --grid space=tiny"
@@ -114,6 +174,10 @@ for step in "$@"; do
         --keys 131072 --dist ${DISTS:-randn,ties,zeros,recent,lowbits,relu,quant256,fp8,ramp} \
         --providers torch-topk,auto --graphs --warmup 3 --iters 20 2>/dev/null \
         | tee "$OUT/dists_indexer.log" | grep -v "^-" ;;
+    flashinfer)
+      flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
+    flashinfer-kit|flashinfer-bench|flashinfer-tune)
+      flashinfer_part "${step#flashinfer-}" ;;
     tune-sparse)
       stage "tune sparse_prefill"
       timeout 330 python3 -m cli tune sparse_prefill $GRID --warmup 3 --iters 10 \
@@ -150,7 +214,7 @@ for step in "$@"; do
       stage "indexer_topk gmax slices a row"
       S="torch-topk,triton"
       for sk in 8192 16384 32768 65536; do S="$S,geometry=SLICE_KEYS=$sk"; done
-      timeout 200 python3 cli.py bench indexer_topk --rows 32,64,128,256,4096 \
+      timeout 150 python3 cli.py bench indexer_topk --rows 32,64,128,256,4096 \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
         | tee "$OUT/slices_indexer.log" | grep -v "^-" ;;
     tests-indexer)
@@ -165,7 +229,7 @@ for step in "$@"; do
       stage "indexer_topk PDL and slices"
       S="torch-topk,triton,geometry=PDL=1,geometry=SLICE_KEYS=16384:PDL=1"
       S="$S,geometry=SLICE_KEYS=65536:PDL=1"
-      timeout 200 python3 cli.py bench indexer_topk --rows 1,8,32,64,256,1024,4096 \
+      timeout 150 python3 cli.py bench indexer_topk --rows 1,8,32,64,256,1024,4096 \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
         | tee "$OUT/pdl_indexer.log" | grep -v "^-" ;;
     ncu-source)

@@ -13,8 +13,10 @@ For each candidate, in order:
    error) scores the candidate as ``error`` and the others go on; nothing here aborts the run;
 3. **time**: the candidates that passed (and the unjudged anchors, e.g. ``torch.topk``) run
    round-robin in one window (:func:`registry.tuning.timing.interleaved_median_ms`), as CUDA
-   graph replays when asked; a slow reference can take its own short window instead
-   (``timed="isolated"``), and its time is then not comparable as a ratio.
+   graph replays when asked; a candidate that cannot be captured (its host work synchronizes,
+   e.g. FlashInfer's ``plan()``) is timed with plain launches in the same window, its
+   ``timing`` says so and it gets no ratio; a slow reference can take its own short window
+   instead (``timed="isolated"``), and its time is then not comparable as a ratio.
 
 The JSON form of a bench run (``kreg bench OP --json``) is :func:`bench_report`, the same
 top-level schema for every op (docs/BENCHMARKS.md, "JSON schema").
@@ -74,7 +76,9 @@ class Measurement:
     error: float | None = None  # the op's error measure, when it has one (see ``metric``)
     ms: float | None = None
     ratio: float | None = None  # ms / the baseline's ms in the same window
-    timing: str = ""            # "graphs", "plain", "isolated", or why it was not timed
+    # "graphs", "plain", "isolated", "plain: not capturable in a CUDA graph (...)" (timed plainly
+    # in a graph window), or why it was not timed
+    timing: str = ""
     implementation: str | None = None
     config: dict[str, Any] | None = None
 
@@ -159,16 +163,20 @@ def measure(candidates: Sequence[Trial], *, expected: Any,
         elif cand.timed == "isolated":
             isolated[cand.label] = cand.run
     on_gpu = _cuda()
+    uncapturable: dict[str, str] = {}
     if graphs and on_gpu:
         for label in list(windowed):
             try:
                 windowed[label] = graphed(windowed[label])
-            except Exception as exc:  # e.g. a provider that synchronizes
-                out[label].timing = f"not capturable in a CUDA graph: {type(exc).__name__}: {exc}"
-                del windowed[label]
+            except Exception as exc:  # e.g. a provider whose host work synchronizes
+                # Timed with plain launches in the same window: what it costs where it can run
+                # (eager code); its time then includes its host work, the others' does not.
+                uncapturable[label] = f"{type(exc).__name__}: {exc}"
     how = "graphs" if graphs and on_gpu else "plain"
     for label, ms in interleaved_median_ms(windowed, warmup=warmup, iters=iters).items():
         out[label].ms, out[label].timing = ms, how
+        if label in uncapturable:
+            out[label].timing = f"plain: not capturable in a CUDA graph ({uncapturable[label]})"
     for label, fn in isolated.items():
         out[label].ms, out[label].timing = isolated_median_ms(fn, warmup=1, iters=3), "isolated"
     base = out.get(baseline or "")
@@ -200,8 +208,10 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
 
     A named implementation must be the one that serves: when the override cannot be honoured
     for this workload (an ineligible implementation), the candidate fails with the reason
-    rather than timing another kernel under its label. An unknown name raises
-    ``UnknownImplementationError`` at once (a typo, not a measurement).
+    rather than timing another kernel under its label. With ``inputs`` its decision (made once
+    under the override) is bound once and called as dispatch's hit path would call it; without,
+    ``call`` runs under the override. An unknown name raises ``UnknownImplementationError`` at
+    once (a typo, not a measurement).
     """
     import registry
     from registry import format_config
@@ -241,11 +251,23 @@ def registry_candidates(op: str, names: Sequence[str], call: Callable[[], Any],
             out.append(Trial(label=name, run=refused, runs="-"))
             continue
 
-        def overridden(name: str = name) -> Any:
-            with registry.override(op, name):
-                return call()
+        run: Callable[[], Any]
+        if inputs is not None:
+            # The overridden decision's kernel, bound once, as dispatch's hit path would call it
+            # under KREG_SELECT_<OP>=name: entering the override per call would invalidate and
+            # re-decide every call, host time that plain timings (a kernel that cannot be
+            # captured) would count.
+            bound = registry.get_registry().implementation(op, d.implementation).bind(d.config)
 
-        out.append(Trial(label=name, run=overridden, implementation=d.implementation,
+            def run(bound: Callable[..., Any] = bound,
+                    inputs: tuple[tuple[Any, ...], dict[str, Any]] = inputs) -> Any:
+                return bound(*inputs[0], **inputs[1])
+        else:
+            def run(name: str = name) -> Any:
+                with registry.override(op, name):
+                    return call()
+
+        out.append(Trial(label=name, run=run, implementation=d.implementation,
                              config=d.config,
                              runs=f"{d.implementation} {format_config(d.config)}"))
     return out

@@ -15,9 +15,23 @@ The op supplies a *tuner* module (``OpSpec.tuner``) with:
   reference) and ``metric(actual, expected) -> float`` — the error measure shown beside each
   candidate.
 
-:func:`measure_point` checks each config on the op's ``OpSpec.tuned_kernel`` with the op's
-compare, then times the good ones interleaved as CUDA-graph replays (the one harness,
-:mod:`registry.tuning.measure`), and returns ``{label: Measurement}``.
+Beside the tuner's configs, every other implementation of the op that can run the point is a
+candidate, labelled by its name and run with the config it resolves there
+(:func:`implementation_candidates`: kreg's kernels, a vendor's, FlashInfer's; capability checks
+must pass, envelopes are what is being measured; not the reference, the ``measured`` plugin's
+own, nor implementations of the tuned kernel, whose configs reach the tuner through
+``kreg_configs``). An entry records the implementation that won in ``TuningEntry.family`` (the
+tuner's ``FAMILY`` when a config of the tuned kernel won, as before) and, for another
+implementation, in its config too (``{"implementation": NAME, ...}``, :data:`IMPLEMENTATION_KEY`:
+an entry without it is a config of the tuned kernel, as every older entry is); the ``measured``
+plugin serves either. A point keeps one entry: a new winner of another implementation replaces
+the old one.
+
+:func:`measure_point` checks each config on the op's ``OpSpec.tuned_kernel`` (and each other
+implementation's bound kernel) with the op's compare, then times the good ones interleaved as
+CUDA-graph replays (the one harness, :mod:`registry.tuning.measure`; one that cannot be captured,
+such as FlashInfer's planned attention, is timed with plain launches in the same window), and
+returns ``{label: Measurement}``.
 
 Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
 run resumes where it stopped (a resumed run skips buckets already in the store). Points of one
@@ -42,15 +56,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry._facts import DeviceFacts
+from registry._format import format_config
 from registry._spec import load_object
-from registry.errors import ConfigError
+from registry.errors import ConfigError, WorkloadError
 from registry.tuning.measure import Measurement, Trial, measure, registry_candidates
 from registry.tuning.store import TuningEntry, TuningStore, identity_of, utc_now
 
-__all__ = ["DEFAULT_MIN_GAIN", "PointResult", "cannot_run_here", "load_tuner", "measure_point",
-           "tune"]
+__all__ = ["DEFAULT_MIN_GAIN", "IMPLEMENTATION_KEY", "PointResult", "cannot_run_here",
+           "implementation_candidates", "load_tuner", "measure_point", "tune"]
 
 DEFAULT_MIN_GAIN = 0.03
+
+#: The config key by which a measured decision names the implementation that runs (an entry whose
+#: ``family`` is not the tuner's): ``{"implementation": "flashinfer.sparse_prefill"}``.
+IMPLEMENTATION_KEY = "implementation"
 
 
 @dataclass
@@ -66,6 +85,9 @@ class PointResult:
     baseline: str | None = None
     fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
     note: str = ""
+    # The candidates that are other implementations (labelled by their names), not configs of
+    # the tuned kernel.
+    implementations: list[str] = field(default_factory=list)
 
     @property
     def speedup(self) -> float | None:
@@ -113,12 +135,65 @@ def cannot_run_here(op: str, bucket: Mapping[str, Any], facts: DeviceFacts) -> s
     return "; ".join(failed) or None
 
 
+def implementation_candidates(op: str, workload: Mapping[str, Any], facts: DeviceFacts, *,
+                              family: str | None = None
+                              ) -> list[tuple[str, dict[str, Any] | None, str]]:
+    """The other implementations of ``op`` as tuning candidates at ``workload`` on ``facts``:
+    ``(name, the config it resolves there ({} when not configurable), "")``, or ``(name, None,
+    why)`` when it cannot run the point (a failed capability check; its envelope is waived: the
+    measurement decides). Left out: ``family`` (the tuner's), fallbacks (the reference), the
+    implementations that route to others (the ``measured`` plugin's) and the configurable ones
+    whose kernel is the op's tuned kernel (their configs reach the tuner through
+    ``kreg_configs``)."""
+    import registry
+
+    reg = registry.get_registry()
+    spec = reg.spec(op)
+    try:
+        wl = reg.workload(op, workload)
+    except WorkloadError:  # a point that is not a whole workload: no implementation can say
+        return []
+    out: list[tuple[str, dict[str, Any] | None, str]] = []
+    for impl in sorted(reg.implementations(op), key=lambda i: i.name):
+        if impl.name == family or impl.fallback or impl.route is not None or (
+                impl.configurable and impl.kernel == spec.tuned_kernel):
+            continue
+        failed = []
+        for req in impl.requirements:
+            if req.kind == "capability":
+                try:
+                    c = req.check(facts, wl)
+                except Exception as exc:  # a broken requirement prunes its candidate only
+                    failed.append(f"{req.name} raised {type(exc).__name__}: {exc}")
+                    continue
+                if not c.passed:
+                    failed.append(str(c))
+        if failed:
+            out.append((impl.name, None, "; ".join(failed)))
+            continue
+        try:
+            cfg = impl.resolve_config(facts, wl) if impl.configurable else None
+        except Exception as exc:
+            out.append((impl.name, None, f"its config resolver raised {type(exc).__name__}: "
+                                         f"{exc}"))
+            continue
+        bad = {k: v for k, v in (cfg or {}).items() if not isinstance(v, (int, str))}
+        if bad:
+            out.append((impl.name, None, f"config values {bad} cannot be stored (int or str)"))
+            continue
+        out.append((impl.name, dict(cfg or {}), ""))
+    return out
+
+
 def measure_point(op: str, case: Any, configs: Mapping[str, Mapping[str, Any]], *,
                   warmup: int = 5, iters: int = 30, include_auto: bool = False,
-                  tuner: Any = None) -> dict[str, Measurement]:
+                  tuner: Any = None,
+                  implementations: Mapping[str, Mapping[str, Any] | None] | None = None
+                  ) -> dict[str, Measurement]:
     """Check then time ``configs`` (label -> config) of ``op``'s tuned kernel at one tuning
-    point; ``include_auto`` adds ``auto``, ``registry.dispatch`` as a framework calls it, in the
-    same window (the selection-regret bench)."""
+    point, and ``implementations`` (name -> its config) through each one's bound kernel;
+    ``include_auto`` adds ``auto``, ``registry.dispatch`` as a framework calls it, in the same
+    window (the selection-regret bench)."""
     import registry
 
     reg = registry.get_registry()
@@ -133,6 +208,12 @@ def measure_point(op: str, case: Any, configs: Mapping[str, Mapping[str, Any]], 
     trials = [Trial(label, functools.partial(kernel, *args, config=dict(cfg), **kwargs),
                     implementation=getattr(tuner, "FAMILY", None), config=dict(cfg))
               for label, cfg in configs.items()]
+    for name, cfg in (implementations or {}).items():
+        if name in configs:
+            raise ValueError(f"candidate label {name!r} is both a config and an implementation")
+        bound = reg.implementation(op, name).bind(cfg)
+        trials.append(Trial(name, functools.partial(bound, *args, **kwargs), implementation=name,
+                            config=dict(cfg or {}), runs=f"{name} {format_config(cfg)}"))
     if include_auto:
         trials += registry_candidates(op, ["auto"], lambda: registry.dispatch(op, *args, **kwargs),
                                       tuner.bucket(case))
@@ -153,18 +234,19 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
     device, software = identity_of(facts)
     command = command or "kreg " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     done: set[str] = set()
-    if resume:
+    if resume:   # a point is done whichever implementation won it
         for e in store.load():
-            if e.op == op and e.family == tuner.FAMILY and e.device == device and \
-                    e.software == software:
+            if e.op == op and e.device == device and e.software == software:
                 done.add(_bucket_key(e.bucket))
     results = []
     merged: dict[str, list[dict[str, float]]] = {}
     for case in tuner.cases(grid):
         bucket = dict(tuner.bucket(case))
+        others = implementation_candidates(op, bucket, facts, family=tuner.FAMILY)
         res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
-                          candidates=list(tuner.candidates(case, facts)),
-                          baseline=tuner.baseline(case, facts))
+                          candidates=[*tuner.candidates(case, facts), *others],
+                          baseline=tuner.baseline(case, facts),
+                          implementations=[name for name, cfg, _ in others if cfg is not None])
         valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
         blocked = cannot_run_here(op, bucket, facts)
         if resume and _bucket_key(bucket) in done:
@@ -176,7 +258,10 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
         elif not valid:
             res.status = "no valid candidate"
         else:
-            res.timings = measure_point(op, case, valid, warmup=warmup, iters=iters, tuner=tuner)
+            res.timings = measure_point(
+                op, case, {lab: c for lab, c in valid.items() if lab not in res.implementations},
+                warmup=warmup, iters=iters, tuner=tuner,
+                implementations={name: valid[name] for name in res.implementations})
             ok = {lab: t.ms for lab, t in res.timings.items() if t.ok and t.ms}
             if ok:
                 res.fastest = min(ok, key=lambda lab: ok[lab])
@@ -184,9 +269,17 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                 points = merged.setdefault(_bucket_key(bucket), [])
                 points.append(ok)
                 config_label, timings = _merge(points, res.baseline, min_gain)
+                family, config = tuner.FAMILY, valid[config_label]
+                if config_label in res.implementations:   # the config names the winner
+                    family, config = config_label, {IMPLEMENTATION_KEY: config_label, **config}
+                # One entry a point: a winner of another implementation replaces the old one
+                # (the store keys entries by family too).
+                store.remove(functools.partial(_other_winner, op=op, device=device,
+                                               software=software, family=family,
+                                               key=_bucket_key(bucket)))
                 store.put([TuningEntry(
-                    op=op, family=tuner.FAMILY, device=device, software=software, bucket=bucket,
-                    config=valid[config_label], timings_ms=timings, command=command,
+                    op=op, family=family, device=device, software=software, bucket=bucket,
+                    config=config, timings_ms=timings, command=command,
                     measured_at=utc_now())])
             else:
                 res.status = "no candidate ran"
@@ -214,6 +307,13 @@ def _merge(points: list[dict[str, float]], baseline: str | None = None,
     if baseline in common and worst[baseline] <= worst[label] * (1.0 + min_gain):
         label = baseline
     return label, mean
+
+
+def _other_winner(e: TuningEntry, *, op: str, device: Any, software: Any, family: str,
+                  key: str) -> bool:
+    """``e`` is this point's entry won by another implementation than ``family``."""
+    return (e.op == op and e.device == device and e.software == software
+            and e.family != family and _bucket_key(e.bucket) == key)
 
 
 def _bucket_key(bucket: dict[str, Any]) -> str:
