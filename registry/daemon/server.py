@@ -298,14 +298,14 @@ class Daemon:
         self.tracebacks: dict[str, int] = {}
         self._store_seen = self._store_stat()
         self._store_checked = time.monotonic()
+        self.conns: set[_Connection] = set()
+        self.cache: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self.aliases: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         if "tuning" in self.reg.build_state:
             from registry.tuning.store import store_identity
 
             if store_identity(self._store_path()) != self.reg.build_state["tuning"]:
                 self.reload("the tuning store changed since the registry was built")
-        self.conns: set[_Connection] = set()
-        self.cache: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
-        self.aliases: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.facts: dict[str, Any] = {}
         # (time, pid, hit, entry) per answered select; expanded into records only by explain.
         self.recent: collections.deque[tuple[float, int, bool, _Entry]] = collections.deque(
