@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from registry._facts import DeviceFacts, profiles
+from registry._facts import DeviceFacts, looks_like_path
 from registry._format import format_config
 from registry.errors import ConfigError, KregError, StrictModeError, UnknownDeviceError
 
@@ -330,52 +330,50 @@ class DeviceInput:
     sets: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _facts_from_file(path: Path) -> DeviceFacts:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"device profile file {path}: cannot be read ({exc.strerror}); pass a "
-                          f"shipped profile name (see `kreg profiles`) or a readable JSON file "
-                          f"of DeviceFacts (`kreg devices --json` writes one)") from None
-    try:
-        return DeviceFacts.model_validate_json(text)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}"
-                             for e in exc.errors()[:5])
-        raise ConfigError(f"device profile file {path}: not valid DeviceFacts ({problems}); "
-                          f"`kreg devices --json` writes a valid one") from None
-
-
 def resolve_devices(reg: Registry, names: Sequence[str],
                     sets: Mapping[str, Any] | None = None) -> list[DeviceInput]:
-    """``--device`` values (shipped profile names, ``local``, or DeviceFacts JSON files; none:
-    this machine) as DeviceInputs with ``sets`` applied. Labels must be unique."""
+    """``--device`` values (profile names: shipped, a plugin's or KREG_PROFILES'; ``local``; or
+    .toml/.json profile files, as ``kreg explain --device`` takes them; none: this machine) as
+    DeviceInputs with ``sets`` applied. Labels must be unique."""
     sets = dict(sets or {})
     out: list[DeviceInput] = []
     for name in names or [LOCAL]:
         source: Literal["profile", "local", "file"]
         if name == LOCAL:
             facts, label, source = reg.resolve_device(None), LOCAL, "local"
-        elif name in profiles():
-            facts, label, source = profiles()[name], name, "profile"
-        elif name.endswith(".json") or os.sep in name:
-            facts = _facts_from_file(Path(name))
+        elif looks_like_path(name):
+            # A profile file (.toml or .json, as `kreg explain --device` takes), read by the
+            # registry's one resolver.
+            facts = reg.resolve_device(name)
             label, source = facts.profile or Path(name).stem, "file"
         else:
-            raise UnknownDeviceError(
-                f"unknown device {name!r}; pass a shipped profile ({', '.join(sorted(profiles()))}"
-                f"), `local` for this machine, or a DeviceFacts JSON file")
+            try:   # shipped, plugin (kreg_profiles) and KREG_PROFILES profiles
+                facts = reg.resolve_device(name)
+            except UnknownDeviceError as exc:
+                raise UnknownDeviceError(f"{exc}; or `local` for this machine") from None
+            label, source = name, "profile"
         if sets:
-            try:
-                facts = facts.what_if(**sets)
-            except ConfigError as exc:
-                shown = ",".join(f"{k}={v}" for k, v in sets.items())
-                raise ConfigError(f"--set {shown} on {label}: {exc}; `kreg devices` shows the "
-                                  f"fields and their values") from None
+            facts = _with_sets(facts, sets, label)
         if any(d.label == label for d in out):
             raise ConfigError(f"device {label!r} is given twice; each device is locked once")
         out.append(DeviceInput(label=label, source=source, facts=facts, sets=sets))
     return out
+
+
+def _with_sets(facts: DeviceFacts, sets: Mapping[str, Any], label: str) -> DeviceFacts:
+    """``facts`` with ``--set`` what-ifs, in the spelling of ``kreg explain --set``
+    (``DeviceFacts.with_settings``: every field, ``compute_capability=10.0``, ``extra.KEY``)."""
+    def text(v: Any) -> str:
+        return ".".join(map(str, v)) if isinstance(v, tuple) else "none" if v is None else str(v)
+
+    try:
+        changed = facts.with_settings([f"{k}={text(v)}" for k, v in sets.items()])
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (on {label}); `kreg devices` shows the fields and their "
+                          f"values") from None
+    # The what-if's own profile name ("h200 with ...") is explain's header; a lock keeps the
+    # device's facts as they were named.
+    return changed.what_if(profile=facts.profile)
 
 
 def _locked_device(dev: DeviceInput) -> LockedDevice:
@@ -882,18 +880,20 @@ def _current_device(reg: Registry, label: str, locked: LockedDevice,
     if label in given:
         facts, again = given[label].facts, dict(locked.set)
     elif source == "profile":
-        if label not in profiles():
-            raise UnknownDeviceError(f"device profile {label!r} is not shipped by this kreg "
-                                     f"(shipped: {', '.join(sorted(profiles()))}); pass "
-                                     f"--device FILE with its facts")
-        facts, again = profiles()[label], dict(locked.set)
+        try:
+            facts = reg.resolve_device(label)
+        except UnknownDeviceError:
+            raise UnknownDeviceError(f"device profile {label!r} is not known to this kreg "
+                                     f"(known: {', '.join(sorted(reg.profiles()))}); pass "
+                                     f"--device FILE with its facts") from None
+        again = dict(locked.set)
     elif source == "local":
         facts, again = reg.resolve_device(None), dict(locked.set)
     else:
         facts, again = DeviceFacts.model_validate(locked.facts), {}
     both = {**again, **dict(sets)}
     if both:
-        facts = facts.what_if(**both)
+        facts = _with_sets(facts, both, label)
     return DeviceInput(label=label, source=source, facts=facts, sets={**locked.set, **sets})
 
 

@@ -316,7 +316,7 @@ def test_this_machine_when_no_device_is_given(home: Path) -> None:
 @pytest.mark.parametrize("args,expect", [
     (["nope", "--workloads", "sweep.jsonl"], "UnknownOpError: unknown op 'nope'; known ops:"),
     (["sparse_prefill", "--device", "rtx-9090", "--workloads", "sweep.jsonl"],
-     "unknown device 'rtx-9090'; pass a shipped profile (gb10,"),
+     "unknown device profile 'rtx-9090'; known profiles: gb10,"),
     (["sparse_prefill", "--workloads", "missing.jsonl"],
      "workloads file missing.jsonl: no such file; pass --workloads FILE, a JSON-lines file"),
     (["sparse_prefill", "--workloads", "bad.jsonl"],
@@ -330,7 +330,7 @@ def test_this_machine_when_no_device_is_given(home: Path) -> None:
     (["sparse_prefill", "--workloads", "sweep.jsonl", "--grid", "foo=1"],
      "foo is not a workload field of sparse_prefill"),
     (["sparse_prefill", "--device", "h200", "--workloads", "sweep.jsonl", "--set",
-      "sm_count=many"], "--set sm_count=many on h200: invalid device facts: sm_count"),
+      "sm_count=many"], "--set: sm_count: Input should be a valid integer"),
     (["sparse_prefill", "--workloads", "sweep.jsonl", "-o", "nodir/x.lock"],
      "cannot write lockfile nodir/x.lock"),
 ])
@@ -537,4 +537,19 @@ def test_a_device_from_a_facts_file(home: Path) -> None:
     Path("broken.json").write_text("{}")
     code, out = kreg("lock", "sparse_prefill", "--device", "broken.json", "--workloads",
                      "sweep.jsonl")
-    assert code == 2 and "device profile file broken.json: not valid DeviceFacts" in out
+    assert code == 2 and "profile file broken.json: vendor: missing (required)" in out
+
+
+def test_lock_takes_devices_and_what_ifs_as_explain_does(home: Path) -> None:
+    """A TOML profile file and explain's --set spellings (compute_capability=10.0, extra.KEY)
+    work in lock and verify: one device resolver and one what-if parser for every command."""
+    Path("b200.toml").write_text(registry.profiles()[SERVER].what_if(profile="b200").to_toml())
+    code, out = kreg("lock", "sparse_prefill", "--device", "b200.toml", "--set",
+                     "compute_capability=10.0", "--set", "extra.fw=7", "--workloads",
+                     "sweep.jsonl", "-o", "b200.lock")
+    assert code == 0, out
+    doc = load_lock("b200.lock")
+    dev = doc.devices["b200"]
+    assert dev.source == "file" and dev.facts["compute_capability"] == [10, 0]
+    assert dev.facts["extra"] == {"fw": "7"}
+    assert kreg("verify", "b200.lock", "--device", "b200.toml")[0] == 0
