@@ -5,12 +5,26 @@ goes through the one harness, :func:`registry.tuning.measure`, and ``--json`` pr
 Importing this module imports neither torch nor Triton (``kreg --help`` stays fast); both load
 inside the functions that need them.
 
-Inputs (deterministic, :func:`make_inputs`): q, k, v ~ N(0, 1) from a seeded generator. Indices
-are an *affine walk over each row's visible range*: row ``r`` with ``V`` visible positions selects
-``n = min(topk, V)`` entries ``t_j = (r * 7919 + j * 1000003) mod V`` for ``j < n`` (1000003 is a
-prime larger than any ``V`` here, so the walk visits ``n`` distinct positions in a scattered
-order) and ``-1`` for ``j >= n``; ``lengths[r] = n``. So rows whose visible context is shorter
-than ``topk`` stream less, as in the seed.
+Inputs (deterministic, :func:`make_inputs`): q, k, v ~ N(0, 1) from a seeded generator (the
+same tensors whatever the index set). Two index sets (``--indices``, built by
+``backends/sparse_prefill/indices.py``), both with ``n = min(topk, V)`` valid leading entries for
+a row of ``V`` visible positions, ``-1`` after them and ``lengths[r] = n`` (so rows whose visible
+context is shorter than ``topk`` stream less, as in the seed):
+
+* ``walk`` (the default): an *affine walk over each row's visible range*: ``t_j = (r * 7919 + j
+  * 1000003) mod V`` for ``j < n`` (1000003 is a prime larger than any ``V`` here, so the walk
+  visits ``n`` distinct positions in a scattered order). Neighbouring rows share about what two
+  random subsets share.
+* ``topk``: the real top-k of synthetic indexer scores, ascending as an indexer emits them:
+  ``sqrt(overlap) * importance[t] + sqrt(1 - overlap) * noise[r, t]`` (a per-token importance
+  shared by the rows of a request, per-row noise), the last ``--window`` visible positions
+  always selected (``indices.topk_indices``). ``--overlap`` (a comma list, in [0, 1], default
+  0.95) is the correlation of two rows' scores: 0 gives the walk's overlap, 1 near-identical
+  rows.
+
+Each case's measured neighbouring-row overlap (``indices.overlap_stats`` on the valid entries:
+the mean Jaccard of rows r and r + 1, the mean union of 16 consecutive rows over topk; within a
+request) is in the JSON record's ``extra`` and the table's ``# note`` line.
 
 * ``prefill``: ``num_slots = kv_len``; row ``r`` sees ``V = min(kv_len, max(0, kv_len - total_q)
   + r + 1)`` slots (``kv_len == total_q`` is the seed's prefix-free ramp).
@@ -58,8 +72,10 @@ from typing import Any
 
 import click
 
-__all__ = ["BenchCase", "bench_command", "make_inputs", "parse_provider", "run_case",
-           "workload_of"]
+from backends.sparse_prefill.indices import topk_indices, walk_indices
+
+__all__ = ["BenchCase", "bench_command", "index_overlap", "make_inputs", "parse_provider",
+           "run_case", "workload_of"]
 
 _P = 1000003
 _UNTIMED = ("reference", "gather-sdpa")
@@ -79,11 +95,22 @@ class BenchCase:
     page_size: int = 1
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    indices: str = "walk"
+    overlap: float = 0.95
+    window: int = 64
 
     def label(self) -> str:
         req = f" reqs={len(self.req_lens)}" if self.req_lens and len(self.req_lens) > 1 else ""
+        idx = f" topk@{self.overlap:g}" if self.indices == "topk" else ""
         return (f"{self.kind} g={self.group_size} hkv={self.kv_heads} kv={self.kv_len} "
-                f"q={self.total_q}{req}")
+                f"q={self.total_q}{req}{idx}")
+
+    def topk_params(self) -> Any:
+        """The synthetic indexer's parameters (``indices.TopkParams``) of an ``indices="topk"``
+        case."""
+        from backends.sparse_prefill.indices import TopkParams
+
+        return TopkParams(overlap=self.overlap, window=self.window, seed=self.seed)
 
 
 def make_inputs(case: BenchCase, device: Any = None) -> dict[str, Any]:
@@ -97,8 +124,11 @@ def make_inputs(case: BenchCase, device: Any = None) -> dict[str, Any]:
     hq = case.group_size * case.kv_heads
     tq, kv, topk = case.total_q, case.kv_len, case.topk
     r = torch.arange(tq, device=dev, dtype=torch.int64)
-    j = torch.arange(topk, device=dev, dtype=torch.int64)
     kw: dict[str, Any] = {"kind": case.kind}
+    if case.indices not in ("walk", "topk"):
+        raise click.BadParameter(f"indices={case.indices!r}: expected walk or topk")
+    b_of_row = None
+    nreq = 1
     if case.kind == "prefill":
         num_slots = kv
         vis = torch.clamp(max(0, kv - tq) + r + 1, max=kv)
@@ -124,14 +154,33 @@ def make_inputs(case: BenchCase, device: Any = None) -> dict[str, Any]:
                   page_table=pt.to(torch.int32).to(dev), page_size=ps, max_q=max(reqs))
     else:
         raise click.BadParameter(f"kind={case.kind!r}: expected prefill or chunk")
-    n = torch.clamp(vis, max=topk)
-    t = (r[:, None] * 7919 + j[None, :] * _P) % vis[:, None]
-    idx = torch.where(j[None, :] < n[:, None], t, torch.full_like(t, -1)).to(torch.int32)
+    if case.indices == "walk":
+        idx, n = walk_indices(vis, topk)
+    else:
+        idx, n = topk_indices(vis, topk, case.topk_params(), num_requests=nreq,
+                              request=None if b_of_row is None else b_of_row.to(dev))
     q = torch.randn((tq, hq, case.head_dim), generator=gen).to(dt).to(dev)
     k = torch.randn((num_slots, case.kv_heads, case.head_dim), generator=gen).to(dt).to(dev)
     v = torch.randn((num_slots, case.kv_heads, case.head_dim), generator=gen).to(dt).to(dev)
-    kw["lengths"] = n.to(torch.int32)
-    return {"q": q, "k": k, "v": v, "indices": idx.contiguous(), "kwargs": kw}
+    kw["lengths"] = n
+    return {"q": q, "k": k, "v": v, "indices": idx, "kwargs": kw}
+
+
+def index_overlap(case: BenchCase, inp: dict[str, Any]) -> dict[str, Any]:
+    """The measured neighbouring-row overlap of ``make_inputs(case)``'s indices
+    (``indices.overlap_stats``, within each request) and its ``# note`` line."""
+    from backends.sparse_prefill.indices import overlap_stats
+
+    groups = (list(case.req_lens) if case.kind == "chunk" and case.req_lens
+              else [case.total_q])
+    st = overlap_stats(inp["indices"], inp["kwargs"]["lengths"], width=case.kv_len,
+                       row_groups=groups)
+    desc = (f"topk overlap={case.overlap:g} window={case.window}" if case.indices == "topk"
+            else "walk")
+    note = (f"indices {desc}: rows r, r+1 Jaccard {st['jaccard']:.3f}; 16 consecutive rows' "
+            f"union {st['union16']:.0f} = {st['union16_over_topk']:.2f} x topk")
+    return {"jaccard": round(st["jaccard"], 4), "union16": round(st["union16"], 1),
+            "union16_over_topk": round(st["union16_over_topk"], 4), "note": note}
 
 
 def workload_of(case: BenchCase) -> dict[str, Any]:
@@ -337,6 +386,7 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
     from registry.tuning.measure import CaseResult
 
     inp = make_inputs(case, device)
+    extra = index_overlap(case, inp)
     ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
                                    out_dtype=torch.float32, **inp["kwargs"])
     trials = [_trial(p, case, inp) for p in providers]
@@ -345,8 +395,10 @@ def run_case(case: BenchCase, providers: list[str], *, warmup: int = 5, iters: i
                       warmup=warmup, iters=iters, graphs=graphs, baseline=baseline)
     return CaseResult(case=case.label(), workload=workload_of(case), measurements=results,
                       params={"req_lens": list(case.req_lens or ()), "page_size": case.page_size,
-                              "seed": case.seed, "indices": "walk"},
-                      baseline=baseline)
+                              "seed": case.seed, "indices": case.indices,
+                              **({"overlap": case.overlap, "window": case.window}
+                                 if case.indices == "topk" else {})},
+                      baseline=baseline, extra=extra)
 
 
 def _ints(text: str | None) -> list[int]:
@@ -358,6 +410,19 @@ def _ints(text: str | None) -> list[int]:
         raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
 
 
+def _overlaps(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"--overlap={text!r}: expected comma-separated numbers in "
+                                 f"[0, 1]") from None
+    bad = [x for x in vals if not 0.0 <= x <= 1.0]
+    if bad or not vals:
+        raise click.BadParameter(f"--overlap={text!r}: every value must be in [0, 1] (the "
+                                 f"correlation of neighbouring rows' scores)")
+    return vals
+
+
 def _plot(results: list[Any], path: str) -> None:
     try:
         import matplotlib
@@ -367,13 +432,18 @@ def _plot(results: list[Any], path: str) -> None:
     except ImportError:
         raise click.UsageError("--plot needs matplotlib (pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(8, 5))
-    by_prov: dict[str, list[tuple[int, float]]] = {}
+    # an --overlap sweep (several overlaps of --indices topk) is plotted against the overlap
+    sweep = len({r.params.get("overlap") for r in results}) > 1
+    by_prov: dict[str, list[tuple[float, float]]] = {}
     for r in results:
         for m in r.measurements:
             if m.ms is not None:
-                by_prov.setdefault(f"{m.label} g{r.workload['group_size']} "
-                                   f"kv{r.workload['kv_len']}", []).append(
-                    (r.workload["total_q"], m.ms))
+                name = f"{m.label} g{r.workload['group_size']} kv{r.workload['kv_len']}"
+                if sweep:
+                    by_prov.setdefault(f"{name} q{r.workload['total_q']}", []).append(
+                        (r.params["overlap"], m.ms))
+                else:
+                    by_prov.setdefault(name, []).append((r.workload["total_q"], m.ms))
     markers = "osD^v<>px*"
     for i, (name, pts) in enumerate(sorted(by_prov.items())):
         pts.sort()
@@ -386,9 +456,12 @@ def _plot(results: list[Any], path: str) -> None:
     ax.set_title(f"sparse_prefill {p0['kind']}, {p0['dtype']}, KV "
                  f"{sorted({r.workload['kv_len'] for r in results})}, on "
                  f"{registry.probe().name}", fontsize=9)
-    ax.set_xscale("log", base=2)
+    if sweep:
+        ax.set_xlabel("--overlap (correlation of neighbouring rows' scores)")
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("total_q")
     ax.set_yscale("log")
-    ax.set_xlabel("total_q")
     ax.set_ylabel("ms (median)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -418,24 +491,39 @@ def _plot(results: list[Any], path: str) -> None:
 @click.option("--baseline", default="table", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON records instead of a table")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="write a ms-vs-total_q plot (needs matplotlib)")
+              help="write a ms-vs-total_q plot (ms vs overlap for an --overlap sweep; needs "
+                   "matplotlib)")
 @click.option("--graphs", is_flag=True,
               help="time CUDA-graph replays of the timed providers (GPU time without host "
                    "launch cost; small total_q is host-bound with plain launches)")
+@click.option("--indices", "index_set", type=click.Choice(["walk", "topk"]), default="walk",
+              show_default=True,
+              help="walk: the seed's affine walk; topk: the ascending top-k of synthetic indexer "
+                   "scores (shared per-token importance, per-row noise, a recent window)")
+@click.option("--overlap", default="0.95", show_default=True,
+              help="--indices topk: the correlation of neighbouring rows' scores, 0..1 (comma "
+                   "list: a sweep; 0 is the walk's overlap, 1 near-identical rows)")
+@click.option("--window", type=int, default=64, show_default=True,
+              help="--indices topk: the recent positions every row selects")
 def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_q: str,
                   req_lens: str | None, dtype: str, topk: int, head_dim: int, page_size: int,
                   warmup: int, iters: int, providers: str, baseline: str, as_json: bool,
-                  plot: str | None, graphs: bool) -> None:
+                  plot: str | None, graphs: bool, index_set: str, overlap: str,
+                  window: int) -> None:
     """Time sparse_prefill providers side by side and check each against the fp32 reference."""
     provs = [p.strip() for p in providers.split(",") if p.strip()]
     if baseline and baseline not in provs:
         provs.insert(0, baseline)
     reqs = tuple(_ints(req_lens)) or None
     tqs = [sum(reqs)] if reqs else _ints(total_q)
+    overlaps = _overlaps(overlap) if index_set == "topk" else [0.95]
+    if window < 0:
+        raise click.BadParameter(f"--window={window}: expected an int >= 0")
     cases = [BenchCase(kind=kind, group_size=g, kv_heads=kv_heads, kv_len=kv, total_q=tq,
                        req_lens=reqs, topk=topk, head_dim=head_dim, dtype=dtype,
-                       page_size=page_size)
-             for g in _ints(group_size) for kv in _ints(kv_len) for tq in tqs]
+                       page_size=page_size, indices=index_set, overlap=ov, window=window)
+             for g in _ints(group_size) for kv in _ints(kv_len) for tq in tqs
+             for ov in overlaps]
     results = []
     with click.progressbar(cases, label="sparse_prefill", file=sys.stderr,
                            item_show_func=lambda c: c.label() if c else None) as bar:

@@ -47,12 +47,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# the head dims each engine takes: in config.py (pure Python), since validation needs them
+from backends.sparse_prefill.config import GLUON_HEAD_DIMS, WGMMA_HEAD_DIM
 from registry.errors import ConfigError, KernelUnavailableError
 
 __all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_gluon"]
 
-GLUON_HEAD_DIMS = (64, 128, 256)
-WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
 # ENGINE="gluon_wgmma": [64 keys, 64 head_dim] ring buffers and the chunks in flight (each issued
 # WG_AHEAD steps before its use; at most WG_RING - 1). Measured on the H200
 # (docs/notes/benchmarks-history.md, "Session 13"): 3 and 2 are 1.2-2.5% faster than 2 and 1 at

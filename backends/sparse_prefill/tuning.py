@@ -164,7 +164,7 @@ def _engine_refusal(cfg: dict[str, Any], facts: Any) -> str:
 
 
 def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, str]]:
-    from backends.sparse_prefill.triton_kernels import validate_config
+    from backends.sparse_prefill.config import validate_config
     from registry.errors import ConfigError
 
     out: list[tuple[str, dict[str, Any] | None, str]] = []

@@ -1,0 +1,310 @@
+"""sparse_prefill configs: the keys, their defaults, validation and the DENSE-tile parsing (pure
+Python: no Triton, no torch).
+
+Kept apart from the kernels (``triton_kernels.py``, ``gluon_kernels.py``) so that the tuner,
+policy and validation can check a config without importing Triton; ``triton_kernels``
+re-imports every name here (``from backends.sparse_prefill.triton_kernels import
+validate_config, DEFAULT_VARIANT`` keeps working).
+
+Config keys (``config`` dict; ints or strings only):
+
+==============  =========  ==================================================================
+key             default    meaning
+==============  =========  ==================================================================
+BLOCK_M         required   query-head tile (power of two, >= group_size)
+BLOCK_N         required   selected slots per inner step (power of two, >= 16)
+num_warps       required   warps per program
+num_stages      required   software-pipelining depth of the inner loop
+LAYOUT          "rows"     "rows": S = Q K^T is [BLOCK_M, BLOCK_N] (the plain kernel).
+                           "keys": S^T = K Q^T is [BLOCK_N, BLOCK_M] and O^T = V^T P^T, so the
+                           gathered K/V tile is the MMA's M operand (on Hopper Triton can then
+                           feed it from shared memory to wgmma; wants BLOCK_N % 64 == 0 and
+                           num_warps % 4 == 0 there, any power of two >= 16 is correct).
+CHUNK_MODE      "fused"    chunk kind only. "fused": the page-table translation happens inside
+                           the attention loop. "pretranslate": a small kernel first writes the
+                           slot of every entry (-1 when invalid) and the prefill kernel runs on
+                           it (one dependent gather less in the hot loop; an int32
+                           [total_q, topk] scratch tensor). "staged": like pretranslate, but
+                           each program translates its own row into the scratch before its
+                           loop (one launch; the row's slots are written and re-read while
+                           they sit in L2, and one program's translation overlaps the other
+                           resident programs' gathers).
+EVEN_TILES      0          1: full tiles (j < lengths[r] everywhere) run without the length
+                           mask; only the last partial tile is masked by length.
+REVERSE_ROWS    0          1: program i handles row total_q - 1 - i, so long rows of a causal
+                           ramp start first (less tail imbalance).
+PREFETCH        0          0: each step loads its indices, then K and V, then computes (the
+                           plain kernel; Triton's pipeliner does not multi-buffer these
+                           gathers). 1: register prefetch: K and V of step i+1 are issued
+                           before step i computes, step i+2 is translated and the index entries
+                           of step i+3 are loaded. 2: like 1 but V of step i+1 is issued after
+                           step i's PV product (fewer live registers).
+                           Not combinable with EVEN_TILES=1.
+SPLIT_QK        1          2: QK^T as two independent half-head_dim MMA chains (K gathered as two
+                           halves); head dims below 32 fall back to 1. PREFETCH=0 only.
+SPLIT_V         1          2: V is gathered as two head_dim halves in the same layout as the K
+                           halves (so each thread gathers K and V from the same rows and
+                           computes each row's offset once) and O is accumulated as two halves.
+                           Needs SPLIT_QK=2, LAYOUT="rows", PREFETCH=0, EVEN_TILES=0.
+LEAN            0          1: K rows of invalid entries are read from slot 0 unmasked (their
+                           scores are set to -inf after the product, so what slot 0 holds
+                           never matters); V stays masked (a zero weight times a NaN would not
+                           be zero). Fewer instructions per gathered row.
+OFFS32          0          1: row offsets in int32 where the wrapper proves they fit
+                           (``(num_slots - 1) * stride + D_PAD <= 2**31``; int64 otherwise).
+                           LEAN and OFFS32 apply to the LAYOUT="rows", PREFETCH=0 loop.
+LAZY_RESCALE    0          1: the accumulator is rescaled only when some row's running max grew
+                           by more than 2**8 since the last rescale (else p <= 2**8 against the
+                           old max; exact, as acc and l share the reference). SPLIT_V=2 only.
+SLOT_ORDER      0          1 or 2: before the attention kernel, a pre-pass reorders each row's
+                           valid entries by slot, on the top 4 (1) or 8 (2) bits of the slot
+                           id (a stable partition into 16 or 256 slot ranges; one pass of the
+                           index array each), drops invalid entries and runs the kernel on the
+                           kept count. The result is the same multiset of entries (softmax does
+                           not depend on their order), but the programs running at the same time
+                           then sweep the KV cache together instead of each touching all of it:
+                           when the KV is larger than the L2 cache most gathers hit in L2.
+                           Costs an int32 [total_q, topk] scratch tensor per pass and the
+                           passes (each reads the indices twice and writes them once; 0.18 ms
+                           at 8192 x 2051 on an H200). Prefill, and chunk with
+                           CHUNK_MODE="pretranslate" (the translated slots are ordered).
+DENSE           0          N > 0: rows whose selections are dense in their slot span are
+                           computed by walking the KV blocks instead of gathering entries. The
+                           rows are taken in tiles of ``RP = BM // HP`` (DENSE_TILE's BM and
+                           HP: by default group_size rounded up to a power of two, i.e. one
+                           program takes the whole group). A tile is dense when the
+                           slots between the least and the greatest one its rows select number
+                           at most N percent of its rows' mean count of valid entries (e.g. a
+                           causal prompt's first rows, which select all they see). For those
+                           tiles a pre-pass counts every row's valid entries per slot (16-bit
+                           multiplicities, two a word, in an int32 scratch of ceil(num_slots /
+                           2) words a row, bounded by ``_DENSE_SCRATCH_BYTES``: rows are done in
+                           chunks), then one program per tile streams the contiguous K/V blocks
+                           of the span (TMA descriptors for 16-bit K/V whose strides allow it)
+                           once for its RP x HP query lines and scores them on the tensor
+                           cores; a line's weight of slot s is ``count * exp(score)`` (0 where
+                           unselected). The gathering kernel, with the rest of the config, does
+                           the other tiles. Unselected slots inside a dense tile's span are read:
+                           a non-finite V value there reaches the tile's outputs (0 x NaN), where
+                           the gathering loop would not read it (a deviation from the op's
+                           non-finite rules; tests/kernels/test_sparse_prefill_contract.py pins
+                           it as an expected failure until the kernel zeroes V rows of uncounted
+                           slots). Prefill, and chunk with
+                           CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
+DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
+                           power of two >= 16 and >= HP), slots per step, warps, stages, and
+                           optionally HP, the query heads a program takes (a power of two; 0 or
+                           absent: the group rounded up; below the group, ceil(group / HP)
+                           programs share a tile's K/V blocks through L2).
+MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
+                           the compiler's choice). The kernel is latency bound: a program waits
+                           for its gathered tile, so throughput follows the number of programs
+                           resident per SM, which registers and shared memory bound. Ignored by
+                           the interpreter and on backends without the option.
+ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_kernels.py``):
+                           transposed products on mma_v2, warps splitting head_dim, a cp.async
+                           ring. BLOCK_M is its query lines (8 or 16), BLOCK_N keys a stage
+                           (16, 32 or 64), num_warps 1, 2 or 4, num_stages 1 or 2 ring stages;
+                           head_dim 64 / 128 / 256, NVIDIA sm_80+.
+                           "gluon_wgmma": the transposed products on Hopper's wgmma, one
+                           warpgroup, 64-key tiles as 64-wide head_dim chunks through a ring of
+                           three buffers, two chunks in flight; geometry BLOCK_M (8 or 16) x 64
+                           x 4 x 2 (num_stages: the chunks in flight), head_dim 256,
+                           NVIDIA sm_90 only. Both take OFFS32, SLOT_ORDER, MAXNREG and (chunk)
+                           CHUNK_MODE="pretranslate"; float16 / bfloat16; not under the
+                           interpreter.
+==============  =========  ==================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.errors import ConfigError
+
+__all__ = ["DEFAULT_VARIANT", "GLUON_HEAD_DIMS", "REQUIRED_KEYS", "WGMMA_HEAD_DIM",
+           "validate_config"]
+
+REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
+                                   "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
+                                   "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
+                                   "OFFS32": 0, "LAZY_RESCALE": 0, "SLOT_ORDER": 0,
+                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "ENGINE": "triton"}
+_CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
+                                        "CHUNK_MODE": ("fused", "pretranslate", "staged"),
+                                        "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
+                                        "PREFETCH": (0, 1, 2), "SPLIT_QK": (1, 2),
+                                        "SPLIT_V": (1, 2), "LEAN": (0, 1),
+                                        "OFFS32": (0, 1), "LAZY_RESCALE": (0, 1),
+                                        "SLOT_ORDER": (0, 1, 2),
+                                        "ENGINE": ("triton", "gluon", "gluon_wgmma")}
+# the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
+# at their defaults
+_GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG"})
+_MAX_HEAD_DIM = 256
+GLUON_HEAD_DIMS = (64, 128, 256)  # ENGINE="gluon"
+WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
+
+
+def _next_pow2(x: int) -> int:
+    """The least power of two >= x (x >= 1), as ``triton.next_power_of_2``."""
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> None:
+    """Raise :class:`ConfigError` if ``config`` cannot run a group of ``group_size`` heads."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"config={config!r}: expected a dict with keys "
+                          f"{', '.join(REQUIRED_KEYS)}")
+    for key in REQUIRED_KEYS:
+        if key not in config:
+            raise ConfigError(f"config is missing {key}: a sparse_prefill config needs "
+                              f"{', '.join(REQUIRED_KEYS)} (got {sorted(config)})")
+        val = config[key]
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ConfigError(f"{key}={val!r}: expected a positive int")
+    for key in config:
+        if key not in REQUIRED_KEYS and key not in DEFAULT_VARIANT:
+            raise ConfigError(f"config key {key!r} is unknown: sparse_prefill configs take "
+                              f"{', '.join(REQUIRED_KEYS + tuple(DEFAULT_VARIANT))}")
+    mr = config.get("MAXNREG", 0)
+    if not isinstance(mr, int) or isinstance(mr, bool) or (mr != 0 and not 24 <= mr <= 255):
+        raise ConfigError(f"MAXNREG={mr!r}: expected 0 (compiler default) or an int in 24..255")
+    for key, choices in _CHOICES.items():
+        if key in config and config[key] not in choices:
+            raise ConfigError(f"{key}={config[key]!r}: expected one of {choices}")
+    var = _variant(config)
+    if var["EVEN_TILES"] and var["PREFETCH"]:
+        raise ConfigError("EVEN_TILES=1 applies to the PREFETCH=0 loop only: set EVEN_TILES=0 "
+                          "or PREFETCH=0")
+    if var["SPLIT_QK"] == 2 and var["PREFETCH"]:
+        raise ConfigError("SPLIT_QK=2 applies to the PREFETCH=0 loop only: set SPLIT_QK=1 or "
+                          "PREFETCH=0")
+    if var["SPLIT_V"] == 2 and (var["SPLIT_QK"] != 2 or var["LAYOUT"] != "rows"
+                                or var["PREFETCH"] or var["EVEN_TILES"]):
+        raise ConfigError("SPLIT_V=2 gathers V in the layout of the SPLIT_QK=2 K halves: it "
+                          "needs SPLIT_QK=2, LAYOUT='rows', PREFETCH=0 and EVEN_TILES=0")
+    if var["LAZY_RESCALE"] and var["SPLIT_V"] != 2:
+        raise ConfigError("LAZY_RESCALE=1 is implemented in the SPLIT_V=2 loop only: set "
+                          "SPLIT_V=2 (with SPLIT_QK=2) or LAZY_RESCALE=0")
+    for key in ("LEAN", "OFFS32"):
+        if var[key] and (var["LAYOUT"] != "rows" or var["PREFETCH"]):
+            raise ConfigError(f"{key}=1 applies to the LAYOUT='rows', PREFETCH=0 loop only: "
+                              f"set {key}=0, or LAYOUT='rows' and PREFETCH=0")
+    if var["EVEN_TILES"] and var["LAYOUT"] == "keys":
+        raise ConfigError("LAYOUT='keys' with EVEN_TILES=1 produced wrong results on an H200 "
+                          "(Triton 3.6; correct in the interpreter): set EVEN_TILES=0")
+    dense = var["DENSE"]
+    if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
+        raise ConfigError(f"DENSE={dense!r}: expected 0 (off) or a span threshold in percent "
+                          f"of the mean valid entries per row (e.g. 300)")
+    if dense:
+        _dense_tile_geometry(var["DENSE_TILE"], group_size)
+        if var["SLOT_ORDER"]:
+            raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
+                              "SLOT_ORDER=0 or DENSE=0")
+    bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
+    if var["ENGINE"] != "triton":
+        _validate_gluon(config, var, group_size, head_dim)
+        return
+    if bm < group_size:
+        fix = max(16, _next_pow2(group_size))
+        raise ConfigError(f"BLOCK_M={bm} is below group_size={group_size}: one program tiles all "
+                          f"query heads of a KV group, so BLOCK_M must be >= {group_size} "
+                          f"(use {fix})")
+    if not _is_pow2(bm):
+        raise ConfigError(f"BLOCK_M={bm} is not a power of two: use "
+                          f"{_next_pow2(bm)}")
+    if not _is_pow2(bn) or bn < 16:
+        raise ConfigError(f"BLOCK_N={bn}: expected a power of two >= 16 (it is the reduction "
+                          f"dim of the PV product); use {max(16, _next_pow2(bn))}")
+    if not _is_pow2(nw) or nw > 32:
+        raise ConfigError(f"num_warps={nw}: expected a power of two <= 32")
+    if head_dim < 1 or head_dim > _MAX_HEAD_DIM:
+        raise ConfigError(f"head_dim={head_dim}: the sparse_prefill kernels support 1..256")
+
+
+def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int,
+                    head_dim: int) -> None:
+    """The Gluon engines' geometry. ENGINE="gluon": BLOCK_M query lines (8 or 16, the MMA's n
+    side), BLOCK_N keys a ring stage, num_warps splitting head_dim, num_stages ring stages.
+    ENGINE="gluon_wgmma": BLOCK_M lines (8 or 16, wgmma's n), 64 keys a tile on one warpgroup,
+    head_dim chunks through a three-buffer ring with two in flight (the geometry 8|16 x 64 x 4
+    x 2), head_dim 256."""
+    e = f"ENGINE={var['ENGINE']!r}"
+    other = sorted(k for k in config if k in DEFAULT_VARIANT and k not in _GLUON_KEYS
+                   and config[k] != DEFAULT_VARIANT[k])
+    if other:
+        raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
+                          f"OFFS32, SLOT_ORDER, MAXNREG and CHUNK_MODE='pretranslate'): drop "
+                          f"them, or use ENGINE='triton'")
+    if var["CHUNK_MODE"] == "staged":
+        raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
+                          f"(got 'staged')")
+    bm, bn, nw, ns = (config[k] for k in REQUIRED_KEYS)
+    if bm not in (8, 16) or bm < group_size:
+        raise ConfigError(f"{e}: BLOCK_M={bm} must be 8 or 16 query lines and at least "
+                          f"group_size={group_size} (use {8 if group_size <= 8 else 16}; groups "
+                          f"over 16 need ENGINE='triton')")
+    if var["ENGINE"] == "gluon_wgmma":
+        if (bn, nw, ns) != (64, 4, 2):
+            raise ConfigError(f"{e}: the wgmma kernel runs 64 keys a tile on one warpgroup "
+                              f"with two head_dim chunks in flight: BLOCK_N=64, num_warps=4, "
+                              f"num_stages=2 (got {bn}, {nw}, {ns})")
+        if head_dim != WGMMA_HEAD_DIM:
+            raise ConfigError(f"{e} takes head_dim {WGMMA_HEAD_DIM} only (got {head_dim}): "
+                              f"use ENGINE='gluon' or ENGINE='triton'")
+        return
+    if bn not in (16, 32, 64):
+        raise ConfigError(f"{e}: BLOCK_N={bn} must be 16, 32 or 64 keys a stage")
+    if nw not in (1, 2, 4):
+        raise ConfigError(f"{e}: num_warps={nw} must be 1, 2 or 4 (they split head_dim)")
+    if ns not in (1, 2):
+        raise ConfigError(f"{e}: num_stages={ns} must be 1 or 2 ring stages")
+    if head_dim not in GLUON_HEAD_DIMS:
+        raise ConfigError(f"{e} takes head_dim in {GLUON_HEAD_DIMS} (got {head_dim}): use "
+                          f"ENGINE='triton'")
+
+
+def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
+    """DENSE_TILE ``BMxBNxWxS[xHP]`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
+    parts = spec.lower().split("x") if isinstance(spec, str) else []
+    if len(parts) not in (4, 5) or not all(p.isdigit() for p in parts) or \
+            not all(int(p) > 0 for p in parts[:4]):
+        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3', or "
+                          f"'BMxBNxWxSxHP' with HP query heads a program")
+    bm, bn, nw, ns = map(int, parts[:4])
+    hp = _dense_heads(spec, group_size)
+    if not _is_pow2(bm) or bm < max(16, hp):
+        raise ConfigError(f"DENSE_TILE={spec!r}: BM={bm} must be a power of two >= "
+                          f"{max(16, hp)} (the MMA's M side, holding whole rows of {hp} "
+                          f"heads for group {group_size})")
+    if not _is_pow2(bn) or bn < 16:
+        raise ConfigError(f"DENSE_TILE={spec!r}: BN={bn} must be a power of two >= 16")
+    if not _is_pow2(nw) or nw > 32:
+        raise ConfigError(f"DENSE_TILE={spec!r}: warps={nw} must be a power of two <= 32")
+    return bm, bn, nw, ns
+
+
+def _dense_heads(spec: str, group_size: int) -> int:
+    """Query heads one DENSE program takes: DENSE_TILE's HP (a power of two), or, when it is
+    absent or 0, the whole group rounded up to a power of two (padded lines masked)."""
+    parts = spec.lower().split("x")
+    hp = int(parts[4]) if len(parts) == 5 else 0
+    if hp == 0:
+        return int(_next_pow2(group_size))
+    if not _is_pow2(hp):
+        raise ConfigError(f"DENSE_TILE={spec!r}: HP={hp} must be 0 (the whole group) or a "
+                          f"power of two")
+    return hp
+
+
+def _variant(config: dict[str, Any]) -> dict[str, Any]:
+    out = dict(DEFAULT_VARIANT)
+    out.update({k: config[k] for k in DEFAULT_VARIANT if k in config})
+    return out

@@ -1,0 +1,72 @@
+"""sparse_prefill's config keys, validation and DENSE-tile parsing live in the pure-Python
+``backends/sparse_prefill/config.py``: importing it, and computing the tuner's candidates,
+loads no Triton; every name stays importable from ``triton_kernels`` as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from registry.errors import ConfigError
+
+_PROBE = textwrap.dedent("""
+    import sys
+    import backends.sparse_prefill.config as c
+    c.validate_config({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3,
+                       "DENSE": 250}, 6, 256)
+    loaded = [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
+    assert not loaded, ("config", loaded)
+    import registry
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    n = 0
+    for kind in ("prefill", "chunk"):
+        for dev in ("h200", "rtx-5090"):
+            case = BenchCase(kind=kind, group_size=6, kv_len=8192, total_q=1024)
+            case.extra["space"] = "small"
+            cands = tuning.candidates(case, registry.profiles()[dev])
+            n += sum(cfg is not None for _, cfg, _ in cands)
+    assert n > 0
+    loaded = [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
+    assert not loaded, ("candidates", loaded)
+    print("ok", n)
+""")
+
+
+def test_config_and_tuner_candidates_load_no_triton():
+    res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("ok ")
+
+
+def test_names_stay_importable_from_the_kernel_modules():
+    pytest.importorskip("triton")
+    from backends.sparse_prefill import config, gluon_kernels, triton_kernels
+
+    for name in ("DEFAULT_VARIANT", "REQUIRED_KEYS", "validate_config", "_CHOICES",
+                 "_GLUON_KEYS", "_MAX_HEAD_DIM", "_dense_tile_geometry", "_dense_heads",
+                 "_variant", "_validate_gluon", "_is_pow2"):
+        assert getattr(triton_kernels, name) is getattr(config, name), name
+    assert gluon_kernels.GLUON_HEAD_DIMS is config.GLUON_HEAD_DIMS
+    assert gluon_kernels.WGMMA_HEAD_DIM == config.WGMMA_HEAD_DIM == 256
+
+
+def test_dense_tile_parsing_and_fixes_without_triton():
+    from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry, validate_config
+
+    assert _dense_tile_geometry("128x32x8x3", 6) == (128, 32, 8, 3)
+    assert _dense_heads("128x32x8x3", 6) == 8 and _dense_heads("128x32x8x3", 12) == 16
+    assert _dense_heads("64x32x4x2x2", 6) == 2
+    with pytest.raises(ConfigError, match="HP=3"):
+        _dense_heads("64x32x4x2x3", 6)
+    # the fixes name the next power of two as triton.next_power_of_2 did
+    with pytest.raises(ConfigError, match=r"use 16\)"):
+        validate_config({"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}, 12, 64)
+    with pytest.raises(ConfigError, match=r"use 32$"):
+        validate_config({"BLOCK_M": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}, 6, 64)
+    with pytest.raises(ConfigError, match=r"use 32$"):
+        validate_config({"BLOCK_M": 16, "BLOCK_N": 24, "num_warps": 4, "num_stages": 2}, 6, 64)
