@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from registry._facts import DeviceFacts, looks_like_path
 from registry._format import format_config
 from registry.errors import ConfigError, KregError, StrictModeError, UnknownDeviceError
+from registry.requirements import Check
 
 if TYPE_CHECKING:
     from registry._decision import Decision
@@ -107,25 +108,11 @@ class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class LockedCheck(_M):
-    """One check's verdict, as explain shows it."""
+class LockedCheck(Check):
+    """One check's verdict, as explain shows it (``Check``'s fields and words; a lockfile is
+    read strictly: an unknown field is an error)."""
 
-    name: str
-    kind: Literal["capability", "envelope"]
-    passed: bool
-    observed: str
-    required: str
-    waived: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.passed or self.waived
-
-    def __str__(self) -> str:  # Check.__str__, so the words are explain's
-        if self.passed:
-            return f"{self.name}: {self.observed}"
-        tail = " (waived by :measure)" if self.waived else ""
-        return f"{self.name}: {self.observed}, requires {self.required}{tail}"
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class LockedCandidate(_M):
