@@ -138,6 +138,40 @@ class PluginRecord:
             self.notes.append(message)
 
 
+@dataclass
+class _Settings:
+    """The registry's selection settings: ``registry.override()`` / ``registry.require()``
+    scopes (innermost last) over what the environment said at the last invalidation."""
+
+    context_overrides: dict[str, list[str]] = field(default_factory=dict)
+    context_required: dict[str, list[frozenset[str]]] = field(default_factory=dict)
+    env_overrides: dict[str, str | None] = field(default_factory=dict)  # KREG_SELECT_<OP>
+    env_required: dict[str, frozenset[str]] = field(default_factory=dict)  # KREG_REQUIRE_<OP>
+    env_strict: bool = False  # KREG_STRICT
+    strict_set: bool | None = None  # set through Registry.strict; wins over KREG_STRICT
+    env_profiles: tuple[Any, ...] = ()  # KREG_PROFILES
+
+
+@dataclass
+class _Loading:
+    """What loading the entry points left behind, kept across rebuilds."""
+
+    errors: dict[str, str] = field(default_factory=dict)  # import failures, by plugin
+    # Entry points KREG_PLUGINS / KREG_DISABLE_PLUGINS left out, by name: an op package is
+    # named after its op, so the op packages a listed plugin needs can be loaded with it.
+    skipped: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _ProfileCache:
+    """Device profiles by name: (facts as written, source), built at first use after each
+    invalidation from the shipped files, plugins' kreg_profiles and KREG_PROFILES; and the
+    enriched facts of each one asked for."""
+
+    table: dict[str, tuple[DeviceFacts, str]] | None = None
+    facts: dict[str, DeviceFacts] = field(default_factory=dict)
+
+
 class Registry:
     """One registry of ops and implementations. ``registry.*`` functions use a process default."""
 
@@ -147,20 +181,18 @@ class Registry:
         self.pm = pluggy.PluginManager("kreg")
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginRecord] = {}
-        self._load_errors: dict[str, str] = {}  # import failures: kept across rebuilds
         self.ops: dict[str, OpSpec] = {}
         self.op_plugins: dict[str, str] = {}  # op -> the plugin whose kreg_ops defines it
         self.call_keys: dict[str, Callable[..., tuple[Any, ...]]] = {}
         self.impls: dict[str, dict[str, Implementation]] = {}
         self.generation = 0
-        self._context_overrides: dict[str, list[str]] = {}
-        # Required guarantees per op: registry.require() scopes (innermost last) over
-        # KREG_REQUIRE_<OP> (read at invalidation).
-        self._context_required: dict[str, list[frozenset[str]]] = {}
-        self._env_required: dict[str, frozenset[str]] = {}
-        self._env_overrides: dict[str, str | None] = {}
-        self._env_strict = False
-        self._strict_set: bool | None = None  # set through the property; wins over KREG_STRICT
+        # Keep the instance's attributes fewer than 30: CPython 3.11 specializes a method call
+        # (``reg.select(...)``, the select hit path) only on instances whose attribute dict
+        # shares its keys, which stops at 30 (35 attributes made a select hit 7% slower, see
+        # tests/unit/test_registry_state.py). Cold state therefore lives in the three holders.
+        self._settings = _Settings()
+        self._loading = _Loading()
+        self._profile_cache = _ProfileCache()
         # select(): a C LRU for hits; _decisions keeps the made decisions (bounded, oldest out)
         # for registry.agree() to list and pin; _FRESH.fresh hands a miss's own decision back.
         self.decision_cache_size = decision_cache_size
@@ -188,15 +220,6 @@ class Registry:
         # tests it once.
         self.observers: list[Callable[..., Any]] = []
         self._facts: dict[int, DeviceFacts] = {}
-        # Device profiles by name: (facts as written, source), built at first use after each
-        # invalidation from the shipped files, plugins' kreg_profiles and KREG_PROFILES; and
-        # the enriched facts of each one asked for.
-        self._profiles: dict[str, tuple[DeviceFacts, str]] | None = None
-        self._profile_facts: dict[str, DeviceFacts] = {}
-        self._env_profiles: tuple[Any, ...] = ()
-        # Entry points KREG_PLUGINS / KREG_DISABLE_PLUGINS left out, by name: an op package is
-        # named after its op, so the op packages a listed plugin needs can be loaded with it.
-        self._skipped_eps: dict[str, Any] = {}
         self._warned: set[tuple[Any, ...]] = set()
         self.listeners: list[Callable[[Decision], None]] = []
         # Where a miss asks first (the daemon client, attached by the composition root when
@@ -231,11 +254,11 @@ class Registry:
             self.plugins[ep.name] = rec
             if allow is not None and ep.name not in allow:
                 rec.skipped_reason = "not in KREG_PLUGINS"
-                self._skipped_eps[ep.name] = ep
+                self._loading.skipped[ep.name] = ep
                 continue
             if ep.name in deny:
                 rec.skipped_reason = "in KREG_DISABLE_PLUGINS"
-                self._skipped_eps[ep.name] = ep
+                self._loading.skipped[ep.name] = ep
                 continue
             self._load_entry_point(ep, rec)
 
@@ -246,7 +269,7 @@ class Registry:
             raise
         except BaseException as exc:  # any import failure (sys.exit too) is isolated, named
             rec.error = f"Error importing plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-            self._load_errors[ep.name] = rec.errors[-1]
+            self._loading.errors[ep.name] = rec.errors[-1]
             logger.warning("%s", rec.errors[-1])
             return
         try:
@@ -255,7 +278,7 @@ class Registry:
             raise
         except BaseException as exc:
             rec.error = f"Error registering plugin {ep.name!r}: {type(exc).__name__}: {exc}"
-            self._load_errors[ep.name] = rec.errors[-1]
+            self._loading.errors[ep.name] = rec.errors[-1]
             logger.warning("%s", rec.errors[-1])
             return
         rec.loaded = True
@@ -268,11 +291,11 @@ class Registry:
         loaded = False
         for op, users in wanted.items():
             rec = self.plugins[op]
-            if rec.skipped_reason == "not in KREG_PLUGINS" and op in self._skipped_eps:
+            if rec.skipped_reason == "not in KREG_PLUGINS" and op in self._loading.skipped:
                 rec.skipped_reason = None
                 rec.note(f"not in KREG_PLUGINS: loaded because it defines op {op!r}, which "
                          f"plugin {users[0]!r} implements")
-                self._load_entry_point(self._skipped_eps.pop(op), rec)
+                self._load_entry_point(self._loading.skipped.pop(op), rec)
                 loaded = loaded or rec.loaded
                 continue
             for user in users:
@@ -343,7 +366,7 @@ class Registry:
         op_owner: dict[str, str] = {}
         for name, rec in self.plugins.items():  # every rebuild judges the hooks afresh
             rec.ops, rec.implementations = [], []
-            rec.error = self._load_errors.get(name)
+            rec.error = self._loading.errors.get(name)
             rec.loaded = self.pm.get_plugin(name) is not None
         for name, specs in self._call_each("kreg_ops"):
             for spec in self._items(name, "kreg_ops", specs, OpSpec):
@@ -364,7 +387,7 @@ class Registry:
             for impl in self._items(name, "kreg_implementations", found, Implementation):
                 problem = _impl_problem(impl)
                 if problem is None and impl.op not in ops:
-                    if impl.op in self._skipped_eps or (impl.op in self.plugins
+                    if impl.op in self._loading.skipped or (impl.op in self.plugins
                                                         and self.plugins[impl.op].skipped_reason):
                         users = wanted.setdefault(impl.op, [])
                         if name not in users:
@@ -456,14 +479,15 @@ class Registry:
             self._dispatch_old.clear()
             self.last_decisions.clear()
             self.generation += 1
-            self._profiles = None
-            self._profile_facts.clear()
+            self._profile_cache.table = None
+            self._profile_cache.facts.clear()
             # Each read raises ConfigError for a bad value, the caches already empty.
             env = {op: os.environ.get(select_override_var(op)) for op in self.ops}
             strict = knobs.strict
             required = {op: required_from_env(op) for op in self.ops}
-            self._env_overrides, self._env_strict, self._env_required = env, strict, required
-            self._env_profiles = knobs.profiles
+            self._settings.env_overrides, self._settings.env_strict = env, strict
+            self._settings.env_required = required
+            self._settings.env_profiles = knobs.profiles
             self._override_now = {op: self._selection_setting(op) for op in self.ops}
             for read in list(self.settings_readers):
                 read(self)
@@ -472,13 +496,14 @@ class Registry:
     def strict(self) -> bool:
         """KREG_STRICT as read at the last invalidation, unless set here (which drops cached
         decisions)."""
-        return self._env_strict if self._strict_set is None else self._strict_set
+        s = self._settings
+        return s.env_strict if s.strict_set is None else s.strict_set
 
     @strict.setter
     def strict(self, value: bool) -> None:
         if value != self.strict:
             self.invalidate()
-        self._strict_set = bool(value)
+        self._settings.strict_set = bool(value)
 
     def spec(self, op: str) -> OpSpec:
         try:
@@ -581,10 +606,10 @@ class Registry:
         return impl
 
     def _override_raw(self, op: str) -> tuple[str, str] | None:
-        stack = self._context_overrides.get(op)
+        stack = self._settings.context_overrides.get(op)
         if stack:
             return stack[-1], "registry.override()"
-        raw = self._env_overrides.get(op)
+        raw = self._settings.env_overrides.get(op)
         if raw is None or raw.strip() in ("", "auto"):
             return None
         return raw, select_override_var(op)
@@ -607,7 +632,7 @@ class Registry:
                                 f"(auto | <implementation> | <implementation>:measure), not "
                                 f"{type(value).__name__} {value!r:.60}")
         parse_override(op, value, "registry.override()", self.impls.get(op, {}))  # fail now
-        stack = self._context_overrides.setdefault(op, [])
+        stack = self._settings.context_overrides.setdefault(op, [])
         try:
             with self._lock:
                 stack.append(value)
@@ -658,7 +683,7 @@ class Registry:
         """``{name: (facts, source)}``: the shipped profiles, then plugins' (``kreg_profiles``,
         registration order; a name taken fails the later plugin), then KREG_PROFILES entries
         (the first entry holding a name wins; it replaces a shipped or plugin profile)."""
-        table = self._profiles
+        table = self._profile_cache.table
         if table is not None:
             return table
         with self._lock:
@@ -672,13 +697,13 @@ class Registry:
                         continue
                     table[name] = (facts, f"plugin {plugin}")
             from_env: set[str] = set()
-            for entry in self._env_profiles:
+            for entry in self._settings.env_profiles:
                 for facts, where in profiles_in(entry):  # a bad file is an error, named
                     name = facts.profile or ""
                     if name not in from_env:
                         from_env.add(name)
                         table[name] = (facts, f"file {where}")
-            self._profiles = table
+            self._profile_cache.table = table
         return table
 
     def _plugin_profiles(self, plugin: str, items: Any) -> list[tuple[DeviceFacts, str]]:
@@ -714,9 +739,9 @@ class Registry:
         return {name: source for name, (_, source) in self._profile_table().items()}
 
     def _profile(self, name: str) -> DeviceFacts:
-        facts = self._profile_facts.get(name)
+        facts = self._profile_cache.facts.get(name)
         if facts is None:
-            facts = self._profile_facts[name] = self.enrich(self._profile_table()[name][0])
+            facts = self._profile_cache.facts[name] = self.enrich(self._profile_table()[name][0])
         return facts
 
     def resolve_device(self, device: DeviceFacts | str | os.PathLike[str] | None, *,
@@ -804,14 +829,14 @@ class Registry:
         return fresh  # type: ignore[no-any-return]
 
     def _override_value(self, op: str) -> str | None:
-        stack = self._context_overrides.get(op)
-        return stack[-1] if stack else self._env_overrides.get(op)
+        stack = self._settings.context_overrides.get(op)
+        return stack[-1] if stack else self._settings.env_overrides.get(op)
 
     def required(self, op: str) -> frozenset[str]:
         """The guarantees required of ``op``'s implementations now (registry.require() scopes
         over KREG_REQUIRE_<OP>)."""
-        stack = self._context_required.get(op)
-        return stack[-1] if stack else self._env_required.get(op, frozenset())
+        stack = self._settings.context_required.get(op)
+        return stack[-1] if stack else self._settings.env_required.get(op, frozenset())
 
     def _selection_setting(self, op: str) -> Any:
         req = self.required(op)
@@ -823,13 +848,13 @@ class Registry:
         """Require ``guarantees`` of ``op``'s implementations inside the block."""
         self.spec(op)
         with self._lock:
-            self._context_required.setdefault(op, []).append(frozenset(guarantees))
+            self._settings.context_required.setdefault(op, []).append(frozenset(guarantees))
         try:
             self.invalidate()
             yield
         finally:
             with self._lock:
-                self._context_required[op].pop()
+                self._settings.context_required[op].pop()
             self.invalidate()
 
     def _decide(self, op: str, facts: DeviceFacts, wl: Workload,

@@ -83,5 +83,5 @@ def test_select_gives_a_decision_or_a_kreg_error(f: registry.DeviceFacts,
             assert d.override is None or d.override.honoured
         assert d.explain()
     finally:
-        reg._strict_set = None
+        reg._settings.strict_set = None
         reg.invalidate()
