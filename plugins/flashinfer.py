@@ -17,10 +17,13 @@ Two implementations, each closing the gap between what FlashInfer guarantees and
   :func:`~backends.sparse_prefill.reference.resolve_slots`). :func:`paged_kv_args` builds
   ``indptr`` (cumulative valid counts), the concatenated slots and ``last_page_len = 1``; a row
   with nothing valid gets one page (slot 0), since FlashInfer gives a request of no pages one
-  token, and its output is zeroed. ``plan()`` runs on every call, because its ``indptr`` is the
-  data (how many of each row's entries are valid) and it reads it on the host: one
-  device-to-host copy a call, so the implementation is not CUDA-graph capturable. The workspace
-  (one per device) and the wrapper (one per head shape and dtype) are cached.
+  token, and its output is zeroed. ``plan()``'s ``indptr`` is the data (how many of each row's
+  entries are valid) and it reads it on the host: one device-to-host copy a call, so the
+  implementation is not CUDA-graph capturable. ``plan()`` itself runs only when its arguments
+  change (same valid counts, as every layer of a forward step has: the page buffer is refilled
+  and ``run()`` called). The workspace (one per device) and the wrapper (one per head shape,
+  dtypes and row count, in FlashInfer's cudagraph mode so that the page buffers are kreg's) are
+  cached.
 
 Selection never imports FlashInfer: :func:`availability` asks ``importlib.util.find_spec`` (and
 the installed metadata, for the version) once per process; the real import happens at the first
@@ -36,7 +39,8 @@ import importlib
 import importlib.metadata
 import importlib.util
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from backends.indexer_topk import EXACT, IndexerTopkWorkload
@@ -329,27 +333,54 @@ def paged_kv_args(slot: Any, valid: Any) -> PagedKV:
 
 
 _WORKSPACES: dict[Any, Any] = {}
-_WRAPPERS: dict[tuple[Any, ...], Any] = {}
+_WRAPPERS: OrderedDict[tuple[Any, ...], _Planned] = OrderedDict()
+#: Wrappers kept (least recently used dropped): one per head shape, dtypes and row count, each
+#: holding ``rows x topk`` int32 of page buffer (64 MiB at the seed's 8192 x 2051).
+MAX_WRAPPERS = 4
 
 
-def _decode_wrapper(fi: Any, q: Any, k: Any) -> Any:
-    """The tensor-core decode wrapper for this device, head shape and dtypes (cached; created
-    once with the device's workspace)."""
+@dataclass
+class _Planned:
+    """A cudagraph-mode decode wrapper (fixed batch, our own page buffers) and the arguments of
+    its last ``plan()``: a call whose plan arguments equal them (same head shape, dtypes, scale
+    and, compared on the host, the same ``indptr``) refills the page buffer and skips plan()."""
+
+    wrapper: Any
+    indices_buf: Any    # int32 [capacity] on the device: what run() reads as the pages
+    capacity: int
+    planned: tuple[Any, ...] | None = None
+    indptr: Any = None  # the host indptr of the last plan()
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _decode_wrapper(fi: Any, q: Any, k: Any, topk: int) -> _Planned:
+    """The tensor-core decode wrapper for this device, head shape, dtypes and row count
+    (cached; created once with the device's workspace, in FlashInfer's cudagraph mode so that
+    the page buffers are ours: ``paged_kv_indices_buffer`` is what ``run()`` reads)."""
     import torch
 
-    key = (q.device, q.shape[1], k.shape[1], q.shape[2], q.dtype, k.dtype)
-    wrapper = _WRAPPERS.get(key)
-    if wrapper is None:
-        with _LOCK:
-            wrapper = _WRAPPERS.get(key)
-            if wrapper is None:
-                ws = _WORKSPACES.get(q.device)
-                if ws is None:   # "must be initialized to 0 for its first use" (decode.py)
-                    ws = _WORKSPACES[q.device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8,
-                                                             device=q.device)
-                wrapper = _WRAPPERS[key] = fi.BatchDecodeWithPagedKVCacheWrapper(
-                    ws, "NHD", use_tensor_cores=True)
-    return wrapper
+    rows = q.shape[0]
+    key = (q.device, rows, q.shape[1], k.shape[1], q.shape[2], q.dtype, k.dtype)
+    with _LOCK:
+        entry = _WRAPPERS.get(key)
+        if entry is not None and entry.capacity >= rows * topk:
+            _WRAPPERS.move_to_end(key)
+            return entry
+        ws = _WORKSPACES.get(q.device)
+        if ws is None:   # "must be initialized to 0 for its first use" (decode.py)
+            ws = _WORKSPACES[q.device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8,
+                                                     device=q.device)
+        capacity = rows * max(topk, 1)   # every row has at most topk pages (>= 1)
+        indices_buf = torch.zeros(capacity, dtype=torch.int32, device=q.device)
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            ws, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=q.device),
+            paged_kv_indices_buffer=indices_buf,
+            paged_kv_last_page_len_buffer=torch.ones(rows, dtype=torch.int32, device=q.device))
+        entry = _WRAPPERS[key] = _Planned(wrapper, indices_buf, capacity)
+        while len(_WRAPPERS) > MAX_WRAPPERS:
+            _WRAPPERS.popitem(last=False)
+        return entry
 
 
 def sparse_prefill(q: Any, k: Any, v: Any, indices: Any, *, kind: str = "prefill",
@@ -357,7 +388,12 @@ def sparse_prefill(q: Any, k: Any, v: Any, indices: Any, *, kind: str = "prefill
                    prefix_lens: Any = None, page_table: Any = None, page_size: int = 1,
                    max_q: int | None = None) -> Any:
     """``sparse_prefill`` through FlashInfer's paged decode (kreg's contract:
-    backends/sparse_prefill/__init__.py); ``max_q`` is accepted and ignored."""
+    backends/sparse_prefill/__init__.py); ``max_q`` is accepted and ignored.
+
+    ``plan()`` (FlashInfer's host-side scheduling, tens of milliseconds at 8192 rows) runs only
+    when its arguments change: the layers of one forward step share their rows' valid counts,
+    so after the first layer a call costs the page list, one device-to-host copy of ``indptr``
+    (compared on the host with the planned one) and ``run()``."""
     import torch
 
     _check_attention(q, k, v, indices, kind)
@@ -372,12 +408,19 @@ def sparse_prefill(q: Any, k: Any, v: Any, indices: Any, *, kind: str = "prefill
                                  page_table=page_table, page_size=page_size)
     pages = paged_kv_args(slot, valid)
     fi = _flashinfer()
-    wrapper = _decode_wrapper(fi, q, k)
+    entry = _decode_wrapper(fi, q, k, indices.shape[1])
     scale = float(sm_scale) if sm_scale is not None else d ** -0.5
-    wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
-                 pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=k.dtype,
-                 sm_scale=scale)
-    out = wrapper.run(q.contiguous(), (k.unsqueeze(1), v.unsqueeze(1)))
+    planned = (hq, hkv, d, q.dtype, k.dtype, scale)
+    with entry.lock:   # the wrapper's buffers and plan are shared state
+        if entry.planned == planned and torch.equal(entry.indptr, pages.indptr):
+            entry.indices_buf[:pages.indices.numel()].copy_(pages.indices)
+        else:
+            entry.planned = None   # a plan() that raises leaves nothing to reuse
+            entry.wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
+                               pos_encoding_mode="NONE", q_data_type=q.dtype,
+                               kv_data_type=k.dtype, sm_scale=scale)
+            entry.planned, entry.indptr = planned, pages.indptr
+        out = entry.wrapper.run(q.contiguous(), (k.unsqueeze(1), v.unsqueeze(1)))
     return out.masked_fill_(pages.empty[:, None, None], 0)
 
 
@@ -434,6 +477,7 @@ def kreg_implementations() -> list[Implementation]:
             # only with fixed_split_size, decode.py:1354-1360, not used here).
             contract=Contract(deterministic=True),
             description="FlashInfer's tensor-core paged decode (FA2), page_size 1: each row's "
-                        "valid slots are its pages; plan() on every call copies indptr to the "
-                        "host: NOT CUDA-graph capturable" + note),
+                        "valid slots are its pages; every call copies indptr to the host "
+                        "(plan() reruns only when the valid counts change): NOT CUDA-graph "
+                        "capturable" + note),
     ]

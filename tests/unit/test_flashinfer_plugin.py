@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import types
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -104,9 +105,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
     made: ClassVar[list[BatchDecodeWithPagedKVCacheWrapper]] = []
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, use_tensor_cores: bool = False) -> None:
-        assert kv_layout == "NHD" and not use_cuda_graph
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: torch.Tensor | None = None,
+                 paged_kv_indices_buffer: torch.Tensor | None = None,
+                 paged_kv_last_page_len_buffer: torch.Tensor | None = None) -> None:
+        assert kv_layout == "NHD"
         self.tensor_cores = use_tensor_cores
+        self.graph_mode = use_cuda_graph
+        if use_cuda_graph:   # FlashInfer: the buffers are the user's, the batch size is fixed
+            assert paged_kv_indptr_buffer is not None and paged_kv_last_page_len_buffer is not None
+            assert len(paged_kv_indptr_buffer) == len(paged_kv_last_page_len_buffer) + 1
+        self.indptr_buf, self.indices_buf = paged_kv_indptr_buffer, paged_kv_indices_buffer
+        self.last_buf = paged_kv_last_page_len_buffer
         self.plans = 0
         BatchDecodeWithPagedKVCacheWrapper.made.append(self)
 
@@ -119,9 +129,22 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not self.tensor_cores and group not in (1, 2, 3, 4, 6, 8):
             raise RuntimeError(f"Unsupported group_size: {group}")
         assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
+        if self.graph_mode:   # decode.py: copied into the fixed buffers, which run() reads
+            assert self.indptr_buf is not None and self.indices_buf is not None
+            assert self.last_buf is not None
+            if len(last_page_len) != len(self.last_buf):
+                raise ValueError("The batch size should be fixed in cudagraph mode")
+            if len(indices) > len(self.indices_buf):
+                raise ValueError("The size of indices should be less than or equal to the "
+                                 "allocated buffer")
+            self.indptr_buf.copy_(indptr)
+            self.last_buf.copy_(last_page_len)
+            self.indices_buf[:len(indices)].copy_(indices)
+        else:
+            self.indptr_buf, self.indices_buf, self.last_buf = indptr, indices, last_page_len
         ptr, last = indptr.cpu().to(torch.int64), last_page_len.cpu().to(torch.int64)
         self.kv_lens = torch.clamp(ptr[1:] - ptr[:-1] - 1, min=0) * page_size + last
-        self.ptr, self.indices, self.page_size = ptr, indices.cpu().to(torch.int64), page_size
+        self.ptr, self.page_size = ptr, page_size
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.q_dtype, self.scale = q_data_type, sm_scale
         self.plans += 1
@@ -137,9 +160,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             n_tok = int(self.kv_lens[b])
             n_pages = -(-n_tok // self.page_size)
             start = int(self.ptr[b])
-            if start + n_pages > self.indices.numel():
+            assert self.indices_buf is not None
+            if start + n_pages > self.indices_buf.numel():
                 raise IndexError(f"request {b} reads past the page list")
-            pages = self.indices[start:start + n_pages]
+            pages = self.indices_buf[start:start + n_pages].to(torch.int64)
             slots = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
             slots = slots[:n_tok]
             kg = k_cache.reshape(-1, hkv, d)[slots].float()   # [tokens, hkv, d]
@@ -171,7 +195,7 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[registry.Registry]:
     implementations' device checks pass; the tensors stay on the CPU)."""
     monkeypatch.setattr(fi, "availability", lambda: INSTALLED)
     monkeypatch.setattr(fi, "_flashinfer", lambda: STANDIN)
-    monkeypatch.setattr(fi, "_WRAPPERS", {})
+    monkeypatch.setattr(fi, "_WRAPPERS", OrderedDict())
     monkeypatch.setattr(fi, "_WORKSPACES", {})
     BatchDecodeWithPagedKVCacheWrapper.made.clear()
     reg = registry.reset_registry()
@@ -472,18 +496,46 @@ def test_sparse_prefill_matches_the_reference(standin: registry.Registry, kind: 
     assert wrapper.scale == 0.3 and wrapper.page_size == 1
 
 
-def test_the_wrapper_and_workspace_are_cached_per_shape_and_plan_runs_per_call(
+def test_the_wrapper_and_workspace_are_cached_and_plan_reruns_only_when_counts_change(
         standin: registry.Registry) -> None:
+    from backends.sparse_prefill.compare import compare
+
     args, kw = _sparse_call("prefill", torch.float16, 6)
     for _ in range(3):
         fi.sparse_prefill(*args, **kw)
+    q, k, v, idx = args
+    # the next layer: the same valid counts, other slots (and scale): plan() reruns only for
+    # the scale; the page buffer must hold the new slots, or the output would be the old one's
+    moved = torch.where((idx >= 0) & (idx < k.shape[0] - 1), idx + 1, idx)
+    for scale in (None, None, 0.5):
+        got = fi.sparse_prefill(q, k, v, moved, **kw, sm_scale=scale)
+        want = sparse_prefill_reference(q, k, v, moved, **kw, sm_scale=scale,
+                                        out_dtype=torch.float32)
+        assert compare(got, want) is None, compare(got, want)
     other, okw = _sparse_call("prefill", torch.float16, 12)
     fi.sparse_prefill(*other, **okw)
     made = BatchDecodeWithPagedKVCacheWrapper.made
-    assert [w.plans for w in made] == [3, 1]      # one wrapper per head shape; plan() a call
+    assert [w.plans for w in made] == [2, 1]      # one wrapper per head shape; plan() on change
+    assert all(w.graph_mode for w in made)        # the page buffers are kreg's
+    # fewer valid entries in one row: new counts, plan() again, still right
+    shorter = dict(kw, lengths=kw["lengths"].clone())
+    shorter["lengths"][0] = 1
+    got = fi.sparse_prefill(q, k, v, moved, **shorter)
+    want = sparse_prefill_reference(q, k, v, moved, **shorter, out_dtype=torch.float32)
+    assert compare(got, want) is None and made[0].plans == 3
     assert len(fi._WORKSPACES) == 1
     [ws] = fi._WORKSPACES.values()
     assert ws.numel() == fi.WORKSPACE_BYTES and not bool(ws.any())
+
+
+def test_the_wrapper_cache_is_bounded(standin: registry.Registry,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fi, "MAX_WRAPPERS", 2)
+    args, kw = _sparse_call("prefill", torch.float16, 6)
+    q, k, v, idx = args
+    for rows in (3, 4, 5, 6):   # one wrapper per row count (cudagraph mode fixes the batch)
+        fi.sparse_prefill(q[:rows], k, v, idx[:rows], **dict(kw, lengths=kw["lengths"][:rows]))
+    assert len(fi._WRAPPERS) == 2 and len(BatchDecodeWithPagedKVCacheWrapper.made) == 4
 
 
 def test_without_the_dummy_page_flashinfer_reads_the_next_rows_page() -> None:
