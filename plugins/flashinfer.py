@@ -20,10 +20,9 @@ Two implementations, each closing the gap between what FlashInfer guarantees and
   token, and its output is zeroed. ``plan()``'s ``indptr`` is the data (how many of each row's
   entries are valid) and it reads it on the host: one device-to-host copy a call, so the
   implementation is not CUDA-graph capturable. ``plan()`` itself runs only when its arguments
-  change (same valid counts, as every layer of a forward step has: the page buffer is refilled
-  and ``run()`` called). The workspace (one per device) and the wrapper (one per head shape,
-  dtypes and row count, in FlashInfer's cudagraph mode so that the page buffers are kreg's) are
-  cached.
+  change (same valid counts, as every layer of a forward step has: the planned page tensor is
+  refilled in place and ``run()`` called). The workspace (one per device) and the wrapper (one
+  per head shape and dtypes) are cached.
 
 Selection never imports FlashInfer: :func:`availability` asks ``importlib.util.find_spec`` (and
 the installed metadata, for the version) once per process; the real import happens at the first
@@ -334,50 +333,43 @@ def paged_kv_args(slot: Any, valid: Any) -> PagedKV:
 
 _WORKSPACES: dict[Any, Any] = {}
 _WRAPPERS: OrderedDict[tuple[Any, ...], _Planned] = OrderedDict()
-#: Wrappers kept (least recently used dropped): one per head shape, dtypes and row count, each
-#: holding ``rows x topk`` int32 of page buffer (64 MiB at the seed's 8192 x 2051).
-MAX_WRAPPERS = 4
+#: Wrappers kept (least recently used dropped): one per device, head shape and dtypes.
+MAX_WRAPPERS = 8
 
 
 @dataclass
 class _Planned:
-    """A cudagraph-mode decode wrapper (fixed batch, our own page buffers) and the arguments of
-    its last ``plan()``: a call whose plan arguments equal them (same head shape, dtypes, scale
-    and, compared on the host, the same ``indptr``) refills the page buffer and skips plan()."""
+    """A decode wrapper and its last ``plan()``: the arguments, the host ``indptr`` and the page
+    tensor it was given. FlashInfer keeps a device tensor of the right dtype as it is
+    (``self._paged_kv_indices_buf = indices.to(self.device)``, decode.py:1512, which returns
+    ``indices`` itself), so a call whose plan arguments match refills that tensor in place and
+    skips plan(); where the wrapper holds a copy instead (checked after each plan), every call
+    plans."""
 
     wrapper: Any
-    indices_buf: Any    # int32 [capacity] on the device: what run() reads as the pages
-    capacity: int
     planned: tuple[Any, ...] | None = None
-    indptr: Any = None  # the host indptr of the last plan()
+    indptr: Any = None   # the host indptr of the last plan()
+    pages: Any = None    # the page tensor run() reads, when it is the one plan() was given
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _decode_wrapper(fi: Any, q: Any, k: Any, topk: int) -> _Planned:
-    """The tensor-core decode wrapper for this device, head shape, dtypes and row count
-    (cached; created once with the device's workspace, in FlashInfer's cudagraph mode so that
-    the page buffers are ours: ``paged_kv_indices_buffer`` is what ``run()`` reads)."""
+def _decode_wrapper(fi: Any, q: Any, k: Any) -> _Planned:
+    """The tensor-core decode wrapper for this device, head shape and dtypes (cached; created
+    once with the device's workspace)."""
     import torch
 
-    rows = q.shape[0]
-    key = (q.device, rows, q.shape[1], k.shape[1], q.shape[2], q.dtype, k.dtype)
+    key = (q.device, q.shape[1], k.shape[1], q.shape[2], q.dtype, k.dtype)
     with _LOCK:
         entry = _WRAPPERS.get(key)
-        if entry is not None and entry.capacity >= rows * topk:
+        if entry is not None:
             _WRAPPERS.move_to_end(key)
             return entry
         ws = _WORKSPACES.get(q.device)
         if ws is None:   # "must be initialized to 0 for its first use" (decode.py)
             ws = _WORKSPACES[q.device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8,
                                                      device=q.device)
-        capacity = rows * max(topk, 1)   # every row has at most topk pages (>= 1)
-        indices_buf = torch.zeros(capacity, dtype=torch.int32, device=q.device)
-        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            ws, "NHD", use_cuda_graph=True, use_tensor_cores=True,
-            paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=q.device),
-            paged_kv_indices_buffer=indices_buf,
-            paged_kv_last_page_len_buffer=torch.ones(rows, dtype=torch.int32, device=q.device))
-        entry = _WRAPPERS[key] = _Planned(wrapper, indices_buf, capacity)
+        entry = _WRAPPERS[key] = _Planned(
+            fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True))
         while len(_WRAPPERS) > MAX_WRAPPERS:
             _WRAPPERS.popitem(last=False)
         return entry
@@ -408,18 +400,21 @@ def sparse_prefill(q: Any, k: Any, v: Any, indices: Any, *, kind: str = "prefill
                                  page_table=page_table, page_size=page_size)
     pages = paged_kv_args(slot, valid)
     fi = _flashinfer()
-    entry = _decode_wrapper(fi, q, k, indices.shape[1])
+    entry = _decode_wrapper(fi, q, k)
     scale = float(sm_scale) if sm_scale is not None else d ** -0.5
     planned = (hq, hkv, d, q.dtype, k.dtype, scale)
-    with entry.lock:   # the wrapper's buffers and plan are shared state
-        if entry.planned == planned and torch.equal(entry.indptr, pages.indptr):
-            entry.indices_buf[:pages.indices.numel()].copy_(pages.indices)
+    with entry.lock:   # the wrapper's plan and page tensor are shared state
+        if entry.pages is not None and entry.planned == planned \
+                and torch.equal(entry.indptr, pages.indptr):
+            entry.pages.copy_(pages.indices)
         else:
-            entry.planned = None   # a plan() that raises leaves nothing to reuse
+            entry.planned = entry.pages = None   # a plan() that raises leaves nothing to reuse
             entry.wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
                                pos_encoding_mode="NONE", q_data_type=q.dtype,
                                kv_data_type=k.dtype, sm_scale=scale)
             entry.planned, entry.indptr = planned, pages.indptr
+            held = getattr(entry.wrapper, "_paged_kv_indices_buf", None)
+            entry.pages = pages.indices if held is pages.indices else None
         out = entry.wrapper.run(q.contiguous(), (k.unsqueeze(1), v.unsqueeze(1)))
     return out.masked_fill_(pages.empty[:, None, None], 0)
 

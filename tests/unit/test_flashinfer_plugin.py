@@ -104,19 +104,14 @@ def top_k_ragged_transform(input: torch.Tensor, offsets: torch.Tensor, lengths: 
 class BatchDecodeWithPagedKVCacheWrapper:
     made: ClassVar[list[BatchDecodeWithPagedKVCacheWrapper]] = []
 
+    #: FlashInfer 0.6.18 keeps plan()'s device page tensor as it is (decode.py:1512); False
+    #: stands for a release that copies it
+    keeps_pages: ClassVar[bool] = True
+
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
-                 paged_kv_indptr_buffer: torch.Tensor | None = None,
-                 paged_kv_indices_buffer: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buffer: torch.Tensor | None = None) -> None:
-        assert kv_layout == "NHD"
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False) -> None:
+        assert kv_layout == "NHD" and not use_cuda_graph
         self.tensor_cores = use_tensor_cores
-        self.graph_mode = use_cuda_graph
-        if use_cuda_graph:   # FlashInfer: the buffers are the user's, the batch size is fixed
-            assert paged_kv_indptr_buffer is not None and paged_kv_last_page_len_buffer is not None
-            assert len(paged_kv_indptr_buffer) == len(paged_kv_last_page_len_buffer) + 1
-        self.indptr_buf, self.indices_buf = paged_kv_indptr_buffer, paged_kv_indices_buffer
-        self.last_buf = paged_kv_last_page_len_buffer
         self.plans = 0
         BatchDecodeWithPagedKVCacheWrapper.made.append(self)
 
@@ -129,22 +124,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not self.tensor_cores and group not in (1, 2, 3, 4, 6, 8):
             raise RuntimeError(f"Unsupported group_size: {group}")
         assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
-        if self.graph_mode:   # decode.py: copied into the fixed buffers, which run() reads
-            assert self.indptr_buf is not None and self.indices_buf is not None
-            assert self.last_buf is not None
-            if len(last_page_len) != len(self.last_buf):
-                raise ValueError("The batch size should be fixed in cudagraph mode")
-            if len(indices) > len(self.indices_buf):
-                raise ValueError("The size of indices should be less than or equal to the "
-                                 "allocated buffer")
-            self.indptr_buf.copy_(indptr)
-            self.last_buf.copy_(last_page_len)
-            self.indices_buf[:len(indices)].copy_(indices)
-        else:
-            self.indptr_buf, self.indices_buf, self.last_buf = indptr, indices, last_page_len
         ptr, last = indptr.cpu().to(torch.int64), last_page_len.cpu().to(torch.int64)
         self.kv_lens = torch.clamp(ptr[1:] - ptr[:-1] - 1, min=0) * page_size + last
         self.ptr, self.page_size = ptr, page_size
+        # what run() reads: the tensor given (FlashInfer's indices.to(device)) or a copy
+        self._paged_kv_indices_buf = indices if self.keeps_pages else indices.clone()
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.q_dtype, self.scale = q_data_type, sm_scale
         self.plans += 1
@@ -160,10 +144,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             n_tok = int(self.kv_lens[b])
             n_pages = -(-n_tok // self.page_size)
             start = int(self.ptr[b])
-            assert self.indices_buf is not None
-            if start + n_pages > self.indices_buf.numel():
+            held = self._paged_kv_indices_buf
+            if start + n_pages > held.numel():
                 raise IndexError(f"request {b} reads past the page list")
-            pages = self.indices_buf[start:start + n_pages].to(torch.int64)
+            pages = held[start:start + n_pages].to(torch.int64)
             slots = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
             slots = slots[:n_tok]
             kg = k_cache.reshape(-1, hkv, d)[slots].float()   # [tokens, hkv, d]
@@ -496,16 +480,18 @@ def test_sparse_prefill_matches_the_reference(standin: registry.Registry, kind: 
     assert wrapper.scale == 0.3 and wrapper.page_size == 1
 
 
+@pytest.mark.parametrize("keeps_pages", [True, False])
 def test_the_wrapper_and_workspace_are_cached_and_plan_reruns_only_when_counts_change(
-        standin: registry.Registry) -> None:
+        standin: registry.Registry, monkeypatch: pytest.MonkeyPatch, keeps_pages: bool) -> None:
     from backends.sparse_prefill.compare import compare
 
+    monkeypatch.setattr(BatchDecodeWithPagedKVCacheWrapper, "keeps_pages", keeps_pages)
     args, kw = _sparse_call("prefill", torch.float16, 6)
     for _ in range(3):
         fi.sparse_prefill(*args, **kw)
     q, k, v, idx = args
     # the next layer: the same valid counts, other slots (and scale): plan() reruns only for
-    # the scale; the page buffer must hold the new slots, or the output would be the old one's
+    # the scale; the planned page tensor must hold the new slots, or the output is the old one's
     moved = torch.where((idx >= 0) & (idx < k.shape[0] - 1), idx + 1, idx)
     for scale in (None, None, 0.5):
         got = fi.sparse_prefill(q, k, v, moved, **kw, sm_scale=scale)
@@ -515,14 +501,15 @@ def test_the_wrapper_and_workspace_are_cached_and_plan_reruns_only_when_counts_c
     other, okw = _sparse_call("prefill", torch.float16, 12)
     fi.sparse_prefill(*other, **okw)
     made = BatchDecodeWithPagedKVCacheWrapper.made
-    assert [w.plans for w in made] == [2, 1]      # one wrapper per head shape; plan() on change
-    assert all(w.graph_mode for w in made)        # the page buffers are kreg's
+    # one wrapper per head shape; plan() when its arguments change, or (a FlashInfer that
+    # copies the pages) on every call
+    assert [w.plans for w in made] == ([2, 1] if keeps_pages else [6, 1])
     # fewer valid entries in one row: new counts, plan() again, still right
     shorter = dict(kw, lengths=kw["lengths"].clone())
     shorter["lengths"][0] = 1
     got = fi.sparse_prefill(q, k, v, moved, **shorter)
     want = sparse_prefill_reference(q, k, v, moved, **shorter, out_dtype=torch.float32)
-    assert compare(got, want) is None and made[0].plans == 3
+    assert compare(got, want) is None and made[0].plans == (3 if keeps_pages else 7)
     assert len(fi._WORKSPACES) == 1
     [ws] = fi._WORKSPACES.values()
     assert ws.numel() == fi.WORKSPACE_BYTES and not bool(ws.any())
@@ -531,11 +518,10 @@ def test_the_wrapper_and_workspace_are_cached_and_plan_reruns_only_when_counts_c
 def test_the_wrapper_cache_is_bounded(standin: registry.Registry,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fi, "MAX_WRAPPERS", 2)
-    args, kw = _sparse_call("prefill", torch.float16, 6)
-    q, k, v, idx = args
-    for rows in (3, 4, 5, 6):   # one wrapper per row count (cudagraph mode fixes the batch)
-        fi.sparse_prefill(q[:rows], k, v, idx[:rows], **dict(kw, lengths=kw["lengths"][:rows]))
-    assert len(fi._WRAPPERS) == 2 and len(BatchDecodeWithPagedKVCacheWrapper.made) == 4
+    for group in (2, 3, 6):   # one wrapper per head shape
+        args, kw = _sparse_call("prefill", torch.float16, group)
+        fi.sparse_prefill(*args, **kw)
+    assert len(fi._WRAPPERS) == 2 and len(BatchDecodeWithPagedKVCacheWrapper.made) == 3
 
 
 def test_without_the_dummy_page_flashinfer_reads_the_next_rows_page() -> None:
@@ -649,6 +635,17 @@ def test_gpu_sparse_prefill_is_deterministic_and_within_the_bound() -> None:
         assert torch.equal(first, again), (kind, group)   # the declared contract
         want = sparse_prefill_reference(*args, **inp["kwargs"], out_dtype=torch.float32)
         assert compare(first, want) is None, (kind, group, compare(first, want))
+        # the next layer: the same valid counts, other slots; plan() is reused, so the refilled
+        # page tensor must be the one run() reads (FlashInfer keeps plan()'s tensor as it is)
+        q, k = inp["q"], inp["k"]
+        entry = fi._WRAPPERS[(q.device, q.shape[1], k.shape[1], q.shape[2], q.dtype, k.dtype)]
+        idx = inp["indices"]
+        moved = torch.where((idx > 0) & (idx < 1024), idx + 1, idx)
+        other = fi.sparse_prefill(inp["q"], inp["k"], inp["v"], moved, **inp["kwargs"])
+        want = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], moved, **inp["kwargs"],
+                                        out_dtype=torch.float32)
+        assert compare(other, want) is None, (kind, group, "reused plan", compare(other, want))
+        assert entry.pages is not None   # FlashInfer 0.6.18 keeps plan()'s tensor: reuse is on
 
 
 @pytest.mark.gpu
