@@ -27,32 +27,31 @@ def _poisoned(monkeypatch):
     monkeypatch.setattr(TK, "_POISON", 2147483647)
 
 # Small geometries that exercise every path under the interpreter: the four-launch path
-# (FUSED=0: several slices with the count pass, one slice, the active list, the bound pass) and
-# the fused path; a candidate tile smaller than the candidates (buffer tier), a buffer smaller
-# than the candidates (row tier), group maxima beyond the bound tile (chunked), both searches.
+# (FUSED=0: several slices with the bound pass and the count pass, one slice with the exact
+# bound in the placement) and the fused path; a candidate tile smaller than the candidates
+# (buffer tier: the refinement, the four-way search over the buffer), a buffer smaller than the
+# candidates (row tier), group maxima beyond the bound tile (chunked).
 SMALL = {
     "slices": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
                "CAND_CAP": 512, "FUSED": 0},
-    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256, "SPARSE": 0,
-                  "CAND_CAP": 256, "SEARCH_BITS": 2, "FUSED": 0},
+    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256,
+                  "CAND_CAP": 256, "FUSED": 0},
     "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
                     "CAND_CAP": 1024, "FUSED": 0},
-    "active_list": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
-                    "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256, "FUSED": 0},
-    "active_one_slice": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
-                         "CAND_CAP": 512, "SPARSE": 2, "FUSED": 0},
-    "bound_pass": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
-                   "CAND_CAP": 512, "BOUND_PASS": 1, "SEARCH_BITS": 2,
-                   "FUSED": 0},
+    # (Until issue 25's clean-up these two ran SPARSE=2's active list; the geometries stay.)
+    "slices_g8": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
+                  "CAND_CAP": 1024, "BOUND_TILE": 256, "FUSED": 0},
+    "one_slice_g16": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
+                      "CAND_CAP": 512, "FUSED": 0},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
-                 "CAND_CAP": 64, "SEARCH_BITS": 2, "FUSED": 0},
+                 "CAND_CAP": 64, "FUSED": 0},
     # FUSED=1 (the default path): two launches; the bound over GROUP * GROUP2-key maxima,
     # loose by BOUND_SLACK, from the GROUP-key maxima in memory on rows with fewer than k large
     # groups (lengths below GROUP * GROUP2 * k), none on rows with fewer than k small groups.
     "fused": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 256,
               "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
     "fused_one_level": {"GROUP": 4, "GROUP2": 1, "PLACE_KEYS": 32, "CAND_TILE": 16,
-                        "CAND_CAP": 1024, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+                        "CAND_CAP": 1024, "BOUND_SLACK": 0},
     "fused_row_tier": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
@@ -222,7 +221,8 @@ def test_fall16_names_exactly_the_shapes_that_need_the_int16_search(gs, gs2):
 @pytest.mark.parametrize("kind", ["random", "ties", "lowbits"])
 @pytest.mark.parametrize("n,gs2", [(1200, 4), (100, 2)])
 def test_gmax16_bound_at_every_level(kind, n, gs2):
-    """16-bit maxima: each row's bound (the row program stopped after it, ``_stop=1``) comes
+    """16-bit maxima: each row's bound (the row program stopped after it: the probes' entry
+    point ``_indexer_topk_stopped`` with ``stop=1``) comes
     from the level the rule names, and is a valid one: at most the row's k-th largest key, and
     above INT32_MIN wherever the row has k groups. 1200 keys: supergroups, half supergroups and
     the int32 group maxima in their area; 100 keys with GROUP2 2: rows whose group maxima do not
@@ -238,7 +238,7 @@ def test_gmax16_bound_at_every_level(kind, n, gs2):
                       else {"none", "groups", "int16", "supergroups"})
     assert TK._fall16(n, k, gs, gs2) == (n == 100)
     scores = make_scores(kind, len(lens), n, seed=n + gs2)
-    lb = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=1)[:, 0].cpu()
+    lb = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=1)[:, 0].cpu()
     keys = _keys(scores.cpu())
     for r, length in enumerate(lens):
         kth = int(keys[r, :length].topk(k).values[-1])
@@ -340,13 +340,12 @@ def test_input_validation():
 @pytest.mark.parametrize("bad, key", [
     ({"GROUP": 12}, "GROUP"), ({"num_warps": 3}, "num_warps"), ({"CAND_CAP": 8}, "CAND_CAP"),
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
-    ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
-    ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
-    ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
+    ({"BOGUS": 1}, "BOGUS"), ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"),
+    ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
-    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
+    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
     ({"GMAX_BITS": 8}, "GMAX_BITS"),
 ])
 def test_validate_config(bad, key):
@@ -354,23 +353,39 @@ def test_validate_config(bad, key):
         TK.validate_config(bad, 16, 1000)
 
 
-def test_pdl_is_a_launch_option_on_hopper_cuda_only(monkeypatch):
-    """PDL=1 adds Triton's ``launch_pdl`` option and the kernels' PDL constexpr only on an
-    NVIDIA device of compute capability 9 or later, outside the interpreter; elsewhere the flag
-    is dropped (it only changes speed), so the same config runs everywhere."""
-    assert TK._pdl({"PDL": 0}, torch.device("cuda", 0)) == {}
-    assert TK._pdl({"PDL": 1}, torch.device("cpu")) == {}
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for cap, want in (((8, 9), {}), ((9, 0), {"PDL": 1, "launch_pdl": True}),
-                      ((12, 0), {"PDL": 1, "launch_pdl": True})):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev, c=cap: c)
-        assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == want, cap
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(torch.version, "hip", "6.4.0")
-    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
+# The knobs issue 25 removed, at their former default and at the values that were removed.
+REMOVED = [("SEARCH_BITS", 1), ("SEARCH_BITS", 2), ("SPARSE", 0), ("SPARSE", 1), ("SPARSE", 2),
+           ("BOUND_PASS", -1), ("BOUND_PASS", 0), ("BOUND_PASS", 1), ("PDL", 0), ("PDL", 1)]
+
+
+@pytest.mark.parametrize("key, val", REMOVED)
+def test_removed_knobs_are_rejected_by_name(key, val):
+    """A config naming a removed key, at any value (its old default too), is a ConfigError that
+    names the key, says it was removed and where it was last, and what to do; from
+    validate_config, from the kernel's entry point and from a config that is otherwise fine."""
+    assert key in indexer_config.REMOVED_KEYS and key not in TK.DEFAULT_CONFIG
+    want = rf"{key} \(={val}\) was removed .*ea33f7d.*drop the key"
+    with pytest.raises(ConfigError, match=want):
+        TK.validate_config({key: val}, 16, 1000)
+    with pytest.raises(ConfigError, match=want):
+        TK.validate_config({**TK.default_config(4, 1000, 16), key: val}, 16, 1000)
+    s, ln = torch.zeros(2, 100, device=DEV), torch.full((2,), 100, dtype=torch.int32, device=DEV)
+    with pytest.raises(ConfigError, match=want):
+        TK.indexer_topk_triton(s, ln, 8, config={"FUSED": 0, key: val})
+
+
+def test_probe_parameters_are_not_on_the_product_entry_point():
+    """``STOP`` (stopping the row program after a phase) is for the probes: the entry point
+    dispatch binds has no such parameter; the probes' private one checks its value."""
+    import inspect
+
+    assert list(inspect.signature(TK.indexer_topk_triton).parameters) == [
+        "scores", "lengths", "k", "config"]
+    s, ln = torch.zeros(2, 100, device=DEV), torch.full((2,), 100, dtype=torch.int32, device=DEV)
+    with pytest.raises(TypeError):
+        TK.indexer_topk_triton(s, ln, 8, config={}, _stop=1)
+    with pytest.raises(ValueError, match="stop must be 1, 2 or 3"):
+        TK._indexer_topk_stopped(s, ln, 8, config={}, stop=0)
 
 
 def test_register_cap_is_a_launch_option_on_nvidia_only(monkeypatch):
@@ -444,9 +459,8 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024,
                  "MAX_REGS": 96},
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
-                 "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
-                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
-                {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
+                 "PLACE_KEYS": 8192},
+                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
                 {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
                 {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
                 {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2},
@@ -460,11 +474,11 @@ def test_gpu_k2048(n, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"FUSED": 0, "PDL": 1}, {"FUSED": 1, "PDL": 1}],
-                         ids=["pdl4", "pdl2"])
+@pytest.mark.parametrize("cfg", [{"FUSED": 0}, {"FUSED": 1}], ids=["four_launch", "fused"])
 def test_gpu_launches_order_against_the_neighbouring_kernels(cfg):
-    """PDL=1 launches may start while the previous kernel runs (each program waits for it
-    before touching memory). The scores are written by a torch kernel right before the call
+    """The launches are ordered with the neighbouring kernels of the stream (written for the
+    programmatic dependent launches of the former ``PDL=1``, kept for plain ones). The scores
+    are written by a torch kernel right before the call
     and the output is read by one right after, with no synchronization between them, in a loop
     (the next iteration's write must not overtake the previous call), and once more captured
     in a CUDA graph replayed over new scores."""
@@ -531,7 +545,7 @@ def test_bench_command_checks_and_times(monkeypatch):
     from backends.indexer_topk import bench
 
     args = ["--rows", "2", "--keys", "600", "--k", "16", "--iters", "1", "--warmup", "0",
-            "--providers", "torch-topk,reference,triton,geometry=256x8x4:SPARSE=0,"
+            "--providers", "torch-topk,reference,triton,geometry=256x8x4:FUSED=0,"
             "geometry=FUSED=1", "--graphs", "--json"]
     res = CliRunner().invoke(bench.bench_command, args)
     assert res.exit_code == 0, res.output
@@ -539,7 +553,7 @@ def test_bench_command_checks_and_times(monkeypatch):
     assert data["schema"] == "kreg.bench/1" and data["op"] == "indexer_topk"
     assert data["graphs"] is False   # no GPU: plain calls, and the report says so
     prov = {m["label"]: m for m in data["cases"][0]["results"]}
-    assert prov["triton"]["status"] == "ok" and prov["geometry=256x8x4:SPARSE=0"]["status"] == "ok"
+    assert prov["triton"]["status"] == "ok" and prov["geometry=256x8x4:FUSED=0"]["status"] == "ok"
     assert prov["geometry=FUSED=1"]["status"] == "ok" and prov["triton"]["error"] == 0
     assert prov["torch-topk"]["status"] == "unjudged" and prov["torch-topk"]["detail"] == "same set"
     assert prov["triton"]["ms"] is not None
@@ -561,8 +575,8 @@ def test_bench_command_checks_and_times(monkeypatch):
 def test_bench_parse_geometry():
     from backends.indexer_topk.bench import parse_geometry
 
-    assert parse_geometry("1024x64x4:SEARCH_BITS=2") == {
-        "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "SEARCH_BITS": 2}
+    assert parse_geometry("1024x64x4:GMAX_BITS=16") == {
+        "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GMAX_BITS": 16}
     assert parse_geometry("FUSED=0:GROUP=32") == {"FUSED": 0, "GROUP": 32}
     with pytest.raises(Exception, match="SLICE_KEYSxMAX_SLICESxWARPS"):
         parse_geometry("1024x64")
@@ -669,7 +683,8 @@ def test_tuner_candidates_cover_both_paths():
 
 
 def test_fused_phase_stops_for_profiling():
-    """``_stop`` (benchmarks/probes/profile_indexer.py --phases) ends the row program after a
+    """``_indexer_topk_stopped`` (benchmarks/probes/profile_indexer.py --phases; the probes'
+    entry point) ends the row program after a
     phase and writes its scalar, each part of a split row at the row's output entry of its
     index: the active groups and the candidates both number at least k (the bound's guarantee)
     and the candidates at most GROUP per active group; split in two, the parts add up to the
@@ -679,13 +694,13 @@ def test_fused_phase_stops_for_profiling():
     lengths = torch.tensor([n, 500, 30], dtype=torch.int32, device=DEV)
     cfg = {"FUSED": 1, "ROW_SPLIT": 1}
     group = TK.resolve_config(cfg, 3, n, k)["GROUP"]
-    n_act = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=2)[:2, 0]
-    n_cand = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=3)[:2, 0]
+    n_act = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=2)[:2, 0]
+    n_cand = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=3)[:2, 0]
     assert bool((n_act >= k).all()) and bool((n_cand >= k).all())
     assert bool((n_cand <= group * n_act).all())
     two = {"FUSED": 1, "ROW_SPLIT": 2}
     for stop, whole in ((2, n_act), (3, n_cand)):
-        parts = TK.indexer_topk_triton(scores, lengths, k, config=two, _stop=stop)[:2, :2]
+        parts = TK._indexer_topk_stopped(scores, lengths, k, config=two, stop=stop)[:2, :2]
         assert torch.equal(parts.sum(dim=1), whole), stop
     for c in (cfg, two):
         got = TK.indexer_topk_triton(scores, lengths, k, config=c)
