@@ -374,6 +374,22 @@ def test_removed_knobs_are_rejected_by_name(key, val):
         TK.indexer_topk_triton(s, ln, 8, config={"FUSED": 0, key: val})
 
 
+def test_shipped_tables_name_only_live_keys():
+    """Every indexer_topk entry of the shipped tuning tables (docs/tables) is a valid config:
+    the entries measured before the clean-up were rewritten without the removed keys (they
+    held their defaults, so the configs mean what they meant)."""
+    from pathlib import Path
+
+    from registry import load_table
+
+    tables = sorted((Path(__file__).parents[2] / "docs" / "tables").glob("*.json"))
+    entries = [e for t in tables for e in load_table(t) if e.op == "indexer_topk"]
+    assert entries
+    for e in entries:
+        assert not set(e.config) & set(indexer_config.REMOVED_KEYS), e.bucket
+        TK.validate_config(dict(e.config), e.bucket["k"], e.bucket["max_keys"])
+
+
 def test_probe_parameters_are_not_on_the_product_entry_point():
     """``STOP`` (stopping the row program after a phase) is for the probes: the entry point
     dispatch binds has no such parameter; the probes' private one checks its value."""
