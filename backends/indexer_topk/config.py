@@ -17,8 +17,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1,
-    "GATHER_HALF": 0, "GMAX_BITS": 32,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1, "GMAX_BITS": 32,
 }
 # Keys removed by issue 25's clean-up (no policy, default, tuner or table selected their other
 # values, and docs/notes/indexer_topk.md records those as losing or unmeasured; the knobs are
@@ -33,6 +32,9 @@ REMOVED_KEYS: dict[str, tuple[str, str]] = {
                    "former BOUND_PASS=-1, the default)", "drop the key; pin MAX_SLICES=1 for "
                    "one slice a row"),
     "PDL": ("kernels launch plainly (the former PDL=0, the default)", "drop the key"),
+    "GATHER_HALF": ("the fused gather reads half groups whole whenever max_keys is a multiple "
+                    "of GROUP and masks every key otherwise (the former GATHER_HALF=1, the "
+                    "default)", "drop the key"),
 }
 _POW2_KEYS = ("GROUP", "GROUP_BLOCK", "BOUND_TILE", "CAND_TILE", "CAND_CAP", "PLACE_KEYS",
               "GROUP2", "COMPACT_TILE")
@@ -43,8 +45,6 @@ _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
               "launches)", "use 1"),
     "ROW_SPLIT": ((1, 2, 4, 8), "1, 2, 4 or 8 (fused: programs a row)",
                   "use 1, or 2 when rows are fewer than half the device's SMs"),
-    "GATHER_HALF": ((0, 1), "0 (every key masked) or 1 (half groups read whole when max_keys "
-                    "is a multiple of GROUP)", "use 0 or 1"),
     "GMAX_BITS": ((32, 16), "32 (exact group maxima) or 16 (fused: their top 16 bits, half the "
                   "traffic)", "use 32"),
 }
@@ -112,7 +112,6 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     # at 128 (with session 5's gather 1.212 against 1.244, and 1.259 at 112); at 1024 rows 128
     # measured ahead then (357 us against 363) and 1% behind since (336 against 333: noise).
     cfg["MAX_REGS"] = 96 if num_rows >= 2048 else 128
-    cfg["GATHER_HALF"] = 1
     cfg["BOUND_SLACK"] = max(1, k // 8)
     cfg["PLACE_KEYS"] = max(2048 if few else 1024, cfg["GROUP"])
     cfg["COMPACT_TILE"] = 2048 if few else 1024

@@ -32,8 +32,10 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
    maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys; to
    an area of their own when the row is split, as another part may still be searching the
    maxima for its bound).
-3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
-   order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
+3. Only those groups read, ``PLACE_KEYS`` keys a step (as half groups read whole, 16-byte loads
+   at GROUP 8, when max_keys is a multiple of GROUP; else each key masked by the row's length):
+   their keys ``>= L`` placed in position order in the row's buffer of ``CAND_CAP`` (position,
+   key) pairs.
 4. Selection as in stage 3 below. A row whose bound sits in a tie (more than 3/4, and more
    than 1.5k, of the searched maxima are >= L: all-equal rows, a few repeated values, mostly
    zeros) skips steps 2-3 and takes the tie tier at once, by one program (part 0 of a split
@@ -111,9 +113,6 @@ MAX_REGS        128 / 96    fused: registers per thread the row program may use 
 ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts and gathers a
                             part of the row, the last to finish selects (2 at 33-66 rows, 4 at
                             32: the row programs then fill the device; 1 from 67 rows)
-GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
-                            whole (16-byte loads at GROUP 8), one a thread; else every key
-                            masked by the row's length, one group a thread
 GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
                             their traffic; the bound still from exact int32 supergroup or
                             group maxima, the active test as conservative as the truncation;
@@ -126,8 +125,9 @@ GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 1
 Removed keys (issue 25; :data:`config.REMOVED_KEYS`, rejected with a ConfigError naming them;
 the code is at commit ea33f7d): ``SEARCH_BITS`` (2: four-way tile searches), ``SPARSE`` (0:
 stage 2 read every key; 2: an active-group list), ``BOUND_PASS`` (0 / 1 forced the bound pass
-off / on), ``PDL`` (programmatic dependent launches). What each did and why it went:
-docs/notes/indexer_topk.md, "Removed knobs".
+off / on), ``PDL`` (programmatic dependent launches), ``GATHER_HALF`` (0 forced the masked
+whole-group gather). What each did and why it went: docs/notes/indexer_topk.md, "Removed
+knobs".
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
@@ -1727,7 +1727,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                                cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                                off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
-                               GS=gs, GS2=gs2, HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                               GS=gs, GS2=gs2, HALF=int(n % gs == 0),
                                GB=max(1, cfg["PLACE_KEYS"] // gs),
                                GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                                CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
@@ -1745,6 +1745,6 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"],
                              PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), SPLIT=split,
-                             HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                             HALF=int(n % gs == 0),
                              B16=2 if b16 and in_place else b16, FUSED=1,
                              num_warps=cfg["SEARCH_WARPS"])

@@ -69,12 +69,10 @@ SMALL = {
                      "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
                      "GMAX_BITS": 16, "ROW_SPLIT": 1},
     "fused_gmax16_two_parts": {"GROUP": 8, "GROUP2": 1, "PLACE_KEYS": 64, "CAND_TILE": 64,
-                               "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16,
-                               "GATHER_HALF": 1},
-    # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
+                               "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16},
+    # Half groups read whole (max_keys 1200 is a multiple of GROUP; the gather does it then).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
-                   "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
-                   "GATHER_HALF": 1},
+                   "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
 }
 
 
@@ -111,25 +109,49 @@ def run_both(scores, lengths, k, cfg):
     return got, want
 
 
-@pytest.mark.parametrize("n", [1203, 1202])
-def test_half_gather_falls_back_when_a_group_would_pass_the_row(n):
-    """GATHER_HALF reads whole groups, so only when max_keys is a multiple of GROUP (else the
-    last group of a full row would extend past its storage): other widths mask every key."""
+@pytest.mark.parametrize("n, half", [(1203, 0), (1202, 0), (1200, 1)])
+def test_half_gather_falls_back_when_a_group_would_pass_the_row(monkeypatch, n, half):
+    """The gather reads half groups whole, so only when max_keys is a multiple of GROUP (else
+    the last group of a full row would extend past its storage): other widths mask every key.
+    The choice is the wrapper's (the former ``GATHER_HALF=0`` forced the masked gather)."""
     rows, k = 4, 16
+    seen = []
+    real = TK._row_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["HALF"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(TK, "_row_kernel", Spy())
     for kind in ("random", "ties", "recent"):
         scores = make_scores(kind, rows, n, seed=n)
         lengths = torch.tensor([n, n - 3, k + 1, 2 * k + 3], dtype=torch.int32, device=DEV)
-        got, want = run_both(scores, lengths, k, SMALL["fused_half"])
+        got, want = run_both(scores, lengths, k, {**SMALL["fused_half"], "FUSED": 1})
         assert topk_mismatches(got, want) == [], kind
+    assert seen == [half] * 3
 
 
-@pytest.mark.parametrize("geom", sorted(SMALL))
+# The ``fused*`` geometries leave FUSED to the default, which at the 4 rows of these tests is
+# the four-launch path (FUSED=1 from 32 rows): each runs that way and, ``+fused``, pinned to
+# the fused path its name means.
+FUSED_PINNED = sorted(g + "+fused" for g in SMALL if g.startswith("fused"))
+
+
+def _small(geom):
+    base, _, pinned = geom.partition("+")
+    return {**SMALL[base], "FUSED": 1} if pinned else SMALL[base]
+
+
+@pytest.mark.parametrize("geom", sorted(SMALL) + FUSED_PINNED)
 @pytest.mark.parametrize("kind", ["random", "ties", "zeros", "recent", "lowbits", "special"])
 def test_small_exact(geom, kind):
     rows, n, k = 4, 1200, 16 if kind != "recent" else 64
     scores = make_scores(kind, rows, n, seed=hash((geom, kind)) % 1000)
     lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
-    got, want = run_both(scores, lengths, k, SMALL[geom])
+    got, want = run_both(scores, lengths, k, _small(geom))
     assert topk_mismatches(got, want) == []
 
 
@@ -254,7 +276,7 @@ def test_gmax16_list_entries_past_int16():
     hold group indices up to 65535 (past int16's 32767, read back unsigned). 66,000 keys in
     2-key groups (33,000 groups); the largest keys sit in groups on both sides of 32768."""
     k, n = 16, 66000
-    cfg = {"FUSED": 1, "GROUP": 2, "GROUP2": 2, "GROUP_BLOCK": 2048, "SLICE_KEYS": 8192,
+    cfg = {"GROUP": 2, "GROUP2": 2, "GROUP_BLOCK": 2048, "SLICE_KEYS": 8192,
            "BOUND_TILE": 4096, "COMPACT_TILE": 4096, "PLACE_KEYS": 64, "CAND_TILE": 64,
            "CAND_CAP": 256, "ROW_SPLIT": 1, "GMAX_BITS": 16}
     assert TK.list_in_place(cfg, n)
@@ -355,7 +377,8 @@ def test_validate_config(bad, key):
 
 # The knobs issue 25 removed, at their former default and at the values that were removed.
 REMOVED = [("SEARCH_BITS", 1), ("SEARCH_BITS", 2), ("SPARSE", 0), ("SPARSE", 1), ("SPARSE", 2),
-           ("BOUND_PASS", -1), ("BOUND_PASS", 0), ("BOUND_PASS", 1), ("PDL", 0), ("PDL", 1)]
+           ("BOUND_PASS", -1), ("BOUND_PASS", 0), ("BOUND_PASS", 1), ("PDL", 0), ("PDL", 1),
+           ("GATHER_HALF", 0), ("GATHER_HALF", 1)]
 
 
 @pytest.mark.parametrize("key, val", REMOVED)
@@ -422,8 +445,7 @@ def test_default_config_and_scratch():
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
     # The H200-measured switches (docs/notes/indexer_topk.md): four-launch below 32 rows,
     # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers
-    # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows, half-group
-    # gather loads.
+    # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows.
     assert [TK.default_config(r, 131072, 2048)["FUSED"] for r in (1, 16, 31, 32)] == [0, 0, 0, 1]
     few = TK.default_config(256, 131072, 2048)
     assert (few["SEARCH_WARPS"], few["COMPACT_TILE"], few["PLACE_KEYS"]) == (8, 2048, 2048)
@@ -433,7 +455,7 @@ def test_default_config_and_scratch():
     assert few["MAX_REGS"] == TK.default_config(1024, 131072, 2048)["MAX_REGS"] == 128
     assert cfg["MAX_REGS"] == TK.default_config(2048, 131072, 2048)["MAX_REGS"] == 96
     assert cfg["GROUP"] * cfg["GROUP_BLOCK"] == 4096      # gmax: 4096 keys a step
-    assert TK.plan(cfg, 131072)["slices"] == 8 and cfg["GATHER_HALF"] == 1
+    assert TK.plan(cfg, 131072)["slices"] == 8
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
     # 32-bit group maxima by default (issue 25: 16-bit ones make every group active on rows
@@ -477,8 +499,7 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
                  "PLACE_KEYS": 8192},
                 {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
-                {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
-                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
+                {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
                 {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2},
                 # 16-bit maxima, one part. GROUP 8: 16384 or 65536 groups a row, the uint16
                 # list in place (entries past 32767 at 524288 keys). GROUP 4: 32768 (in place)
@@ -624,20 +645,20 @@ def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(n=st.integers(300, 1100), k=st.sampled_from([5, 16, 40]),
        kind=st.sampled_from(["random", "ties", "recent", "special"]),
-       split=st.sampled_from([1, 2, 4, 8]), half=st.sampled_from([0, 1]),
-       group=st.sampled_from([2, 4, 8]), seed=st.integers(0, 2 ** 16), data=st.data())
-def test_property_split_rows_match_reference(n, k, kind, split, half, group, seed, data):
-    """The fused path's parts (ROW_SPLIT), whole-group loads (GATHER_HALF, only when n is a
-    multiple of GROUP) and small candidate regions (a part that overflows its region sends the
-    row to the row tier), on rows of every length: short, causal-like middles whose bound comes
-    from the group maxima, and full rows."""
+       split=st.sampled_from([1, 2, 4, 8]), group=st.sampled_from([2, 4, 8]),
+       seed=st.integers(0, 2 ** 16), data=st.data())
+def test_property_split_rows_match_reference(n, k, kind, split, group, seed, data):
+    """The fused path's parts (ROW_SPLIT), whole half-group loads (when n is a multiple of
+    GROUP; masked whole groups otherwise) and small candidate regions (a part that overflows
+    its region sends the row to the row tier), on rows of every length: short, causal-like
+    middles whose bound comes from the group maxima, and full rows."""
     rows = 4
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=rows, max_size=rows)),
                            dtype=torch.int32, device=DEV)
     scores = make_scores(kind, rows, n, seed=seed)
-    cfg = {"FUSED": 1, "GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),
+    cfg = {"GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),
            "CAND_TILE": 64, "CAND_CAP": 256, "COMPACT_TILE": 16, "BOUND_SLACK": 2,
-           "ROW_SPLIT": split, "GATHER_HALF": half}
+           "ROW_SPLIT": split}
     got, want = run_both(scores, lengths, k, cfg)
     assert topk_mismatches(got, want) == []
 
