@@ -17,11 +17,12 @@ than ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). 1 laun
 max_keys <= k. Rows with ``length <= k`` take the fast path (positions ``0..length-1`` then
 -1); the other stages return at once for them.
 
-**Fused path** (``FUSED=1``; the default from 32 rows): 2 launches. ``_gmax_kernel`` also
-writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid
-``(rows, ROW_SPLIT)``: one program a row, or (few rows) ``ROW_SPLIT`` programs a row that each
-do steps 2-3 on a contiguous part of the row's groups into their own region of the buffer, the
-last of them to finish (an arrival counter, no waiting) joining the regions for step 4:
+**Fused path** (``FUSED=1``; the default from 32 rows): 2 launches (3 with the rare tiers'
+launch, ``_TIE_LAUNCH``, below). ``_gmax_kernel`` also writes the maxima of supergroups of
+``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid ``(rows, ROW_SPLIT)``: one program a row,
+or (few rows) ``ROW_SPLIT`` programs a row that each do steps 2-3 on a contiguous part of the
+row's groups into their own region of the buffer, the last of them to finish (an arrival
+counter, no waiting) joining the regions for step 4:
 
 1. ``L`` = a lower bound of the k-th largest supergroup maximum: a halving search over them in
    a register tile of ``BOUND_TILE`` that stops once at most ``k + BOUND_SLACK`` are ``>= L``
@@ -45,7 +46,8 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
 
 **Four-launch path** (``FUSED=0``; the default below 32 rows, where many slice programs a row
 beat one program's latency): 3 launches with one slice a row, 5 with several (the bound in a
-launch of its own, ``_bound_kernel`` grid ``(rows,)``, then the count pass).
+launch of its own, ``_bound_kernel`` grid ``(rows,)``, then the count pass), each plus the rare
+tiers' launch.
 
 2. ``_place_kernel`` grid ``(rows, slices)``, run twice with several slices (``COUNT_ONLY``
    first, then the placement), once with one slice. With one slice the program first finds the
@@ -141,7 +143,8 @@ maxima, and the tie tier's list area) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,
-:data:`DEFAULT_CONFIG`.
+:data:`DEFAULT_CONFIG`. For the probes only (benchmarks/probes/profile_indexer.py, never
+dispatch): :func:`_indexer_topk_stopped`, the fused path stopped after a phase.
 """
 
 from __future__ import annotations
