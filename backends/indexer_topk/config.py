@@ -1,7 +1,8 @@
 """indexer_topk configs: keys, defaults, validation and launch plan (pure Python).
 
 Kept apart from the Triton kernels so that policy (plugins) and selection can compute a config
-without importing Triton. The keys are documented in ``triton_kernels``.
+without importing Triton. The keys are documented in ``triton_kernels``; the keys issue 25
+removed (rejected by name) in :data:`REMOVED_KEYS`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Identical launches are compiled once.
     python3 benchmarks/probes/sass_digest_topk.py --compare before.jsonl after.jsonl
 
 ``--compare`` matches the lines by (config, shape, launch, kernel) and prints how many are
-identical and every one that differs or exists on one side only; exit status 1 when any does.
+identical (digest, registers and shared memory) and every one that differs or exists on one
+side only; exit status 1 when any does.
 """
 
 from __future__ import annotations
@@ -67,24 +68,41 @@ def normalized_sass(cubin: bytes) -> str:
 
 
 def normalized_amdgcn(asm: str) -> str:
-    """AMDGCN assembly without names, debug lines, comments and the metadata sections."""
-    keep, meta = [], False
+    """AMDGCN's code without names and debug information: the instructions and branch labels
+    of the function bodies in ``.text`` (each function's label to its ``.Lfunc_end``, without the
+    ``.loc`` / ``.cfi`` directives, the debug-range labels ``.Ltmp*`` and comments) and the
+    kernel descriptor's ``.amdhsa_*`` resource lines; the debug sections, which hold the
+    source path and the names of the inlined functions, are left out."""
+    keep, body, text = [], False, False
     for line in asm.splitlines():
-        s = line.strip()
-        if s.startswith((".amdgpu_metadata", ".amdgcn_target")) or s == "---":
-            meta = True
-        if meta:
-            if s.startswith(".end_amdgpu_metadata") or s == "...":
-                meta = False
+        s = re.sub(r"\s*(;|//).*$", "", line.strip())
+        if not s:
             continue
-        if not s or s.startswith((";", ".loc", ".file", ".ident", ".section", "//")):
+        if s.startswith((".text", ".section", ".amdgpu_metadata")):
+            text = s.startswith(".text")
+            body = False
             continue
-        s = re.sub(r";.*$", "", s).strip()
-        s = re.sub(r"\s*//.*$", "", s).strip()
-        if s:
+        if text and re.match(r"[A-Za-z_][\w.$]*:$", s):
+            body = True               # a function's label
+            keep.append("FUNC:")
+            continue
+        if s.startswith(".Lfunc_end"):
+            body = False
+            continue
+        if body:
+            if not s.startswith((".loc", ".cfi", ".Ltmp", ".Lfunc_begin", ".file")):
+                keep.append(s)
+        elif s.startswith(".amdhsa_") and not s.startswith((".amdhsa_kernel",
+                                                             ".amdhsa_kernarg_size")):
             keep.append(s)
-    text = "\n".join(keep)
-    return re.sub(r"_(?:gmax|row|select|place|bound|tie)_kernel\w*", "KERNEL", text)
+    # Symbols (noinline callees' mangled names carry their constexpr values) as one name.
+    return re.sub(r"[\w.]*triton_kernels\.\w+", "SYM", "\n".join(keep))
+
+
+def kernarg_size(asm: str) -> int:
+    """The AMDGCN kernel's argument block in bytes (left out of the code's digest)."""
+    m = re.search(r"\.amdhsa_kernarg_size\s+(\d+)", asm)
+    return int(m.group(1)) if m else -1
 
 
 def _configs(rows_list: list[int], keys: int) -> list[tuple[str, dict[str, Any], list[int],
@@ -147,12 +165,14 @@ def digest(args: argparse.Namespace) -> int:
                                 text = normalized_amdgcn(ck.asm["amdgcn"])
                                 m = re.search(r"\.vgpr_count:\s+(\d+)", ck.asm["amdgcn"])
                                 regs = f"vgpr {m.group(1)}" if m else "?"
+                                extra = {"kernarg": kernarg_size(ck.asm["amdgcn"])}
                             else:
                                 text = normalized_sass(ck.asm["cubin"])
                                 regs = _usage(ck.asm["cubin"])
+                                extra = {}
                             rec = {"digest": hashlib.sha256(text.encode()).hexdigest(),
                                    "instructions": text.count("\n") + 1, "regs": regs,
-                                   "shared": ck.metadata.shared}
+                                   "shared": ck.metadata.shared, **extra}
                         done[key] = rec
                     line = {"config": label, "shape": f"{rows}x{keys}:{dtype}", "launch": i,
                             "kernel": launch.name, **rec}
@@ -174,15 +194,23 @@ def compare(before: str, after: str) -> int:
         return recs
 
     a, b = load(before), load(after)
-    same = [key for key in a if key in b and a[key]["digest"] == b[key]["digest"]
+
+    def sig(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["digest"], r.get("regs"), r.get("shared")
+
+    same = [key for key in a if key in b and sig(a[key]) == sig(b[key])
             and a[key]["digest"] != "FAILED"]
     differ = [key for key in a if key in b and key not in same]
+    args = [key for key in same if a[key].get("kernarg") != b[key].get("kernarg")]
     only_a = sorted(set(a) - set(b))
     only_b = sorted(set(b) - set(a))
     configs = {key[0] for key in a} | {key[0] for key in b}
     print(f"{len(a)} launches before, {len(b)} after, {len(configs)} configs; identical: "
           f"{len(same)}; different: {len(differ)}; only before: {len(only_a)}; only after: "
-          f"{len(only_b)}; distinct digests: {len({a[k]['digest'] for k in same})}")
+          f"{len(only_b)}; distinct digests: {len({a[k]['digest'] for k in same})}; identical "
+          f"code with another argument-block size: {len(args)}")
+    for key in args:
+        print("SAME CODE, ARGUMENTS", key, a[key].get("kernarg"), "->", b[key].get("kernarg"))
     for key in differ:
         print("DIFFERENT", key, a[key].get("instructions"), "->", b[key].get("instructions"),
               a[key].get("error", ""), b[key].get("error", ""))
