@@ -18,8 +18,9 @@ Providers (``--providers``, comma separated):
 * ``triton``: the Triton kernels at :func:`triton_kernels.default_config` for the shape.
 * ``geometry=SLICE_KEYSxMAX_SLICESxWARPS[:key=val...]``: the Triton kernels at a forced config,
   e.g. ``geometry=1024x64x4`` (the MI355X policy's geometry) or
-  ``geometry=131072x1x4:SEARCH_BITS=2``, or keys alone: ``geometry=FUSED=0:GROUP=32``; keys
-  not given come from ``resolve_config`` (the shape's defaults).
+  ``geometry=131072x1x4:FUSED=0`` (one slice a row), or keys alone:
+  ``geometry=FUSED=0:GROUP=32``; keys not given come from ``resolve_config`` (the shape's
+  defaults).
 * ``auto`` and implementation names (optionally ``:measure``): through
   ``registry.dispatch("indexer_topk", scores, lengths, k=k)`` under ``registry.override``.
 

@@ -17,11 +17,12 @@ than ``k`` groups get ``L = INT32_MIN`` (every valid key is a candidate). 1 laun
 max_keys <= k. Rows with ``length <= k`` take the fast path (positions ``0..length-1`` then
 -1); the other stages return at once for them.
 
-**Fused path** (``FUSED=1``; the default from 32 rows): 2 launches. ``_gmax_kernel`` also
-writes the maxima of supergroups of ``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid
-``(rows, ROW_SPLIT)``: one program a row, or (few rows) ``ROW_SPLIT`` programs a row that each
-do steps 2-3 on a contiguous part of the row's groups into their own region of the buffer, the
-last of them to finish (an arrival counter, no waiting) joining the regions for step 4:
+**Fused path** (``FUSED=1``; the default from 32 rows): 2 launches (3 with the rare tiers'
+launch, ``_TIE_LAUNCH``, below). ``_gmax_kernel`` also writes the maxima of supergroups of
+``GROUP * GROUP2`` keys. Then ``_row_kernel`` grid ``(rows, ROW_SPLIT)``: one program a row,
+or (few rows) ``ROW_SPLIT`` programs a row that each do steps 2-3 on a contiguous part of the
+row's groups into their own region of the buffer, the last of them to finish (an arrival
+counter, no waiting) joining the regions for step 4:
 
 1. ``L`` = a lower bound of the k-th largest supergroup maximum: a halving search over them in
    a register tile of ``BOUND_TILE`` that stops once at most ``k + BOUND_SLACK`` are ``>= L``
@@ -32,8 +33,10 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
    maxima ``COMPACT_TILE`` at a time (about 2,500 of 16,384 groups at 131,072 random keys; to
    an area of their own when the row is split, as another part may still be searching the
    maxima for its bound).
-3. Only those groups read, ``PLACE_KEYS`` keys a step: their keys ``>= L`` placed in position
-   order in the row's buffer of ``CAND_CAP`` (position, key) pairs.
+3. Only those groups read, ``PLACE_KEYS`` keys a step (as half groups read whole, 16-byte loads
+   at GROUP 8, when max_keys is a multiple of GROUP; else each key masked by the row's length):
+   their keys ``>= L`` placed in position order in the row's buffer of ``CAND_CAP`` (position,
+   key) pairs.
 4. Selection as in stage 3 below. A row whose bound sits in a tie (more than 3/4, and more
    than 1.5k, of the searched maxima are >= L: all-equal rows, a few repeated values, mostly
    zeros) skips steps 2-3 and takes the tie tier at once, by one program (part 0 of a split
@@ -42,27 +45,28 @@ last of them to finish (an arrival counter, no waiting) joining the regions for 
    tier.
 
 **Four-launch path** (``FUSED=0``; the default below 32 rows, where many slice programs a row
-beat one program's latency): 3 launches with one slice a row, 5 with several (by default the
-bound in a launch of its own, then the count pass).
+beat one program's latency): 3 launches with one slice a row, 5 with several (the bound in a
+launch of its own, ``_bound_kernel`` grid ``(rows,)``, then the count pass), each plus the rare
+tiers' launch.
 
 2. ``_place_kernel`` grid ``(rows, slices)``, run twice with several slices (``COUNT_ONLY``
-   first, then the placement), once with one slice. Each program first finds the row's bound
-   ``L`` = the exact k-th largest group maximum (a value search over the row's ``gm`` held in a
-   register tile of ``BOUND_TILE``, or streamed from memory when larger), or reads the one
-   ``_bound_kernel`` wrote (``BOUND_PASS``: a lower bound loose by at most ``BOUND_SLACK``
-   groups, as the fused path's). The candidates (valid keys ``>= L``) of each slice are
-   counted, then written in position order to the row's buffer at the slice's exclusive prefix
-   of the counts. With ``SPARSE=1`` only groups whose maximum is ``>= L`` are read;
-   ``SPARSE=0`` reads the whole slice again; ``SPARSE=2`` visits a compacted active-group list.
+   first, then the placement), once with one slice. With one slice the program first finds the
+   row's bound ``L`` = the exact k-th largest group maximum (a halving search over the row's
+   ``gm`` held in a register tile of ``BOUND_TILE``, or streamed from memory when larger); with
+   several it reads the one ``_bound_kernel`` wrote (a lower bound loose by at most
+   ``BOUND_SLACK`` groups, as the fused path's). The candidates (valid keys ``>= L``) of each
+   slice are counted, then written in position order to the row's buffer at the slice's
+   exclusive prefix of the counts; only groups whose maximum is ``>= L`` are read.
 3. ``_select_kernel`` grid ``(rows,)``: ``T`` = the largest key with at least ``k`` candidates
-   ``>= T`` (value search in ``[L, max]``: halving, or four-way with ``SEARCH_BITS=2``),
-   ``m = k - #(key > T)``. The output is the candidates with key ``> T``, plus the first ``m``
-   keys ``== T`` in position order, written in position order (running prefix sums). Three
-   tiers: the candidates fit the register tile ``CAND_TILE``; they fit the buffer (searched and
-   placed ``CAND_TILE`` at a time); or there are more than ``CAND_CAP`` (tie-heavy rows: all
-   equal, a few repeated values) and the buffer is not trusted: the same search (four-way,
-   three probes a pass) and placement run over the row itself, reading the groups whose
-   maximum reaches the probe. Exact in every tier; the buffer is never silently truncated.
+   ``>= T`` (a halving search in ``[L, max]``), ``m = k - #(key > T)``. The output is the
+   candidates with key ``> T``, plus the first ``m`` keys ``== T`` in position order, written
+   in position order (running prefix sums). Three tiers: the candidates fit the register tile
+   ``CAND_TILE``; they fit the buffer (a tighter bound when they are at most four tiles, else
+   searched four-way and placed from memory in chunks); or there are more than ``CAND_CAP``
+   (tie-heavy rows: all equal, a few repeated values) and the buffer is not trusted: the same
+   search (four-way, three probes a pass) and placement run over the row itself, reading the
+   groups whose maximum reaches the probe. Exact in every tier; the buffer is never silently
+   truncated.
 
    **Tie tier** (issue 25; before the row tier whenever the level the bound was searched over
    holds exact int32 maxima): the level's entries ``> L`` are listed (fewer than k when the
@@ -104,11 +108,6 @@ COMPACT_TILE    2048 / 1024 fused: group maxima per compaction step (1024 above 
 PLACE_KEYS      2048 / 1024 fused: keys per placement step (and per selection-placement step)
 CAND_TILE       4096        register tile of the selection (power of two)
 CAND_CAP        16384       candidate buffer per row (power of two, >= k, >= CAND_TILE)
-SEARCH_BITS     1           1: halving search; 2: four-way (one packed int64 reduction a step)
-SPARSE          1           four-launch stage 2 reads: 0 every key; 1 only groups reaching the
-                            bound; 2 the same from a compacted list (+4 bytes a group)
-BOUND_PASS      -1          four-launch: 1 the bound in a launch of its own; 0 every slice
-                            program searches the exact one; -1: 1 when slices > 1
 MAX_REGS        128 / 96    fused: registers per thread the row program may use (``maxnreg``;
                             0 = the compiler's choice): 128 fits four 4-warp programs an SM,
                             96 (from 2048 rows) five (NVIDIA; ignored on ROCm, whose Triton
@@ -116,9 +115,6 @@ MAX_REGS        128 / 96    fused: registers per thread the row program may use 
 ROW_SPLIT       by rows     fused: programs a row (1, 2, 4 or 8): each compacts and gathers a
                             part of the row, the last to finish selects (2 at 33-66 rows, 4 at
                             32: the row programs then fill the device; 1 from 67 rows)
-GATHER_HALF     1           fused, max_keys a multiple of GROUP: the gather reads half groups
-                            whole (16-byte loads at GROUP 8), one a thread; else every key
-                            masked by the row's length, one group a thread
 GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 16 bits (half
                             their traffic; the bound still from exact int32 supergroup or
                             group maxima, the active test as conservative as the truncation;
@@ -126,10 +122,14 @@ GMAX_BITS       32          fused: 16 stores the group maxima as the keys' top 1
                             row and <= 65536 groups, else in an area of its own). Default 32
                             since issue 25: with 16, rows equal in their top 16 bits make
                             every group active (2x the random-row time, H200)
-PDL             0           1: programmatic dependent launches (each kernel waits for the one
-                            before it, the next one is scheduled during its tail); Hopper and
-                            later on NVIDIA only, ignored elsewhere
 ==============  ==========  =================================================================
+
+Removed keys (issue 25; :data:`config.REMOVED_KEYS`, rejected with a ConfigError naming them;
+the code is at commit ea33f7d): ``SEARCH_BITS`` (2: four-way tile searches), ``SPARSE`` (0:
+stage 2 read every key; 2: an active-group list), ``BOUND_PASS`` (0 / 1 forced the bound pass
+off / on), ``PDL`` (programmatic dependent launches), ``GATHER_HALF`` (0 forced the masked
+whole-group gather). What each did and why it went: docs/notes/indexer_topk.md, "Removed
+knobs".
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
@@ -138,12 +138,13 @@ ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (cand
 maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with
 more than 65536 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT``
 > 1 adds the list and the parts' counts. Four-launch: ``8 * ceil(max_keys / GROUP)`` (group
-maxima, and the list area of SPARSE=2 and the tie tier) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
+maxima, and the tie tier's list area) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
 163,852 bytes at 131072 keys, GROUP 32, one slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,
-:data:`DEFAULT_CONFIG`.
+:data:`DEFAULT_CONFIG`. For the probes only (benchmarks/probes/profile_indexer.py, never
+dispatch): :func:`_indexer_topk_stopped`, the fused path stopped after a phase.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ import triton.language as tl
 
 __all__ = ["DEFAULT_CONFIG", "default_config", "indexer_topk_triton", "list_in_place", "plan",
            "resolve_config", "scratch_bytes_per_row", "validate_config"]
+
 
 from backends.indexer_topk.config import (
     DEFAULT_CONFIG,
@@ -168,17 +170,16 @@ from backends.indexer_topk.config import (
     validate_config,
 )
 
-# ----------------------------------------------------------------------------------- kernels
+# ==== 1. Shared: keys and group maxima ======================================================
+# Both paths: the order keys of the scores, the group maxima (``_gmax_kernel``, the one full
+# read of the scores; also the supergroup levels the fused bound searches), the searches over
+# maxima that give a row's bound (exact: ``_kth_search_*``; loose by a slack: ``_loose_kth*``)
+# and the placement of a loaded tile's keys above a bound in position order.
 
 # Values a step of the searches that stream from memory (rare paths: rows longer than the
 # register tiles). Small on purpose: a 4096-value chunk inside the search loop made the fused
 # row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
 MEM_CH = tl.constexpr(1024)
-# Buckets a pass of the tie tier's refinement (rows with more keys above the bound than the
-# buffer holds): 32 narrow a 32-bit range to one value in at most seven passes, usually one
-# (a bucket of a ramp's keys holds ~1/32 of them: under the buffer). 256 cost ~100
-# instructions a key (tl.histogram's ballots and popcounts; H200: ramp 4096 rows 3.1 ms).
-TIE_NB = tl.constexpr(32)
 
 
 @triton.jit
@@ -197,35 +198,64 @@ def _row_len(lengths_ptr, row, n_keys):
 
 
 @triton.jit
-def _pdl_wait(PDL: tl.constexpr):
-    """``PDL``: the kernel was launched as a programmatic dependent launch (Hopper and later),
-    so it may start before the previous kernel in the stream ends: wait until that kernel has
-    completed and its writes are visible, before this program reads or writes anything."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+def _load_gm(ptr, idx, m, B16: tl.constexpr):
+    """Group maxima at ``ptr + idx`` where ``m`` as int32, INT32_MIN elsewhere; B16: int16
+    maxima (``key >> 16``) widened."""
+    if B16:
+        v = tl.where(m, tl.load(ptr + idx, mask=m, other=0).to(tl.int32), -2147483648)
+    else:
+        v = tl.load(ptr + idx, mask=m, other=-2147483648)
+    return v
 
 
 @triton.jit
-def _pdl_done(PDL: tl.constexpr):
-    """``PDL``: this program's work is issued; once every program has said so (or exited), the
-    next kernel's programs may be scheduled (they wait in :func:`_pdl_wait`), so that its launch
-    overlaps this kernel's tail instead of following it."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+def _half_level(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
+    """Whether a row's supergroup maxima are of ``GS * GS2 / 2`` keys instead of ``GS * GS2``:
+    a row too short for k full supergroups (a causal batch's middle rows) that has k of the
+    half ones and room for them. The gmax kernel writes that level and the row program reads
+    it, both deciding by this function. Never for GS2 < 4 (half of 2 is the groups themselves,
+    which the row program reads directly)."""
+    if GS2 >= 4:
+        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+        ngh = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+        half = (ng2 < k) & (ngh >= k) & (ngh <= n_groups2)
+    else:
+        half = length < 0
+    return half
+
+
+@triton.jit
+def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
+    """GMAX_BITS=16: (level, count) of the int32 maxima the gmax kernel writes at ``off_gm2``
+    for a row and the row program searches for its bound: 0, of ``GS * GS2`` keys when the row
+    has k of those; else 1, of half that size (as :func:`_half_level`); else 2, the group
+    maxima themselves when the row has k groups and room for them (``n_groups2``); else 0
+    with fewer than k (the bound then comes from the int16 maxima, see ``FALL16``, or none).
+    Exact int32 values at every level, so the 16-bit truncation only widens the active test."""
+    ng2 = (length + GS * GS2 - 1) // (GS * GS2)
+    ng = (length + GS - 1) // GS
+    level = tl.full([], 0, tl.int32)
+    n2 = ng2
+    if _half_level(length, k, n_groups2, GS, GS2):
+        level = tl.full([], 1, tl.int32)
+        n2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
+    elif (ng2 < k) & (ng >= k) & (ng <= n_groups2):
+        level = tl.full([], 2, tl.int32)
+        n2 = ng
+    return level, n2
 
 
 @triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
                  off_gm2, n_groups2, off_arr,
                  GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr,
-                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
     ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
     the keys (``key >> 16``, a floor), at int16 index ``row * n_groups``; the supergroup
     maxima stay exact int32, and a row without k of them gets its group maxima there too
     (:func:`_level16`)."""
-    _pdl_wait(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     if ARRIVE:
@@ -243,7 +273,6 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
         _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
                    gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS, GB,
                    GS2, B16)
-    _pdl_done(PDL)
 
 
 @triton.jit
@@ -294,43 +323,29 @@ def _store_level(dst, g, c0, end, GS: tl.constexpr, GB: tl.constexpr, L: tl.cons
 
 
 @triton.jit
-def _kth_search_tile(x, k, lo, hi, SB: tl.constexpr):
-    """Largest t in [lo, hi] with #(x >= t) >= k, for a 1-D int32 tile ``x``.
+def _kth_search_tile(x, k, lo, hi):
+    """Largest t in [lo, hi] with #(x >= t) >= k, for a 1-D int32 tile ``x``: halving.
 
-    Invariants: #(x >= lo) >= k and #(x >= hi + 1) < k. SB=1 halves [lo, hi] per step; SB=2
-    probes three values that split it in four and counts all three in one reduction (counts
-    packed 21 bits apart in an int64, so at most 2**21 - 1 values). Entries that
-    are not keys hold INT32_MIN and never reach a probe (every probe is > lo >= INT32_MIN).
-    lo, hi: int64 scalars."""
-    if SB == 1:
-        while lo < hi:
-            mid = lo + (hi - lo + 1) // 2
-            c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0)
-            ge = c >= k
-            lo = tl.where(ge, mid, lo)
-            hi = tl.where(ge, hi, mid - 1)
-    else:
-        # Four-way: three probes, their counts packed 21 bits apart in one int64 reduction.
-        while lo < hi:
-            step = (hi - lo + 4) // 4
-            p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
-            p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
-            p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
-            packed = (x >= p1).to(tl.int64) + ((x >= p2).to(tl.int64) << 21) \
-                + ((x >= p3).to(tl.int64) << 42)
-            tot = tl.sum(packed, axis=0)
-            js = ((tot & 0x1FFFFF) >= k).to(tl.int64) \
-                + (((tot >> 21) & 0x1FFFFF) >= k).to(tl.int64) + ((tot >> 42) >= k).to(tl.int64)
-            lo = lo + js * step
-            hi = tl.minimum(hi, lo + step - 1)
+    Invariants: #(x >= lo) >= k and #(x >= hi + 1) < k. Entries that are not keys hold
+    INT32_MIN and never reach a probe (every probe is > lo >= INT32_MIN). lo, hi: int64
+    scalars."""
+    while lo < hi:
+        mid = lo + (hi - lo + 1) // 2
+        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0)
+        ge = c >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
     return lo
 
 
 @triton.jit
-def _kth_search_mem(ptr, n, k, lo, hi, CH: tl.constexpr, SB: tl.constexpr):
-    """As :func:`_kth_search_tile` over ``n`` int32 values in memory, CH at a time."""
+def _kth_search_mem(ptr, n, k, lo, hi, CH: tl.constexpr, FOUR: tl.constexpr):
+    """As :func:`_kth_search_tile` over ``n`` int32 values in memory, CH at a time. FOUR: a
+    four-way search instead (three probes that split [lo, hi] in four, counted in one pass:
+    their counts packed 21 bits apart in one int64 sum, so at most 2**21 - 1 values), for the
+    buffer tier, where a pass over memory costs more than the arithmetic."""
     offs = tl.arange(0, CH)
-    if SB == 1:
+    if not FOUR:
         while lo < hi:
             mid = lo + (hi - lo + 1) // 2
             t = mid.to(tl.int32)
@@ -360,62 +375,72 @@ def _kth_search_mem(ptr, n, k, lo, hi, CH: tl.constexpr, SB: tl.constexpr):
 
 
 @triton.jit
-def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.constexpr,
-               CHUNKED: tl.constexpr, SB: tl.constexpr):
-    """L: the exact k-th largest group maximum of the row (INT32_MIN with fewer than k groups)."""
-    ng = (length + GS - 1) // GS
-    src = gm_ptr + row.to(tl.int64) * n_groups
-    offs = tl.arange(0, GT)
-    res = tl.full([], -2147483648, tl.int64)
-    if ng >= k:
-        if CHUNKED:
-            hi = tl.full([], -2147483648, tl.int32)
-            lo = tl.full([], 2147483647, tl.int32)
-            for c0 in range(0, ng, GT):
-                m = c0 + offs < ng
-                v = tl.load(src + c0 + offs, mask=m, other=-2147483648)
-                hi = tl.maximum(hi, tl.max(v, axis=0))
-                lo = tl.minimum(lo, tl.min(tl.where(m, v, 2147483647), axis=0))
-            res = _kth_search_mem(src, ng, k, lo.to(tl.int64), hi.to(tl.int64), GT, SB)
-        else:
-            m = offs < ng
-            v = tl.load(src + offs, mask=m, other=-2147483648)
-            hi = tl.max(v, axis=0).to(tl.int64)
-            lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
-            res = _kth_search_tile(v, k, lo, hi, SB)
-    return res.to(tl.int32)
+def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
+    """A lower bound of the k-th largest of the 1-D int32 tile ``x`` (INT32_MIN = no value):
+    halving toward it, stopping as soon as at most ``k + slack`` values are >= ``lo``. Any
+    ``lo`` with #(x >= lo) >= k bounds the k-th largest from below; the search only tightens
+    it. ``cnt_lo`` = #(x >= lo) at the start; lo, hi: int64 scalars (min and max of x)."""
+    while (lo < hi) & (cnt_lo > k + slack):
+        mid = lo + (hi - lo + 1) // 2
+        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0).to(tl.int64)
+        ge = c >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
+        cnt_lo = tl.where(ge, c, cnt_lo)
+    return lo, cnt_lo
 
 
 @triton.jit
-def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
-                  GS: tl.constexpr, GT: tl.constexpr, PDL: tl.constexpr = 0):
-    """BOUND_PASS=1: the row's bound once, for the slices of the next launches to read: a
-    lower bound of the k-th largest group maximum, loose by at most ``slack`` groups (fewer
-    search steps than the exact value; every top-k key is still >= it)."""
-    _pdl_wait(PDL)
-    row = tl.program_id(0)
-    length = _row_len(lengths_ptr, row, n_keys)
-    if length > k:
-        ng = (length + GS - 1) // GS
-        src = ws_ptr + row.to(tl.int64) * n_groups
-        lb = tl.full([], -2147483648, tl.int32)
-        if ng >= k:
-            lb, _ = _loose_kth(src, ng, k, slack, GT)
-        tl.store(ws_ptr + off_bound + row, lb)
-    _pdl_done(PDL)
+def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr, B16: tl.constexpr = 0):
+    """:func:`_loose_kth_tile` over ``n`` int32 values in memory, CH at a time (int32; B16:
+    int16 values, see :func:`_load_gm`)."""
+    offs = tl.arange(0, CH)
+    hi32 = tl.full([], -2147483648, tl.int32)
+    lo32 = tl.full([], 2147483647, tl.int32)
+    for c0 in range(0, n, CH):
+        m = c0 + offs < n
+        v = _load_gm(ptr + c0, offs, m, B16)
+        hi32 = tl.maximum(hi32, tl.max(v, axis=0))
+        lo32 = tl.minimum(lo32, tl.min(tl.where(m, v, 2147483647), axis=0))
+    lo = lo32.to(tl.int64)
+    hi = hi32.to(tl.int64)
+    cnt_lo = n.to(tl.int64)
+    while (lo < hi) & (cnt_lo > k + slack):
+        mid = lo + (hi - lo + 1) // 2
+        t = mid.to(tl.int32)
+        c = tl.full([], 0, tl.int32)
+        for c0 in range(0, n, CH):
+            v = _load_gm(ptr + c0, offs, c0 + offs < n, B16)
+            c += tl.sum((v >= t).to(tl.int32), axis=0)
+        c64 = c.to(tl.int64)
+        ge = c64 >= k
+        lo = tl.where(ge, mid, lo)
+        hi = tl.where(ge, hi, mid - 1)
+        cnt_lo = tl.where(ge, c64, cnt_lo)
+    return lo.to(tl.int32), cnt_lo
 
 
 @triton.jit
-def _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY: tl.constexpr,
-                NT: tl.constexpr):
-    """Count (COUNT_ONLY) or place in position order the keys >= lb of one [groups, GS] tile."""
-    x = tl.load(src + pos, mask=m, other=0.0)
-    if COUNT_ONLY:
-        ci = (m & (_to_key(x.to(tl.float32)) >= lb)).to(tl.int32)
-        run += tl.sum(tl.sum(ci, axis=1), axis=0)
+def _loose_kth(ptr, n, k, slack, GT: tl.constexpr, B16: tl.constexpr = 0):
+    """A lower bound of the k-th largest of ``n`` int32 values in memory, loose by at most
+    ``slack``, and by at most half of ``n - k`` (with barely more than k values, a slack that
+    stops the search at once leaves their minimum, an extreme order statistic: a row just
+    past a level's k groups then had more candidates than the buffer and ran the row tier,
+    ~1 ms; measured on a causal batch). Searched in a register tile of GT when they fit, else
+    streamed MEM_CH at a time. B16: int16 values (:func:`_load_gm`), the bound in their
+    domain."""
+    slack = tl.minimum(slack, (n - k) // 2)
+    if n <= GT:
+        o = tl.arange(0, GT)
+        m = o < n
+        v = _load_gm(ptr, o, m, B16)
+        hi = tl.max(v, axis=0).to(tl.int64)
+        lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+        lb, cnt = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack)
+        lb = lb.to(tl.int32)
     else:
-        run = _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT)
-    return run
+        lb, cnt = _loose_kth_mem(ptr, n, k, slack, MEM_CH, B16)
+    return lb, cnt
 
 
 @triton.jit
@@ -435,14 +460,79 @@ def _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT: tl.constexpr):
     return run + tl.sum(tl.sum(ci, axis=1), axis=0)
 
 
+# ==== 2. Four-launch path (FUSED=0) =========================================================
+# Stage 2: the bound pass (several slices a row) and the slice programs that count and place
+# the candidates; then stage 3, the selection, whose tiers the fused path reuses (below).
+
+
+@triton.jit
+def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.constexpr,
+               CHUNKED: tl.constexpr):
+    """L: the exact k-th largest group maximum of the row (INT32_MIN with fewer than k groups)."""
+    ng = (length + GS - 1) // GS
+    src = gm_ptr + row.to(tl.int64) * n_groups
+    offs = tl.arange(0, GT)
+    res = tl.full([], -2147483648, tl.int64)
+    if ng >= k:
+        if CHUNKED:
+            hi = tl.full([], -2147483648, tl.int32)
+            lo = tl.full([], 2147483647, tl.int32)
+            for c0 in range(0, ng, GT):
+                m = c0 + offs < ng
+                v = tl.load(src + c0 + offs, mask=m, other=-2147483648)
+                hi = tl.maximum(hi, tl.max(v, axis=0))
+                lo = tl.minimum(lo, tl.min(tl.where(m, v, 2147483647), axis=0))
+            res = _kth_search_mem(src, ng, k, lo.to(tl.int64), hi.to(tl.int64), GT, 0)
+        else:
+            m = offs < ng
+            v = tl.load(src + offs, mask=m, other=-2147483648)
+            hi = tl.max(v, axis=0).to(tl.int64)
+            lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
+            res = _kth_search_tile(v, k, lo, hi)
+    return res.to(tl.int32)
+
+
+@triton.jit
+def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
+                  GS: tl.constexpr, GT: tl.constexpr):
+    """Several slices a row: the row's bound once, for the slice programs of the next
+    launches to read (instead of each repeating the search in both passes): a
+    lower bound of the k-th largest group maximum, loose by at most ``slack`` groups (fewer
+    search steps than the exact value; every top-k key is still >= it)."""
+    row = tl.program_id(0)
+    length = _row_len(lengths_ptr, row, n_keys)
+    if length > k:
+        ng = (length + GS - 1) // GS
+        src = ws_ptr + row.to(tl.int64) * n_groups
+        lb = tl.full([], -2147483648, tl.int32)
+        if ng >= k:
+            lb, _ = _loose_kth(src, ng, k, slack, GT)
+        tl.store(ws_ptr + off_bound + row, lb)
+
+
+@triton.jit
+def _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY: tl.constexpr,
+                NT: tl.constexpr):
+    """Count (COUNT_ONLY) or place in position order the keys >= lb of one [groups, GS] tile."""
+    x = tl.load(src + pos, mask=m, other=0.0)
+    if COUNT_ONLY:
+        ci = (m & (_to_key(x.to(tl.float32)) >= lb)).to(tl.int32)
+        run += tl.sum(tl.sum(ci, axis=1), axis=0)
+    else:
+        run = _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT)
+    return run
+
+
 @triton.jit
 def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, slice_len,
-                  n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey, off_list,
+                  n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
-                  CHUNKED: tl.constexpr, SB: tl.constexpr,
-                  COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr, SPARSE: tl.constexpr,
-                  BOUND_IN: tl.constexpr, PDL: tl.constexpr = 0):
-    _pdl_wait(PDL)
+                  CHUNKED: tl.constexpr, COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr,
+                  BOUND_IN: tl.constexpr):
+    """Four-launch stage 2, one program a (row, slice): the row's bound (the exact one from
+    the group maxima with one slice; with several, the one ``_bound_kernel`` wrote), then the
+    slice's keys >= it counted (COUNT_ONLY) or placed in position order at the slice's prefix
+    of the counts, reading only the groups whose maximum reaches the bound."""
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -450,7 +540,7 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         if BOUND_IN:
             lb = tl.load(ws_ptr + off_bound + row)
         else:
-            lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED, SB)
+            lb = _row_bound(ws_ptr, row, length, n_groups, k, GS, GT, CHUNKED)
         start = sl * slice_len
         end = tl.minimum(start + slice_len, length)
         src = scores_ptr + row.to(tl.int64) * stride_s
@@ -477,48 +567,62 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
         j = tl.arange(0, GS)
         run = base
         if go:
-            if SPARSE == 2:
-                # Active-group list: the slice's groups whose maximum reaches the bound, in
-                # order, compacted once from the group maxima; then only those are visited.
-                g_lo = start // GS
-                g_hi = (end + GS - 1) // GS
-                ga = tl.arange(0, GT)
-                inr = (ga >= g_lo) & (ga < g_hi)
-                gv = tl.load(gsrc + ga, mask=inr, other=-2147483648)
-                ai = (inr & (gv >= lb)).to(tl.int32)
-                adst = tl.cumsum(ai, axis=0) - ai
-                n_act = tl.sum(ai, axis=0)
-                lst = ws_ptr + off_list + row.to(tl.int64) * n_groups + g_lo
-                tl.store(lst + adst, ga, mask=ai != 0)
-                tl.debug_barrier()
-                for a0 in range(0, n_act, GB):
-                    am = a0 + g_off < n_act
-                    gi = tl.load(lst + a0 + g_off, mask=am, other=0)
-                    pos = gi[:, None] * GS + j[None, :]
-                    m = am[:, None] & (pos < end)
+            for c0 in range(start, end, GB * GS):
+                # Read only the groups whose maximum reaches the bound.
+                gidx = c0 // GS + g_off
+                gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
+                act = gval >= lb
+                live = tl.sum(act.to(tl.int32), axis=0) > 0
+                if live:
+                    pos = c0 + g_off[:, None] * GS + j[None, :]
+                    m = act[:, None] & (pos < end)
                     run = _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY,
                                       GB * GS)
-            else:
-                for c0 in range(start, end, GB * GS):
-                    if SPARSE == 1:
-                        # Read only the groups whose maximum reaches the bound.
-                        gidx = c0 // GS + g_off
-                        gval = tl.load(gsrc + gidx, mask=gidx * GS < end, other=-2147483648)
-                        act = gval >= lb
-                        live = tl.sum(act.to(tl.int32), axis=0) > 0
-                    else:
-                        act = g_off >= 0
-                        live = True
-                    if live:
-                        pos = c0 + g_off[:, None] * GS + j[None, :]
-                        m = act[:, None] & (pos < end)
-                        run = _place_tile(src, pos, m, lb, run, cpos, ckey, cap, COUNT_ONLY,
-                                          GB * GS)
         if COUNT_ONLY:
             tl.store(cnt_row + sl, run)
         elif SINGLE:
             tl.store(ws_ptr + off_ncand + row, run)
-    _pdl_done(PDL)
+
+
+# ---- stage 3: the selection over the buffered candidates, and the rare tiers (the tie tier,
+# ---- the row tier) of rows whose candidates overflow the buffer. Also called by the fused
+# ---- row program and by ``_tie_kernel`` (section 3) for both paths.
+
+# Buckets a pass of the tie tier's refinement (rows with more keys above the bound than the
+# buffer holds): 32 narrow a 32-bit range to one value in at most seven passes, usually one
+# (a bucket of a ramp's keys holds ~1/32 of them: under the buffer). 256 cost ~100
+# instructions a key (tl.histogram's ballots and popcounts; H200: ramp 4096 rows 3.1 ms).
+TIE_NB = tl.constexpr(32)
+
+
+@triton.jit
+def _short_row(out, length, k, KB: tl.constexpr):
+    """A row with at most k valid keys: positions 0..length-1, then -1."""
+    ko = tl.arange(0, KB)
+    for c0 in range(0, k, KB):
+        i = c0 + ko
+        tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
+
+
+@triton.jit
+def _place_selected(kp, pp, out, n, t, need, CH: tl.constexpr):
+    """Write, in position order, the positions of the ``n`` buffered candidates with key > t
+    and of the first ``need`` with key == t (CH at a time)."""
+    offs = tl.arange(0, CH)
+    run_sel = tl.full([], 0, tl.int32)
+    run_eq = tl.full([], 0, tl.int32)
+    for c0 in range(0, n, CH):
+        cm = c0 + offs < n
+        keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
+        gt = keys > t
+        eq = (keys == t).to(tl.int32)
+        sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
+        si = sel.to(tl.int32)
+        dst = run_sel + tl.cumsum(si, axis=0) - si
+        p = tl.load(pp + c0 + offs, mask=sel, other=0)
+        tl.store(out + dst, p, mask=sel)
+        run_sel += tl.sum(si, axis=0)
+        run_eq += tl.sum(eq, axis=0)
 
 
 @triton.jit
@@ -529,6 +633,86 @@ def _count_gt_mem(ptr, n, t, CH: tl.constexpr):
         v = tl.load(ptr + c0 + offs, mask=c0 + offs < n, other=-2147483648)
         c += tl.sum((v > t).to(tl.int32), axis=0)
     return c
+
+
+@triton.jit
+def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
+    """Candidates ``CAP < n <= 4 * CAP`` in the buffer: a tighter bound from the maxima of R
+    consecutive candidates (R = 2 or 4, so that they fit a register tile of CAP), the exact
+    k-th largest of those (k distinct keys reach it, so every top-k key does), and the buffer
+    compacted in place, in order, to the candidates reaching it. Returns (n, bound): at most
+    R * k candidates unless ties cross the bound, usually few enough for the tile. Skipped
+    (unchanged) when the maxima are fewer than k."""
+    o = tl.arange(0, CAP)
+    mx = tl.full([CAP], -2147483648, tl.int32)
+    if n <= 2 * CAP:
+        nm = (n + 1) // 2
+        for r in tl.static_range(2):
+            mx = tl.maximum(mx, tl.load(kp + o * 2 + r, mask=o * 2 + r < n, other=-2147483648))
+    else:
+        nm = (n + 3) // 4
+        for r in tl.static_range(4):
+            mx = tl.maximum(mx, tl.load(kp + o * 4 + r, mask=o * 4 + r < n, other=-2147483648))
+    if nm >= k:
+        hi = tl.max(mx, axis=0).to(tl.int64)
+        lo = tl.min(tl.where(o < nm, mx, 2147483647), axis=0).to(tl.int64)
+        lb = tl.maximum(lb, _kth_search_tile(mx, k, lo, hi).to(tl.int32))
+        offs = tl.arange(0, MEM_CH)
+        kept = tl.full([], 0, tl.int32)
+        for c0 in range(0, n, MEM_CH):
+            m = c0 + offs < n
+            v = tl.load(kp + c0 + offs, mask=m, other=-2147483648)
+            p = tl.load(pp + c0 + offs, mask=m, other=0)
+            ki = (m & (v >= lb)).to(tl.int32)
+            dst = kept + tl.cumsum(ki, axis=0) - ki
+            kept += tl.sum(ki, axis=0)
+            tl.debug_barrier()   # every thread has read this chunk before any overwrite
+            tl.store(kp + dst, v, mask=ki != 0)   # dst <= c0 + offs: read already
+            tl.store(pp + dst, p, mask=ki != 0)
+        tl.debug_barrier()
+        n = kept
+    return n, lb
+
+
+@triton.jit
+def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr):
+    """Stage 3 when the buffer (keys at ``kp``, positions at ``pp``, position order) holds all
+    ``n`` candidates (keys >= ``lb``) of a row: in the register tile of CAP (after a refinement
+    when there are a few times more), else searched and placed over the buffer."""
+    if (n > CAP) & (n <= 4 * CAP):
+        # A few times too many for the tile (a row with fewer than k groups).
+        n, lb = _refine_cands(kp, pp, n, k, lb, CAP)
+    if n <= CAP:
+        # The candidates fit the register tile.
+        offs = tl.arange(0, CAP)
+        cm = offs < n
+        keys = tl.load(kp + offs, mask=cm, other=-2147483648)
+        hi = tl.max(keys, axis=0).to(tl.int64)
+        t = _kth_search_tile(keys, k, lb.to(tl.int64), hi).to(tl.int32)
+        gt = keys > t
+        need = k - tl.sum(gt.to(tl.int32), axis=0)
+        if PCH >= CAP:
+            eq = (keys == t).to(tl.int32)
+            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
+            si = sel.to(tl.int32)
+            dst = tl.cumsum(si, axis=0) - si
+            p = tl.load(pp + offs, mask=sel, other=0)
+            tl.store(out + dst, p, mask=sel)
+        else:
+            # Place from memory, PCH at a time (fewer live registers than the whole tile).
+            _place_selected(kp, pp, out, n, t, need, PCH)
+    else:
+        # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
+        # the buffer here would cost every row registers for a rare tier).
+        mo = tl.arange(0, MEM_CH)
+        hi32 = tl.full([], -2147483648, tl.int32)
+        for c0 in range(0, n, MEM_CH):
+            v = tl.load(kp + c0 + mo, mask=c0 + mo < n, other=-2147483648)
+            hi32 = tl.maximum(hi32, tl.max(v, axis=0))
+        t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 1)
+        t = t.to(tl.int32)
+        need = k - _count_gt_mem(kp, n, t, MEM_CH)
+        _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
 
 
 @triton.jit
@@ -580,117 +764,6 @@ def _count_ge_row(src, gsrc, length, t, GS: tl.constexpr, GB: tl.constexpr,
             key = _to_key(tl.load(src + pos, mask=m, other=0.0).to(tl.float32))
             c += tl.sum(tl.sum((m & (key >= t)).to(tl.int32), axis=1), axis=0)
     return c
-
-
-@triton.jit
-def _short_row(out, length, k, KB: tl.constexpr):
-    """A row with at most k valid keys: positions 0..length-1, then -1."""
-    ko = tl.arange(0, KB)
-    for c0 in range(0, k, KB):
-        i = c0 + ko
-        tl.store(out + i, tl.where(i < length, i, -1), mask=i < k)
-
-
-@triton.jit
-def _place_selected(kp, pp, out, n, t, need, CH: tl.constexpr):
-    """Write, in position order, the positions of the ``n`` buffered candidates with key > t
-    and of the first ``need`` with key == t (CH at a time)."""
-    offs = tl.arange(0, CH)
-    run_sel = tl.full([], 0, tl.int32)
-    run_eq = tl.full([], 0, tl.int32)
-    for c0 in range(0, n, CH):
-        cm = c0 + offs < n
-        keys = tl.load(kp + c0 + offs, mask=cm, other=-2147483648)
-        gt = keys > t
-        eq = (keys == t).to(tl.int32)
-        sel = gt | ((eq != 0) & ((run_eq + tl.cumsum(eq, axis=0) - eq) < need))
-        si = sel.to(tl.int32)
-        dst = run_sel + tl.cumsum(si, axis=0) - si
-        p = tl.load(pp + c0 + offs, mask=sel, other=0)
-        tl.store(out + dst, p, mask=sel)
-        run_sel += tl.sum(si, axis=0)
-        run_eq += tl.sum(eq, axis=0)
-
-
-@triton.jit
-def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
-    """Candidates ``CAP < n <= 4 * CAP`` in the buffer: a tighter bound from the maxima of R
-    consecutive candidates (R = 2 or 4, so that they fit a register tile of CAP), the exact
-    k-th largest of those (k distinct keys reach it, so every top-k key does), and the buffer
-    compacted in place, in order, to the candidates reaching it. Returns (n, bound): at most
-    R * k candidates unless ties cross the bound, usually few enough for the tile. Skipped
-    (unchanged) when the maxima are fewer than k."""
-    o = tl.arange(0, CAP)
-    mx = tl.full([CAP], -2147483648, tl.int32)
-    if n <= 2 * CAP:
-        nm = (n + 1) // 2
-        for r in tl.static_range(2):
-            mx = tl.maximum(mx, tl.load(kp + o * 2 + r, mask=o * 2 + r < n, other=-2147483648))
-    else:
-        nm = (n + 3) // 4
-        for r in tl.static_range(4):
-            mx = tl.maximum(mx, tl.load(kp + o * 4 + r, mask=o * 4 + r < n, other=-2147483648))
-    if nm >= k:
-        hi = tl.max(mx, axis=0).to(tl.int64)
-        lo = tl.min(tl.where(o < nm, mx, 2147483647), axis=0).to(tl.int64)
-        lb = tl.maximum(lb, _kth_search_tile(mx, k, lo, hi, 1).to(tl.int32))
-        offs = tl.arange(0, MEM_CH)
-        kept = tl.full([], 0, tl.int32)
-        for c0 in range(0, n, MEM_CH):
-            m = c0 + offs < n
-            v = tl.load(kp + c0 + offs, mask=m, other=-2147483648)
-            p = tl.load(pp + c0 + offs, mask=m, other=0)
-            ki = (m & (v >= lb)).to(tl.int32)
-            dst = kept + tl.cumsum(ki, axis=0) - ki
-            kept += tl.sum(ki, axis=0)
-            tl.debug_barrier()   # every thread has read this chunk before any overwrite
-            tl.store(kp + dst, v, mask=ki != 0)   # dst <= c0 + offs: read already
-            tl.store(pp + dst, p, mask=ki != 0)
-        tl.debug_barrier()
-        n = kept
-    return n, lb
-
-
-@triton.jit
-def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, SB: tl.constexpr,
-                     PCH: tl.constexpr):
-    """Stage 3 when the buffer (keys at ``kp``, positions at ``pp``, position order) holds all
-    ``n`` candidates (keys >= ``lb``) of a row: in the register tile of CAP (after a refinement
-    when there are a few times more), else searched and placed over the buffer."""
-    if (n > CAP) & (n <= 4 * CAP):
-        # A few times too many for the tile (a row with fewer than k groups).
-        n, lb = _refine_cands(kp, pp, n, k, lb, CAP)
-    if n <= CAP:
-        # The candidates fit the register tile.
-        offs = tl.arange(0, CAP)
-        cm = offs < n
-        keys = tl.load(kp + offs, mask=cm, other=-2147483648)
-        hi = tl.max(keys, axis=0).to(tl.int64)
-        t = _kth_search_tile(keys, k, lb.to(tl.int64), hi, SB).to(tl.int32)
-        gt = keys > t
-        need = k - tl.sum(gt.to(tl.int32), axis=0)
-        if PCH >= CAP:
-            eq = (keys == t).to(tl.int32)
-            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
-            si = sel.to(tl.int32)
-            dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(pp + offs, mask=sel, other=0)
-            tl.store(out + dst, p, mask=sel)
-        else:
-            # Place from memory, PCH at a time (fewer live registers than the whole tile).
-            _place_selected(kp, pp, out, n, t, need, PCH)
-    else:
-        # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
-        # the buffer here would cost every row registers for a rare tier).
-        mo = tl.arange(0, MEM_CH)
-        hi32 = tl.full([], -2147483648, tl.int32)
-        for c0 in range(0, n, MEM_CH):
-            v = tl.load(kp + c0 + mo, mask=c0 + mo < n, other=-2147483648)
-            hi32 = tl.maximum(hi32, tl.max(v, axis=0))
-        t = _kth_search_mem(kp, n, k, lb.to(tl.int64), hi32.to(tl.int64), MEM_CH, 2)
-        t = t.to(tl.int32)
-        need = k - _count_gt_mem(kp, n, t, MEM_CH)
-        _place_selected(kp, pp, out, n, t, need, min(PCH, CAP))
 
 
 @triton.jit(noinline=True)
@@ -843,8 +916,7 @@ def _pick_bucket(h, base, s, top, above, k, NB: tl.constexpr):
 @triton.jit(noinline=True)
 def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist,
               GS: tl.constexpr, TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr,
-              CT: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, PCH: tl.constexpr,
-              NB: tl.constexpr):
+              CT: tl.constexpr, CAP: tl.constexpr, PCH: tl.constexpr, NB: tl.constexpr):
     """The tier for rows whose candidates (keys >= the bound L) overflowed the buffer, or
     whose bound sits in a tie: ``lvl`` holds ``n_lvl`` exact int32 maxima of ``m`` groups each
     (the level the bound was searched over). Its own function (not inlined), so that the
@@ -906,7 +978,7 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
     if eq_mode:
         _eq_scan(src, out, length, t, need, n_gt, pp, 2048)
     else:
-        _select_buffered(kp, pp, out, run, sel_lb, k, CAP, SB, PCH)
+        _select_buffered(kp, pp, out, run, sel_lb, k, CAP, PCH)
 
 
 @triton.jit
@@ -944,7 +1016,7 @@ def _eq_scan(src, out, length, t, need, n_gt, pp, S: tl.constexpr):
 @triton.jit
 def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, tie_ok,
                   glist, relist, GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr,
-                  SB: tl.constexpr, USE_GM: tl.constexpr, PCH: tl.constexpr,
+                  USE_GM: tl.constexpr, PCH: tl.constexpr,
                   TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr):
     """Stage 3 of one row with more than k valid keys: ``n`` candidates (keys >= ``lb``) in the
     row's buffer (``kp``/``pp``, ``cap`` entries) in position order; ``n > cap``: the buffer
@@ -960,10 +1032,10 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
     pruning). PCH: keys a step of the placement (``>= CAP``: placed from the register tile).
     TGB, HALF, L16: the tie gather's groups a step, half groups, uint16 list entries."""
     if n <= cap:
-        _select_buffered(kp, pp, out, n, lb, k, CAP, SB, PCH)
+        _select_buffered(kp, pp, out, n, lb, k, CAP, PCH)
     elif tie_ok:
         _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist, GS, TGB,
-                  HALF, L16, CT, CAP, SB, PCH, TIE_NB)
+                  HALF, L16, CT, CAP, PCH, TIE_NB)
     else:
         _row_tier(src, gsrc, out, length, lb, k, GS, GB, USE_GM)
 
@@ -972,12 +1044,10 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
 def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
                    cap, off_bound, off_ncand, off_cpos, off_ckey, off_list,
                    GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
-                   SB: tl.constexpr, CT: tl.constexpr = 16, PDL: tl.constexpr = 0,
-                   TIE_LAUNCH: tl.constexpr = 0):
+                   CT: tl.constexpr = 16, TIE_LAUNCH: tl.constexpr = 0):
     """Four-launch stage 3; the tie tier lists the row's exact group maxima (GS keys each)
     into the area at ``off_list`` (``TIE_LAUNCH``: buffered rows only, the others left to
     :func:`_tie_kernel`)."""
-    _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
@@ -992,130 +1062,18 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
         if TIE_LAUNCH:
             if n <= cap:
                 _select_buffered(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n,
-                                 lb, k, CAP, SB, CAP)
+                                 lb, k, CAP, CAP)
         else:
             _select_cands(src, gsrc, ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out,
                           length, lb, n, k, cap, gsrc, (length + GS - 1) // GS, 1, length > k,
                           ws_ptr + off_list + row.to(tl.int64) * n_groups, True, GS, GB, CAP,
-                          SB, True, CAP, GB, 0, 0, CT)
-    _pdl_done(PDL)
+                          True, CAP, GB, 0, 0, CT)
 
 
-@triton.jit
-def _load_gm(ptr, idx, m, B16: tl.constexpr):
-    """Group maxima at ``ptr + idx`` where ``m`` as int32, INT32_MIN elsewhere; B16: int16
-    maxima (``key >> 16``) widened."""
-    if B16:
-        v = tl.where(m, tl.load(ptr + idx, mask=m, other=0).to(tl.int32), -2147483648)
-    else:
-        v = tl.load(ptr + idx, mask=m, other=-2147483648)
-    return v
-
-
-@triton.jit
-def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
-    """A lower bound of the k-th largest of the 1-D int32 tile ``x`` (INT32_MIN = no value):
-    halving toward it, stopping as soon as at most ``k + slack`` values are >= ``lo``. Any
-    ``lo`` with #(x >= lo) >= k bounds the k-th largest from below; the search only tightens
-    it. ``cnt_lo`` = #(x >= lo) at the start; lo, hi: int64 scalars (min and max of x)."""
-    while (lo < hi) & (cnt_lo > k + slack):
-        mid = lo + (hi - lo + 1) // 2
-        c = tl.sum((x >= mid.to(tl.int32)).to(tl.int32), axis=0).to(tl.int64)
-        ge = c >= k
-        lo = tl.where(ge, mid, lo)
-        hi = tl.where(ge, hi, mid - 1)
-        cnt_lo = tl.where(ge, c, cnt_lo)
-    return lo, cnt_lo
-
-
-@triton.jit
-def _loose_kth_mem(ptr, n, k, slack, CH: tl.constexpr, B16: tl.constexpr = 0):
-    """:func:`_loose_kth_tile` over ``n`` int32 values in memory, CH at a time (int32; B16:
-    int16 values, see :func:`_load_gm`)."""
-    offs = tl.arange(0, CH)
-    hi32 = tl.full([], -2147483648, tl.int32)
-    lo32 = tl.full([], 2147483647, tl.int32)
-    for c0 in range(0, n, CH):
-        m = c0 + offs < n
-        v = _load_gm(ptr + c0, offs, m, B16)
-        hi32 = tl.maximum(hi32, tl.max(v, axis=0))
-        lo32 = tl.minimum(lo32, tl.min(tl.where(m, v, 2147483647), axis=0))
-    lo = lo32.to(tl.int64)
-    hi = hi32.to(tl.int64)
-    cnt_lo = n.to(tl.int64)
-    while (lo < hi) & (cnt_lo > k + slack):
-        mid = lo + (hi - lo + 1) // 2
-        t = mid.to(tl.int32)
-        c = tl.full([], 0, tl.int32)
-        for c0 in range(0, n, CH):
-            v = _load_gm(ptr + c0, offs, c0 + offs < n, B16)
-            c += tl.sum((v >= t).to(tl.int32), axis=0)
-        c64 = c.to(tl.int64)
-        ge = c64 >= k
-        lo = tl.where(ge, mid, lo)
-        hi = tl.where(ge, hi, mid - 1)
-        cnt_lo = tl.where(ge, c64, cnt_lo)
-    return lo.to(tl.int32), cnt_lo
-
-
-@triton.jit
-def _half_level(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
-    """Whether a row's supergroup maxima are of ``GS * GS2 / 2`` keys instead of ``GS * GS2``:
-    a row too short for k full supergroups (a causal batch's middle rows) that has k of the
-    half ones and room for them. The gmax kernel writes that level and the row program reads
-    it, both deciding by this function. Never for GS2 < 4 (half of 2 is the groups themselves,
-    which the row program reads directly)."""
-    if GS2 >= 4:
-        ng2 = (length + GS * GS2 - 1) // (GS * GS2)
-        ngh = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
-        half = (ng2 < k) & (ngh >= k) & (ngh <= n_groups2)
-    else:
-        half = length < 0
-    return half
-
-
-@triton.jit
-def _loose_kth(ptr, n, k, slack, GT: tl.constexpr, B16: tl.constexpr = 0):
-    """A lower bound of the k-th largest of ``n`` int32 values in memory, loose by at most
-    ``slack``, and by at most half of ``n - k`` (with barely more than k values, a slack that
-    stops the search at once leaves their minimum, an extreme order statistic: a row just
-    past a level's k groups then had more candidates than the buffer and ran the row tier,
-    ~1 ms; measured on a causal batch). Searched in a register tile of GT when they fit, else
-    streamed MEM_CH at a time. B16: int16 values (:func:`_load_gm`), the bound in their
-    domain."""
-    slack = tl.minimum(slack, (n - k) // 2)
-    if n <= GT:
-        o = tl.arange(0, GT)
-        m = o < n
-        v = _load_gm(ptr, o, m, B16)
-        hi = tl.max(v, axis=0).to(tl.int64)
-        lo = tl.min(tl.where(m, v, 2147483647), axis=0).to(tl.int64)
-        lb, cnt = _loose_kth_tile(v, k, lo, hi, n.to(tl.int64), slack)
-        lb = lb.to(tl.int32)
-    else:
-        lb, cnt = _loose_kth_mem(ptr, n, k, slack, MEM_CH, B16)
-    return lb, cnt
-
-
-@triton.jit
-def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
-    """GMAX_BITS=16: (level, count) of the int32 maxima the gmax kernel writes at ``off_gm2``
-    for a row and the row program searches for its bound: 0, of ``GS * GS2`` keys when the row
-    has k of those; else 1, of half that size (as :func:`_half_level`); else 2, the group
-    maxima themselves when the row has k groups and room for them (``n_groups2``); else 0
-    with fewer than k (the bound then comes from the int16 maxima, see ``FALL16``, or none).
-    Exact int32 values at every level, so the 16-bit truncation only widens the active test."""
-    ng2 = (length + GS * GS2 - 1) // (GS * GS2)
-    ng = (length + GS - 1) // GS
-    level = tl.full([], 0, tl.int32)
-    n2 = ng2
-    if _half_level(length, k, n_groups2, GS, GS2):
-        level = tl.full([], 1, tl.int32)
-        n2 = (length + GS * (GS2 // 2) - 1) // (GS * (GS2 // 2))
-    elif (ng2 < k) & (ng >= k) & (ng <= n_groups2):
-        level = tl.full([], 2, tl.int32)
-        n2 = ng
-    return level, n2
+# ==== 3. Fused path (FUSED=1) ===============================================================
+# After ``_gmax_kernel``: one row program (``ROW_SPLIT`` a row) does bound, compaction, gather
+# and selection (``_row_kernel``); ``_tie_kernel`` then runs the rare tiers of the rows that
+# need them, for this path and the four-launch one (``_TIE_LAUNCH``).
 
 
 @triton.jit
@@ -1374,10 +1332,10 @@ def _gather_cands(src, glist, length, lb, n_act, cap, cpos, ckey, GS: tl.constex
 def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
                 slack, off_gm2, n_groups2, off_cpos, off_ckey, off_cnt, off_arr, off_list,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, GT2: tl.constexpr,
-                CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, SB: tl.constexpr,
-                PCH: tl.constexpr, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
-                STOP: tl.constexpr = 0, B16: tl.constexpr = 0, FALL16: tl.constexpr = 1,
-                PDL: tl.constexpr = 0, TIE_LAUNCH: tl.constexpr = 0, off_tie=0):
+                CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, PCH: tl.constexpr,
+                SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0, STOP: tl.constexpr = 0,
+                B16: tl.constexpr = 0, FALL16: tl.constexpr = 1, TIE_LAUNCH: tl.constexpr = 0,
+                off_tie=0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -1400,11 +1358,11 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     so the bound over them and the active test are as conservative as the truncation; B16 == 1:
     the active list has an area of its own (at ``off_list``) even with one part; B16 == 2 (one
     part, at most 65536 groups a row): uint16 entries in place of the maxima, as with 32 bits.
-    ``STOP`` (profiling only, never from a config): 1, 2 or 3 ends the program after phase 1
-    (the bound), 2 (compaction) or 3 (gather), writing that phase's scalar to the row's first
-    output entry, so that the time of each phase is the difference of two runs.
+    ``STOP`` (probes only: :func:`_indexer_topk_stopped`, never a config or the product entry
+    point): 1, 2 or 3 ends the program after phase 1 (the bound), 2 (compaction) or 3
+    (gather), writing that phase's scalar to the row's first output entry, so that the time of
+    each phase is the difference of two runs.
     """
-    _pdl_wait(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -1481,7 +1439,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                     tl.store(ws_ptr + off_tie + 2 * row,
                              tl.where(run <= cap, 0, tl.where(tie, cap + 2, cap + 1)))
                     if run <= cap:
-                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, SB, PCH)
+                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, PCH)
                     else:
                         tl.store(ws_ptr + off_tie + 2 * row + 1, lb)
             elif last:
@@ -1494,23 +1452,20 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 relist = sep | (SPLIT > 1) | (B16 > 0)
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, run, k, cap, lvl, n_lvl,
                               w // GS, tie_ok, glist, relist, GS, max(1, min(GB, 1024 // GS)),
-                              CAP, SB, False, PCH, GB, HALF, B16 == 2, CT)
-    _pdl_done(PDL)
+                              CAP, False, PCH, GB, HALF, B16 == 2, CT)
 
 
 @triton.jit
 def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
                 off_gm2, n_groups2, off_cpos, off_ckey, off_list, off_tie,
                 GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, TGB: tl.constexpr,
-                CT: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, PCH: tl.constexpr,
-                SPLIT: tl.constexpr, HALF: tl.constexpr, B16: tl.constexpr,
-                FUSED: tl.constexpr, PDL: tl.constexpr = 0):
+                CT: tl.constexpr, CAP: tl.constexpr, PCH: tl.constexpr, SPLIT: tl.constexpr,
+                HALF: tl.constexpr, B16: tl.constexpr, FUSED: tl.constexpr):
     """The rare tiers of a row whose candidates did not fit the buffer, or whose bound sits in
     a tie, after the kernel that found that (``TIE_LAUNCH``): the fused row kernel (count
     code and bound at ``off_tie``: cap + 1 an overflow, cap + 2 a tie, the compaction skipped)
     or the four-launch placement (count and bound at ``off_tie`` and ``off_tie + rows``).
     Every other row returns at once. See :func:`_select_cands`."""
-    _pdl_wait(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -1540,7 +1495,7 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 tie_ok = (code == cap + 2) | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
                 relist = sep | (SPLIT > 1) | (B16 > 0)
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, lvl, n_lvl,
-                              w // GS, tie_ok, glist, relist, GS, GB, CAP, SB, False, PCH, TGB,
+                              w // GS, tie_ok, glist, relist, GS, GB, CAP, False, PCH, TGB,
                               HALF, B16 == 2, CT)
             else:
                 lb = tl.load(ws_ptr + off_tie + row)
@@ -1548,15 +1503,17 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, gsrc,
                               (length + GS - 1) // GS, 1, length > k,
                               ws_ptr + off_list + row.to(tl.int64) * n_groups, True, GS, GB,
-                              CAP, SB, True, CAP, GB, 0, 0, CT)
-    _pdl_done(PDL)
+                              CAP, True, CAP, GB, 0, 0, CT)
 
 
-# ----------------------------------------------------------------------------------- wrapper
+# ==== 4. Wrapper ============================================================================
+# Config resolution, workspace layout and the launches of each path; the product entry point
+# ``indexer_topk_triton`` and the probes' ``_indexer_topk_stopped``.
 
 # The rare tiers (tie tier, refinement, row tier) in a launch of their own after the row
 # kernel / stage 3 (True), or inlined there (False). See :func:`_tie_kernel`.
 _TIE_LAUNCH = True
+
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
     check_inputs(scores, lengths, k, kernel=True)
@@ -1629,21 +1586,6 @@ def _regs(cfg: dict[str, int]) -> dict[str, int]:
     return {"maxnreg": cfg["MAX_REGS"]}
 
 
-def _pdl(cfg: dict[str, int], dev: Any) -> dict[str, Any]:
-    """``PDL=1``: the kernels' launch options and constexpr for programmatic dependent launches
-    (each kernel waits for the previous one first, see ``_pdl_enter``); none where the device
-    has no such launches (before Hopper, ROCm, the interpreter): the flag only changes speed."""
-    import os
-
-    import torch
-
-    if not cfg["PDL"] or dev.type != "cuda" or torch.version.hip is not None \
-            or os.environ.get("TRITON_INTERPRET") == "1" \
-            or torch.cuda.get_device_capability(dev)[0] < 9:
-        return {}
-    return {"PDL": 1, "launch_pdl": True}
-
-
 def _fall16(n: int, k: int, gs: int, gs2: int) -> bool:
     """GMAX_BITS=16: whether some row length up to ``n`` has k groups but no int32 level of
     :func:`_level16` (the row program then needs its int16 search). By group count ``g``
@@ -1662,13 +1604,110 @@ def _fall16(n: int, k: int, gs: int, gs2: int) -> bool:
     return lo <= (k - 1) * h or hi > n2 * h
 
 
+def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
+                        config: dict[str, Any]) -> Any:
+    """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
+
+    Keys missing from ``config`` come from :func:`resolve_config` for this shape and the
+    device's SM count (so a policy may pin only SLICE_KEYS / MAX_SLICES / num_warps, or only
+    FUSED).
+
+    Never synchronizes the device and never reads device memory on the host. Lengths above
+    ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
+    Launches: 2 on the fused path (3 with the rare tiers' launch, ``_TIE_LAUNCH``); on the
+    four-launch path 3 with one slice a row, 5 with several (the bound pass and the count
+    pass), each plus the rare tiers' launch; 1 when max_keys <= k.
+    """
+    return _run(scores, lengths, k, config, 0)
+
+
+def _indexer_topk_stopped(scores: Any, lengths: Any, k: int, *, config: dict[str, Any],
+                          stop: int) -> Any:
+    """Probes only (``benchmarks/probes/profile_indexer.py --phases``, the tests of a phase's
+    result), never the product entry point: the fused path with its row program ended after
+    phase ``stop`` (1 the bound, 2 the compaction, 3 the gather; see ``_row_kernel``'s STOP),
+    so that each phase's time is the difference of two runs. The output is then not the top-k:
+    each row's first entries (one a row program) hold that phase's scalar."""
+    if stop not in (1, 2, 3):
+        raise ValueError(f"_indexer_topk_stopped: stop must be 1, 2 or 3; got {stop!r}")
+    return _run(scores, lengths, k, {**config, "FUSED": 1}, stop)
+
+
+def _run(scores: Any, lengths: Any, k: int, config: dict[str, Any], stop: int) -> Any:
+    import torch
+
+    _check_inputs(scores, lengths, k)
+    # The kernels index lengths[row] as if contiguous: a strided view (lengths[:, 0]) is copied.
+    lengths = lengths.contiguous()
+    rows, n = scores.shape
+    cfg, p = _resolve(config, k, n, rows, _sm_count(scores.device))
+    dev = scores.device
+    out = _alloc(torch, rows * k, dev).view(rows, k)
+    if rows == 0:
+        return out
+    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
+    slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
+    stride = scores.stride(0)
+    sw = cfg["SEARCH_WARPS"]
+    if n <= k:
+        # Every row has <= k valid keys: only the fast path runs.
+        _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0, 0,
+                                GS=gs, GB=gb, CAP=16, KB=p["kb"], num_warps=sw)
+        return out
+    nw = cfg["num_warps"]
+    if cfg["FUSED"]:
+        _fused(scores, lengths, out, k, cfg, p, stop)
+        return out
+    off_bound = rows * groups
+    off_ncand = off_bound + rows
+    off_cnt = off_ncand + rows
+    off_cpos = off_cnt + rows * slices
+    off_ckey = off_cpos + rows * cap
+    chunked = groups > p["gt"]
+    off_list = off_ckey + rows * cap
+    # The list area: the tie tier's list of the row's groups above the bound.
+    ws = _alloc(torch, off_list + rows * groups, dev)
+    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
+                                 GS=gs, GB=gb, GS2=1, num_warps=nw)
+    # Several slices a row: the bound in a launch of its own, then the count pass; one slice:
+    # the placement program finds the exact bound itself.
+    bound_in = slices > 1
+    if bound_in:
+        _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, cfg["BOUND_SLACK"],
+                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"])
+        _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
+                                      k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                                      GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
+                                      COUNT_ONLY=True, SINGLE=False, BOUND_IN=bound_in,
+                                      num_warps=nw)
+    _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
+                                  k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
+                                  GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
+                                  COUNT_ONLY=False, SINGLE=slices == 1, BOUND_IN=bound_in,
+                                  num_warps=nw)
+    _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
+                            off_ncand, off_cpos, off_ckey, off_list,
+                            GS=gs, GB=max(1, min(gb, 1024 // gs)), CAP=cfg["CAND_TILE"],
+                            KB=p["kb"], CT=min(1024, _next_pow2(groups)), num_warps=sw,
+                            TIE_LAUNCH=int(_TIE_LAUNCH))
+    if _TIE_LAUNCH:
+        _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, 0, 1, off_cpos,
+                             off_ckey, off_list, off_bound, GS=gs, GS2=1,
+                             GB=max(1, min(gb, 1024 // gs)), TGB=max(1, min(gb, 1024 // gs)),
+                             CT=min(1024, _next_pow2(groups)), CAP=cfg["CAND_TILE"],
+                             PCH=cfg["CAND_TILE"], SPLIT=1, HALF=0, B16=0, FUSED=0,
+                             num_warps=sw)
+    return out
+
+
 def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
-           p: dict[str, int], pdl: dict[str, Any], stop: int) -> None:
-    """The fused path: group maxima, then ``ROW_SPLIT`` programs a row for the rest."""
+           p: dict[str, int], stop: int) -> None:
+    """The fused path: group maxima, then ``ROW_SPLIT`` programs a row for the rest (``stop``:
+    see :func:`_indexer_topk_stopped`; 0 from the product entry point)."""
     import torch
 
     rows, n = scores.shape
-    gs, gb, cap, sb = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"], cfg["SEARCH_BITS"]
+    gs, gb, cap = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"]
     slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
     gs2, split, bt = cfg["GROUP2"], cfg["ROW_SPLIT"], cfg["BOUND_TILE"]
     groups2 = -(-n // (gs * gs2))
@@ -1687,111 +1726,28 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     ws = _alloc(torch, size, scores.device)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
                                 groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
-                                B16=b16, num_warps=cfg["num_warps"], **pdl)
+                                B16=b16, num_warps=cfg["num_warps"])
     _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                                cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                                off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
-                               GS=gs, GS2=gs2, HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                               GS=gs, GS2=gs2, HALF=int(n % gs == 0),
                                GB=max(1, cfg["PLACE_KEYS"] // gs),
                                GT2=min(bt, _next_pow2(groups2 if gs2 > 1 else groups)),
                                CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
-                               CAP=cfg["CAND_TILE"], KB=p["kb"], SB=sb,
+                               CAP=cfg["CAND_TILE"], KB=p["kb"],
                                PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
                                B16=2 if b16 and in_place else b16,
                                FALL16=int(b16 and _fall16(n, k, gs, gs2)),
                                TIE_LAUNCH=tie_launch, off_tie=off_tie,
-                               num_warps=cfg["SEARCH_WARPS"], **_regs(cfg), **pdl)
+                               num_warps=cfg["SEARCH_WARPS"], **_regs(cfg))
     if tie_launch:
         pk = max(1, cfg["PLACE_KEYS"] // gs)
         _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_gm2,
                              groups2 if gs2 > 1 else groups, off_cpos, off_ckey, off_list,
                              off_tie, GS=gs, GS2=gs2, GB=max(1, min(pk, 1024 // gs)), TGB=pk,
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
-                             CAP=cfg["CAND_TILE"], SB=sb,
+                             CAP=cfg["CAND_TILE"],
                              PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), SPLIT=split,
-                             HALF=int(cfg["GATHER_HALF"] == 1 and n % gs == 0),
+                             HALF=int(n % gs == 0),
                              B16=2 if b16 and in_place else b16, FUSED=1,
-                             num_warps=cfg["SEARCH_WARPS"], **pdl)
-
-
-def indexer_topk_triton(scores: Any, lengths: Any, k: int = 2048, *,
-                        config: dict[str, Any], _stop: int = 0) -> Any:
-    """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``.
-
-    Keys missing from ``config`` come from :func:`resolve_config` for this shape and the
-    device's SM count (so a policy may pin only SLICE_KEYS / MAX_SLICES / num_warps, or only
-    FUSED).
-
-    Never synchronizes the device and never reads device memory on the host. Lengths above
-    ``max_keys`` are clamped on the device (rejected on the host when lengths is a CPU tensor).
-    Launches: 2 on the fused path; on the four-launch path 3 with one slice a row, 4 or 5 with
-    several (the count pass, and the bound pass unless ``BOUND_PASS=0``); 1 when max_keys <= k.
-    ``_stop`` (profiling only; the output is then not the top-k): see ``_row_kernel``'s STOP.
-    """
-    import torch
-
-    _check_inputs(scores, lengths, k)
-    # The kernels index lengths[row] as if contiguous: a strided view (lengths[:, 0]) is copied.
-    lengths = lengths.contiguous()
-    rows, n = scores.shape
-    cfg, p = _resolve(config, k, n, rows, _sm_count(scores.device))
-    dev = scores.device
-    out = _alloc(torch, rows * k, dev).view(rows, k)
-    if rows == 0:
-        return out
-    gs, gb, cap, sb = cfg["GROUP"], cfg["GROUP_BLOCK"], cfg["CAND_CAP"], cfg["SEARCH_BITS"]
-    slices, slice_len, groups = p["slices"], p["slice_len"], p["groups"]
-    stride = scores.stride(0)
-    sw = cfg["SEARCH_WARPS"]
-    pdl = _pdl(cfg, dev)
-    if n <= k:
-        # Every row has <= k valid keys: only the fast path runs.
-        _select_kernel[(rows,)](scores, lengths, out, out, n, stride, 1, k, cap, 0, 0, 0, 0, 0,
-                                GS=gs, GB=gb, CAP=16, KB=p["kb"], SB=sb, num_warps=sw, **pdl)
-        return out
-    nw = cfg["num_warps"]
-    if cfg["FUSED"]:
-        _fused(scores, lengths, out, k, cfg, p, pdl, _stop)
-        return out
-    off_bound = rows * groups
-    off_ncand = off_bound + rows
-    off_cnt = off_ncand + rows
-    off_cpos = off_cnt + rows * slices
-    off_ckey = off_cpos + rows * cap
-    chunked = groups > p["gt"]
-    sp = cfg["SPARSE"] if not (chunked and cfg["SPARSE"] == 2) else 1
-    off_list = off_ckey + rows * cap
-    # The list area: SPARSE=2's active list, and the tie tier's (both per row, never together).
-    ws = _alloc(torch, off_list + rows * groups, dev)
-    _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
-                                 GS=gs, GB=gb, GS2=1, num_warps=nw, **pdl)
-    bp = cfg["BOUND_PASS"]
-    bound_in = bool(bp == 1 or (bp == -1 and slices > 1))
-    if bound_in:
-        _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, cfg["BOUND_SLACK"],
-                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"], **pdl)
-    if slices > 1:
-        _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
-                                      k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
-                                      off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
-                                      CHUNKED=chunked, SB=sb, COUNT_ONLY=True, SINGLE=False,
-                                      SPARSE=sp, BOUND_IN=bound_in, num_warps=nw, **pdl)
-    _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
-                                  k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
-                                  off_list, GS=gs, GB=gb, SP=p["sp"], GT=p["gt"],
-                                  CHUNKED=chunked,
-                                  SB=sb, COUNT_ONLY=False, SINGLE=slices == 1,
-                                  SPARSE=sp, BOUND_IN=bound_in, num_warps=nw, **pdl)
-    _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
-                            off_ncand, off_cpos, off_ckey, off_list,
-                            GS=gs, GB=max(1, min(gb, 1024 // gs)), CAP=cfg["CAND_TILE"],
-                            KB=p["kb"], SB=sb, CT=min(1024, _next_pow2(groups)), num_warps=sw,
-                            TIE_LAUNCH=int(_TIE_LAUNCH), **pdl)
-    if _TIE_LAUNCH:
-        _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, 0, 1, off_cpos,
-                             off_ckey, off_list, off_bound, GS=gs, GS2=1,
-                             GB=max(1, min(gb, 1024 // gs)), TGB=max(1, min(gb, 1024 // gs)),
-                             CT=min(1024, _next_pow2(groups)), CAP=cfg["CAND_TILE"], SB=sb,
-                             PCH=cfg["CAND_TILE"], SPLIT=1, HALF=0, B16=0, FUSED=0,
-                             num_warps=sw, **pdl)
-    return out
+                             num_warps=cfg["SEARCH_WARPS"])

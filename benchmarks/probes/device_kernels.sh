@@ -26,7 +26,7 @@ if [ "$part" = indexer ]; then
   IB="python3 cli.py bench indexer_topk --warmup 5 --iters 30"
   V="torch-topk,torch-topk-unsorted,triton,auto,geometry=FUSED=0,geometry=SEARCH_WARPS=16"
   V="$V,geometry=SEARCH_WARPS=8,geometry=PLACE_KEYS=4096:SEARCH_WARPS=8"
-  V="$V,geometry=PLACE_KEYS=4096,geometry=SEARCH_BITS=2:SEARCH_WARPS=8"
+  V="$V,geometry=PLACE_KEYS=4096"
   V=${IDX_PROVIDERS:-$V}
   for g in "" "--graphs"; do
     stage "indexer 131072 keys $g"

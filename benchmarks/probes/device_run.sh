@@ -6,7 +6,7 @@
 # whole sparse_prefill grid of issue 6), tune-indexer and regret-indexer, profile-indexer (the
 # per-kernel split and the row kernel by phase), ncu-indexer (counters of the row kernel),
 # slices-indexer (gmax slices a row against the default, graph replays), tests-indexer (the
-# indexer's GPU tests only), pdl-indexer (PDL=1 and slices, graph replays), ncu-source (stall
+# indexer's GPU tests only), ncu-source (stall
 # samples per SASS instruction of the row kernel at 64 and 4096 rows, CSV), ab-indexer (fused
 # path variants side by side), shapes-indexer (8K and 512K keys, causal),
 # gmax16-indexer (GMAX_BITS=16 against the default, and the k2048 GPU tests),
@@ -232,15 +232,6 @@ for step in "$@"; do
         tests/kernels/test_indexer_topk_triton.py tests/gpu/test_graphs.py \
         > "$OUT/gpu_tests_indexer.log" 2>&1
       echo "pytest rc=$?"; tail -3 "$OUT/gpu_tests_indexer.log" ;;
-    pdl-indexer)
-      # Programmatic dependent launches (PDL=1) against plain ones, and the gmax slices with
-      # them, graph replays (the launch gaps PDL hides are what a graph still has).
-      stage "indexer_topk PDL and slices"
-      S="torch-topk,triton,geometry=PDL=1,geometry=SLICE_KEYS=16384:PDL=1"
-      S="$S,geometry=SLICE_KEYS=65536:PDL=1"
-      timeout 150 python3 cli.py bench indexer_topk --rows 1,8,32,64,256,1024,4096 \
-        --keys 131072 --graphs --warmup 5 --iters 30 --providers "$S" 2>/dev/null \
-        | tee "$OUT/pdl_indexer.log" | grep -v "^-" ;;
     ncu-source)
       # Per-instruction stall samples of the fused row kernel (SASS), 64 and 4096 rows.
       for r in 64 4096; do
@@ -260,8 +251,7 @@ for step in "$@"; do
     ab-indexer)
       # Variants of the fused path side by side (graph replays); AB_PROVIDERS overrides.
       stage "indexer_topk variants"
-      S="torch-topk,triton,geometry=GATHER_VEC=0,geometry=SEARCH_BITS=2,geometry=PDL=1"
-      S="$S,geometry=SLICE_KEYS=16384,geometry=SLICE_KEYS=16384:PDL=1:SEARCH_BITS=2"
+      S="torch-topk,triton,geometry=SLICE_KEYS=16384,geometry=SLICE_KEYS=65536"
       timeout 330 python3 cli.py bench indexer_topk --rows ${AB_ROWS:-64,1024,4096} \
         --keys 131072 --graphs --warmup 5 --iters 30 --providers "${AB_PROVIDERS:-$S}" \
         2>/dev/null | tee "$OUT/ab_indexer.log" | grep -v "^-" ;;

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from backends.indexer_topk.bench import BenchCase, make_inputs, parse_geometry
-from backends.indexer_topk.triton_kernels import indexer_topk_triton
+from backends.indexer_topk.triton_kernels import _indexer_topk_stopped, indexer_topk_triton
 
 
 def main() -> None:
@@ -57,13 +57,20 @@ def main() -> None:
 
 def _kernel_us(scores: torch.Tensor, lengths: torch.Tensor, cfg: dict[str, int], iters: int,
                stop: int = 0) -> dict[str, float]:
-    """Mean device microseconds per call of each kernel of one indexer_topk call."""
+    """Mean device microseconds per call of each kernel of one indexer_topk call (``stop``:
+    the fused row program ended after that phase, through the probes' private entry point)."""
+    def call() -> None:
+        if stop:
+            _indexer_topk_stopped(scores, lengths, 2048, config=cfg, stop=stop)
+        else:
+            indexer_topk_triton(scores, lengths, 2048, config=cfg)
+
     for _ in range(3):
-        indexer_topk_triton(scores, lengths, 2048, config=cfg, _stop=stop)
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            indexer_topk_triton(scores, lengths, 2048, config=cfg, _stop=stop)
+            call()
         torch.cuda.synchronize()
     per: dict[str, float] = collections.defaultdict(float)
     for ev in prof.events():

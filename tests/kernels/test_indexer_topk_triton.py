@@ -27,32 +27,31 @@ def _poisoned(monkeypatch):
     monkeypatch.setattr(TK, "_POISON", 2147483647)
 
 # Small geometries that exercise every path under the interpreter: the four-launch path
-# (FUSED=0: several slices with the count pass, one slice, the active list, the bound pass) and
-# the fused path; a candidate tile smaller than the candidates (buffer tier), a buffer smaller
-# than the candidates (row tier), group maxima beyond the bound tile (chunked), both searches.
+# (FUSED=0: several slices with the bound pass and the count pass, one slice with the exact
+# bound in the placement) and the fused path; a candidate tile smaller than the candidates
+# (buffer tier: the refinement, the four-way search over the buffer), a buffer smaller than the
+# candidates (row tier), group maxima beyond the bound tile (chunked).
 SMALL = {
     "slices": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
                "CAND_CAP": 512, "FUSED": 0},
-    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256, "SPARSE": 0,
-                  "CAND_CAP": 256, "SEARCH_BITS": 2, "FUSED": 0},
+    "one_slice": {"MAX_SLICES": 1, "GROUP": 8, "GROUP_BLOCK": 32, "CAND_TILE": 256,
+                  "CAND_CAP": 256, "FUSED": 0},
     "buffer_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
                     "CAND_CAP": 1024, "FUSED": 0},
-    "active_list": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
-                    "CAND_CAP": 1024, "SPARSE": 2, "BOUND_TILE": 256, "FUSED": 0},
-    "active_one_slice": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
-                         "CAND_CAP": 512, "SPARSE": 2, "FUSED": 0},
-    "bound_pass": {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 128,
-                   "CAND_CAP": 512, "BOUND_PASS": 1, "SEARCH_BITS": 2,
-                   "FUSED": 0},
+    # (Until issue 25's clean-up these two ran SPARSE=2's active list; the geometries stay.)
+    "slices_g8": {"SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8, "CAND_TILE": 256,
+                  "CAND_CAP": 1024, "BOUND_TILE": 256, "FUSED": 0},
+    "one_slice_g16": {"MAX_SLICES": 1, "GROUP": 16, "GROUP_BLOCK": 4, "CAND_TILE": 64,
+                      "CAND_CAP": 512, "FUSED": 0},
     "row_tier": {"SLICE_KEYS": 512, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 64,
-                 "CAND_CAP": 64, "SEARCH_BITS": 2, "FUSED": 0},
+                 "CAND_CAP": 64, "FUSED": 0},
     # FUSED=1 (the default path): two launches; the bound over GROUP * GROUP2-key maxima,
     # loose by BOUND_SLACK, from the GROUP-key maxima in memory on rows with fewer than k large
     # groups (lengths below GROUP * GROUP2 * k), none on rows with fewer than k small groups.
     "fused": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 256,
               "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
     "fused_one_level": {"GROUP": 4, "GROUP2": 1, "PLACE_KEYS": 32, "CAND_TILE": 16,
-                        "CAND_CAP": 1024, "BOUND_SLACK": 0, "SEARCH_BITS": 2},
+                        "CAND_CAP": 1024, "BOUND_SLACK": 0},
     "fused_row_tier": {"GROUP": 8, "GROUP2": 2, "PLACE_KEYS": 64, "CAND_TILE": 64,
                        "CAND_CAP": 64},
     "fused_chunked": {"GROUP": 2, "GROUP2": 2, "BOUND_TILE": 32, "PLACE_KEYS": 64,
@@ -70,12 +69,10 @@ SMALL = {
                      "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
                      "GMAX_BITS": 16, "ROW_SPLIT": 1},
     "fused_gmax16_two_parts": {"GROUP": 8, "GROUP2": 1, "PLACE_KEYS": 64, "CAND_TILE": 64,
-                               "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16,
-                               "GATHER_HALF": 1},
-    # GATHER_HALF: half groups read whole (max_keys 1200 is a multiple of GROUP).
+                               "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16},
+    # Half groups read whole (max_keys 1200 is a multiple of GROUP; the gather does it then).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
-                   "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
-                   "GATHER_HALF": 1},
+                   "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
 }
 
 
@@ -112,25 +109,49 @@ def run_both(scores, lengths, k, cfg):
     return got, want
 
 
-@pytest.mark.parametrize("n", [1203, 1202])
-def test_half_gather_falls_back_when_a_group_would_pass_the_row(n):
-    """GATHER_HALF reads whole groups, so only when max_keys is a multiple of GROUP (else the
-    last group of a full row would extend past its storage): other widths mask every key."""
+@pytest.mark.parametrize("n, half", [(1203, 0), (1202, 0), (1200, 1)])
+def test_half_gather_falls_back_when_a_group_would_pass_the_row(monkeypatch, n, half):
+    """The gather reads half groups whole, so only when max_keys is a multiple of GROUP (else
+    the last group of a full row would extend past its storage): other widths mask every key.
+    The choice is the wrapper's (the former ``GATHER_HALF=0`` forced the masked gather)."""
     rows, k = 4, 16
+    seen = []
+    real = TK._row_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["HALF"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(TK, "_row_kernel", Spy())
     for kind in ("random", "ties", "recent"):
         scores = make_scores(kind, rows, n, seed=n)
         lengths = torch.tensor([n, n - 3, k + 1, 2 * k + 3], dtype=torch.int32, device=DEV)
-        got, want = run_both(scores, lengths, k, SMALL["fused_half"])
+        got, want = run_both(scores, lengths, k, {**SMALL["fused_half"], "FUSED": 1})
         assert topk_mismatches(got, want) == [], kind
+    assert seen == [half] * 3
 
 
-@pytest.mark.parametrize("geom", sorted(SMALL))
+# The ``fused*`` geometries leave FUSED to the default, which at the 4 rows of these tests is
+# the four-launch path (FUSED=1 from 32 rows): each runs that way and, ``+fused``, pinned to
+# the fused path its name means.
+FUSED_PINNED = sorted(g + "+fused" for g in SMALL if g.startswith("fused"))
+
+
+def _small(geom):
+    base, _, pinned = geom.partition("+")
+    return {**SMALL[base], "FUSED": 1} if pinned else SMALL[base]
+
+
+@pytest.mark.parametrize("geom", sorted(SMALL) + FUSED_PINNED)
 @pytest.mark.parametrize("kind", ["random", "ties", "zeros", "recent", "lowbits", "special"])
 def test_small_exact(geom, kind):
     rows, n, k = 4, 1200, 16 if kind != "recent" else 64
     scores = make_scores(kind, rows, n, seed=hash((geom, kind)) % 1000)
     lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
-    got, want = run_both(scores, lengths, k, SMALL[geom])
+    got, want = run_both(scores, lengths, k, _small(geom))
     assert topk_mismatches(got, want) == []
 
 
@@ -222,7 +243,8 @@ def test_fall16_names_exactly_the_shapes_that_need_the_int16_search(gs, gs2):
 @pytest.mark.parametrize("kind", ["random", "ties", "lowbits"])
 @pytest.mark.parametrize("n,gs2", [(1200, 4), (100, 2)])
 def test_gmax16_bound_at_every_level(kind, n, gs2):
-    """16-bit maxima: each row's bound (the row program stopped after it, ``_stop=1``) comes
+    """16-bit maxima: each row's bound (the row program stopped after it: the probes' entry
+    point ``_indexer_topk_stopped`` with ``stop=1``) comes
     from the level the rule names, and is a valid one: at most the row's k-th largest key, and
     above INT32_MIN wherever the row has k groups. 1200 keys: supergroups, half supergroups and
     the int32 group maxima in their area; 100 keys with GROUP2 2: rows whose group maxima do not
@@ -238,7 +260,7 @@ def test_gmax16_bound_at_every_level(kind, n, gs2):
                       else {"none", "groups", "int16", "supergroups"})
     assert TK._fall16(n, k, gs, gs2) == (n == 100)
     scores = make_scores(kind, len(lens), n, seed=n + gs2)
-    lb = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=1)[:, 0].cpu()
+    lb = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=1)[:, 0].cpu()
     keys = _keys(scores.cpu())
     for r, length in enumerate(lens):
         kth = int(keys[r, :length].topk(k).values[-1])
@@ -254,7 +276,7 @@ def test_gmax16_list_entries_past_int16():
     hold group indices up to 65535 (past int16's 32767, read back unsigned). 66,000 keys in
     2-key groups (33,000 groups); the largest keys sit in groups on both sides of 32768."""
     k, n = 16, 66000
-    cfg = {"FUSED": 1, "GROUP": 2, "GROUP2": 2, "GROUP_BLOCK": 2048, "SLICE_KEYS": 8192,
+    cfg = {"GROUP": 2, "GROUP2": 2, "GROUP_BLOCK": 2048, "SLICE_KEYS": 8192,
            "BOUND_TILE": 4096, "COMPACT_TILE": 4096, "PLACE_KEYS": 64, "CAND_TILE": 64,
            "CAND_CAP": 256, "ROW_SPLIT": 1, "GMAX_BITS": 16}
     assert TK.list_in_place(cfg, n)
@@ -340,13 +362,12 @@ def test_input_validation():
 @pytest.mark.parametrize("bad, key", [
     ({"GROUP": 12}, "GROUP"), ({"num_warps": 3}, "num_warps"), ({"CAND_CAP": 8}, "CAND_CAP"),
     ({"CAND_TILE": 65536, "CAND_CAP": 1024}, "CAND_TILE"), ({"MAX_SLICES": 0}, "MAX_SLICES"),
-    ({"SEARCH_BITS": 3}, "SEARCH_BITS"), ({"BOGUS": 1}, "BOGUS"),
-    ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"), ({"SPARSE": 3}, "SPARSE"),
-    ({"BOUND_PASS": 2}, "BOUND_PASS"), ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
+    ({"BOGUS": 1}, "BOGUS"), ({"SLICE_KEYS": 1.5}, "SLICE_KEYS"),
+    ({"FUSED": 2}, "FUSED"), ({"BOUND_SLACK": -1}, "SLACK"),
     ({"PLACE_KEYS": 8, "GROUP": 16}, "PLACE_KEYS"), ({"PLACE_KEYS": 3000}, "PLACE_KEYS"),
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
-    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"), ({"PDL": 2}, "PDL"),
+    ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
     ({"GMAX_BITS": 8}, "GMAX_BITS"),
 ])
 def test_validate_config(bad, key):
@@ -354,23 +375,56 @@ def test_validate_config(bad, key):
         TK.validate_config(bad, 16, 1000)
 
 
-def test_pdl_is_a_launch_option_on_hopper_cuda_only(monkeypatch):
-    """PDL=1 adds Triton's ``launch_pdl`` option and the kernels' PDL constexpr only on an
-    NVIDIA device of compute capability 9 or later, outside the interpreter; elsewhere the flag
-    is dropped (it only changes speed), so the same config runs everywhere."""
-    assert TK._pdl({"PDL": 0}, torch.device("cuda", 0)) == {}
-    assert TK._pdl({"PDL": 1}, torch.device("cpu")) == {}
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for cap, want in (((8, 9), {}), ((9, 0), {"PDL": 1, "launch_pdl": True}),
-                      ((12, 0), {"PDL": 1, "launch_pdl": True})):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev, c=cap: c)
-        assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == want, cap
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(torch.version, "hip", "6.4.0")
-    assert TK._pdl({"PDL": 1}, torch.device("cuda", 0)) == {}
+# The knobs issue 25 removed, at their former default and at the values that were removed.
+REMOVED = [("SEARCH_BITS", 1), ("SEARCH_BITS", 2), ("SPARSE", 0), ("SPARSE", 1), ("SPARSE", 2),
+           ("BOUND_PASS", -1), ("BOUND_PASS", 0), ("BOUND_PASS", 1), ("PDL", 0), ("PDL", 1),
+           ("GATHER_HALF", 0), ("GATHER_HALF", 1)]
+
+
+@pytest.mark.parametrize("key, val", REMOVED)
+def test_removed_knobs_are_rejected_by_name(key, val):
+    """A config naming a removed key, at any value (its old default too), is a ConfigError that
+    names the key, says it was removed and where it was last, and what to do; from
+    validate_config, from the kernel's entry point and from a config that is otherwise fine."""
+    assert key in indexer_config.REMOVED_KEYS and key not in TK.DEFAULT_CONFIG
+    want = rf"{key} \(={val}\) was removed .*ea33f7d.*drop the key"
+    with pytest.raises(ConfigError, match=want):
+        TK.validate_config({key: val}, 16, 1000)
+    with pytest.raises(ConfigError, match=want):
+        TK.validate_config({**TK.default_config(4, 1000, 16), key: val}, 16, 1000)
+    s, ln = torch.zeros(2, 100, device=DEV), torch.full((2,), 100, dtype=torch.int32, device=DEV)
+    with pytest.raises(ConfigError, match=want):
+        TK.indexer_topk_triton(s, ln, 8, config={"FUSED": 0, key: val})
+
+
+def test_shipped_tables_name_only_live_keys():
+    """Every indexer_topk entry of the shipped tuning tables (docs/tables) is a valid config:
+    the entries measured before the clean-up were rewritten without the removed keys (they
+    held their defaults, so the configs mean what they meant)."""
+    from pathlib import Path
+
+    from registry import load_table
+
+    tables = sorted((Path(__file__).parents[2] / "docs" / "tables").glob("*.json"))
+    entries = [e for t in tables for e in load_table(t) if e.op == "indexer_topk"]
+    assert entries
+    for e in entries:
+        assert not set(e.config) & set(indexer_config.REMOVED_KEYS), e.bucket
+        TK.validate_config(dict(e.config), e.bucket["k"], e.bucket["max_keys"])
+
+
+def test_probe_parameters_are_not_on_the_product_entry_point():
+    """``STOP`` (stopping the row program after a phase) is for the probes: the entry point
+    dispatch binds has no such parameter; the probes' private one checks its value."""
+    import inspect
+
+    assert list(inspect.signature(TK.indexer_topk_triton).parameters) == [
+        "scores", "lengths", "k", "config"]
+    s, ln = torch.zeros(2, 100, device=DEV), torch.full((2,), 100, dtype=torch.int32, device=DEV)
+    with pytest.raises(TypeError):
+        TK.indexer_topk_triton(s, ln, 8, config={}, _stop=1)
+    with pytest.raises(ValueError, match="stop must be 1, 2 or 3"):
+        TK._indexer_topk_stopped(s, ln, 8, config={}, stop=0)
 
 
 def test_register_cap_is_a_launch_option_on_nvidia_only(monkeypatch):
@@ -391,8 +445,7 @@ def test_default_config_and_scratch():
         assert TK.scratch_bytes_per_row(cfg, 2048, n) > 0
     # The H200-measured switches (docs/notes/indexer_topk.md): four-launch below 32 rows,
     # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers
-    # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows, half-group
-    # gather loads.
+    # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows.
     assert [TK.default_config(r, 131072, 2048)["FUSED"] for r in (1, 16, 31, 32)] == [0, 0, 0, 1]
     few = TK.default_config(256, 131072, 2048)
     assert (few["SEARCH_WARPS"], few["COMPACT_TILE"], few["PLACE_KEYS"]) == (8, 2048, 2048)
@@ -402,7 +455,7 @@ def test_default_config_and_scratch():
     assert few["MAX_REGS"] == TK.default_config(1024, 131072, 2048)["MAX_REGS"] == 128
     assert cfg["MAX_REGS"] == TK.default_config(2048, 131072, 2048)["MAX_REGS"] == 96
     assert cfg["GROUP"] * cfg["GROUP_BLOCK"] == 4096      # gmax: 4096 keys a step
-    assert TK.plan(cfg, 131072)["slices"] == 8 and cfg["GATHER_HALF"] == 1
+    assert TK.plan(cfg, 131072)["slices"] == 8
     assert [TK.default_config(r, 131072, 2048)["ROW_SPLIT"] for r in (32, 33, 64, 66, 67)] \
         == [4, 4, 2, 2, 1]
     # 32-bit group maxima by default (issue 25: 16-bit ones make every group active on rows
@@ -444,11 +497,9 @@ def test_gpu_k2048(n, kind):
                 {"FUSED": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024,
                  "MAX_REGS": 96},
                 {"FUSED": 1, "SEARCH_WARPS": 8, "GROUP": 16, "GROUP2": 1, "BOUND_SLACK": 0,
-                 "SEARCH_BITS": 2, "PLACE_KEYS": 8192},
-                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1, "SEARCH_BITS": 2},
-                {"FUSED": 1, "PDL": 1}, {"FUSED": 0, "PDL": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
-                {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GATHER_HALF": 1},
-                {"FUSED": 1, "GATHER_HALF": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
+                 "PLACE_KEYS": 8192},
+                {"FUSED": 0}, {"FUSED": 0, "MAX_SLICES": 1}, {"FUSED": 1, "ROW_SPLIT": 2},
+                {"FUSED": 1, "ROW_SPLIT": 1}, {"FUSED": 1, "GMAX_BITS": 16},
                 {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 2},
                 # 16-bit maxima, one part. GROUP 8: 16384 or 65536 groups a row, the uint16
                 # list in place (entries past 32767 at 524288 keys). GROUP 4: 32768 (in place)
@@ -460,11 +511,11 @@ def test_gpu_k2048(n, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"FUSED": 0, "PDL": 1}, {"FUSED": 1, "PDL": 1}],
-                         ids=["pdl4", "pdl2"])
+@pytest.mark.parametrize("cfg", [{"FUSED": 0}, {"FUSED": 1}], ids=["four_launch", "fused"])
 def test_gpu_launches_order_against_the_neighbouring_kernels(cfg):
-    """PDL=1 launches may start while the previous kernel runs (each program waits for it
-    before touching memory). The scores are written by a torch kernel right before the call
+    """The launches are ordered with the neighbouring kernels of the stream (written for the
+    programmatic dependent launches of the former ``PDL=1``, kept for plain ones). The scores
+    are written by a torch kernel right before the call
     and the output is read by one right after, with no synchronization between them, in a loop
     (the next iteration's write must not overtake the previous call), and once more captured
     in a CUDA graph replayed over new scores."""
@@ -531,7 +582,7 @@ def test_bench_command_checks_and_times(monkeypatch):
     from backends.indexer_topk import bench
 
     args = ["--rows", "2", "--keys", "600", "--k", "16", "--iters", "1", "--warmup", "0",
-            "--providers", "torch-topk,reference,triton,geometry=256x8x4:SPARSE=0,"
+            "--providers", "torch-topk,reference,triton,geometry=256x8x4:FUSED=0,"
             "geometry=FUSED=1", "--graphs", "--json"]
     res = CliRunner().invoke(bench.bench_command, args)
     assert res.exit_code == 0, res.output
@@ -539,7 +590,7 @@ def test_bench_command_checks_and_times(monkeypatch):
     assert data["schema"] == "kreg.bench/1" and data["op"] == "indexer_topk"
     assert data["graphs"] is False   # no GPU: plain calls, and the report says so
     prov = {m["label"]: m for m in data["cases"][0]["results"]}
-    assert prov["triton"]["status"] == "ok" and prov["geometry=256x8x4:SPARSE=0"]["status"] == "ok"
+    assert prov["triton"]["status"] == "ok" and prov["geometry=256x8x4:FUSED=0"]["status"] == "ok"
     assert prov["geometry=FUSED=1"]["status"] == "ok" and prov["triton"]["error"] == 0
     assert prov["torch-topk"]["status"] == "unjudged" and prov["torch-topk"]["detail"] == "same set"
     assert prov["triton"]["ms"] is not None
@@ -561,8 +612,8 @@ def test_bench_command_checks_and_times(monkeypatch):
 def test_bench_parse_geometry():
     from backends.indexer_topk.bench import parse_geometry
 
-    assert parse_geometry("1024x64x4:SEARCH_BITS=2") == {
-        "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "SEARCH_BITS": 2}
+    assert parse_geometry("1024x64x4:GMAX_BITS=16") == {
+        "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GMAX_BITS": 16}
     assert parse_geometry("FUSED=0:GROUP=32") == {"FUSED": 0, "GROUP": 32}
     with pytest.raises(Exception, match="SLICE_KEYSxMAX_SLICESxWARPS"):
         parse_geometry("1024x64")
@@ -594,20 +645,20 @@ def test_property_matches_reference(rows, n, k, kind, geom, seed, data):
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(n=st.integers(300, 1100), k=st.sampled_from([5, 16, 40]),
        kind=st.sampled_from(["random", "ties", "recent", "special"]),
-       split=st.sampled_from([1, 2, 4, 8]), half=st.sampled_from([0, 1]),
-       group=st.sampled_from([2, 4, 8]), seed=st.integers(0, 2 ** 16), data=st.data())
-def test_property_split_rows_match_reference(n, k, kind, split, half, group, seed, data):
-    """The fused path's parts (ROW_SPLIT), whole-group loads (GATHER_HALF, only when n is a
-    multiple of GROUP) and small candidate regions (a part that overflows its region sends the
-    row to the row tier), on rows of every length: short, causal-like middles whose bound comes
-    from the group maxima, and full rows."""
+       split=st.sampled_from([1, 2, 4, 8]), group=st.sampled_from([2, 4, 8]),
+       seed=st.integers(0, 2 ** 16), data=st.data())
+def test_property_split_rows_match_reference(n, k, kind, split, group, seed, data):
+    """The fused path's parts (ROW_SPLIT), whole half-group loads (when n is a multiple of
+    GROUP; masked whole groups otherwise) and small candidate regions (a part that overflows
+    its region sends the row to the row tier), on rows of every length: short, causal-like
+    middles whose bound comes from the group maxima, and full rows."""
     rows = 4
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=rows, max_size=rows)),
                            dtype=torch.int32, device=DEV)
     scores = make_scores(kind, rows, n, seed=seed)
-    cfg = {"FUSED": 1, "GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),
+    cfg = {"GROUP": group, "GROUP2": 2, "PLACE_KEYS": max(16, group),
            "CAND_TILE": 64, "CAND_CAP": 256, "COMPACT_TILE": 16, "BOUND_SLACK": 2,
-           "ROW_SPLIT": split, "GATHER_HALF": half}
+           "ROW_SPLIT": split}
     got, want = run_both(scores, lengths, k, cfg)
     assert topk_mismatches(got, want) == []
 
@@ -669,7 +720,8 @@ def test_tuner_candidates_cover_both_paths():
 
 
 def test_fused_phase_stops_for_profiling():
-    """``_stop`` (benchmarks/probes/profile_indexer.py --phases) ends the row program after a
+    """``_indexer_topk_stopped`` (benchmarks/probes/profile_indexer.py --phases; the probes'
+    entry point) ends the row program after a
     phase and writes its scalar, each part of a split row at the row's output entry of its
     index: the active groups and the candidates both number at least k (the bound's guarantee)
     and the candidates at most GROUP per active group; split in two, the parts add up to the
@@ -679,13 +731,13 @@ def test_fused_phase_stops_for_profiling():
     lengths = torch.tensor([n, 500, 30], dtype=torch.int32, device=DEV)
     cfg = {"FUSED": 1, "ROW_SPLIT": 1}
     group = TK.resolve_config(cfg, 3, n, k)["GROUP"]
-    n_act = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=2)[:2, 0]
-    n_cand = TK.indexer_topk_triton(scores, lengths, k, config=cfg, _stop=3)[:2, 0]
+    n_act = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=2)[:2, 0]
+    n_cand = TK._indexer_topk_stopped(scores, lengths, k, config=cfg, stop=3)[:2, 0]
     assert bool((n_act >= k).all()) and bool((n_cand >= k).all())
     assert bool((n_cand <= group * n_act).all())
     two = {"FUSED": 1, "ROW_SPLIT": 2}
     for stop, whole in ((2, n_act), (3, n_cand)):
-        parts = TK.indexer_topk_triton(scores, lengths, k, config=two, _stop=stop)[:2, :2]
+        parts = TK._indexer_topk_stopped(scores, lengths, k, config=two, stop=stop)[:2, :2]
         assert torch.equal(parts.sum(dim=1), whole), stop
     for c in (cfg, two):
         got = TK.indexer_topk_triton(scores, lengths, k, config=c)
