@@ -41,11 +41,10 @@ Providers (``--providers``, comma separated):
   chunks of 512), in its own short window.
 * ``table``: the Triton kernel at the generic table geometry
   (``plugins.generic.sparse_prefill_table_config``).
-* ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``keys``
-  (LAYOUT=keys), ``pre`` (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``even``
-  (EVEN_TILES=1), ``rev`` (REVERSE_ROWS=1), ``pf1``/``pf2`` (PREFETCH=1/2), ``split2``
-  (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``lazy``
-  (LAZY_RESCALE=1), ``ord1``/``ord2`` (SLOT_ORDER=1/2), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
+* ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``pre``
+  (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``rev`` (REVERSE_ROWS=1),
+  ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
+  (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
   (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
   lines, S its ring stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
   e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
@@ -196,13 +195,10 @@ def workload_of(case: BenchCase) -> dict[str, Any]:
             "max_q": max(reqs), "dtype": case.dtype, "kv_len": kv_len or None}
 
 
-_OPTS = {"keys": ("LAYOUT", "keys"), "rows": ("LAYOUT", "rows"),
-         "pre": ("CHUNK_MODE", "pretranslate"),
-         "stage": ("CHUNK_MODE", "staged"), "fused": ("CHUNK_MODE", "fused"),
-         "even": ("EVEN_TILES", 1), "rev": ("REVERSE_ROWS", 1), "pf1": ("PREFETCH", 1),
-         "pf2": ("PREFETCH", 2), "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2),
-         "lean": ("LEAN", 1), "o32": ("OFFS32", 1), "lazy": ("LAZY_RESCALE", 1),
-         "ord1": ("SLOT_ORDER", 1), "ord2": ("SLOT_ORDER", 2), "gl": ("ENGINE", "gluon"),
+_OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"),
+         "fused": ("CHUNK_MODE", "fused"), "rev": ("REVERSE_ROWS", 1),
+         "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2), "lean": ("LEAN", 1),
+         "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
          "wg": ("ENGINE", "gluon_wgmma")}
 
 
@@ -248,9 +244,9 @@ def parse_geometry(spec: str) -> dict[str, Any]:
 
 def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-    rev = {v: k for k, v in _OPTS.items() if k not in ("rows", "fused")}
-    for key in ("LAYOUT", "CHUNK_MODE", "EVEN_TILES", "REVERSE_ROWS", "PREFETCH", "SPLIT_QK",
-                "SPLIT_V", "LEAN", "OFFS32", "LAZY_RESCALE", "SLOT_ORDER", "ENGINE"):
+    rev = {v: k for k, v in _OPTS.items() if k != "fused"}
+    for key in ("CHUNK_MODE", "REVERSE_ROWS", "SPLIT_QK", "SPLIT_V", "LEAN", "OFFS32",
+                "SLOT_ORDER", "ENGINE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):

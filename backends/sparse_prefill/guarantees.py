@@ -9,8 +9,8 @@
 * **order class** — the config keys that can change the order of a row's sums. The others are
   proven not to (tests/kernels/test_sparse_prefill_contract.py: configs of one class give the
   same bits): ``OFFS32`` (offset width), ``REVERSE_ROWS`` (program order), ``MAXNREG`` (register
-  cap), ``num_stages`` (pipelining), ``CHUNK_MODE`` (where the page table is translated),
-  ``PREFETCH`` (load timing). ``num_warps`` and the tile sizes stay in the class: they set the
+  cap), ``num_stages`` (pipelining), ``CHUNK_MODE`` (where the page table is translated).
+  ``num_warps`` and the tile sizes stay in the class: they set the
   reduction trees of the tile's max and sum.
 """
 
@@ -23,8 +23,7 @@ from registry import Contract
 
 __all__ = ["ORDER_NEUTRAL", "kernel_contract", "order_class"]
 
-ORDER_NEUTRAL = frozenset({"OFFS32", "REVERSE_ROWS", "MAXNREG", "num_stages", "CHUNK_MODE",
-                           "PREFETCH"})
+ORDER_NEUTRAL = frozenset({"OFFS32", "REVERSE_ROWS", "MAXNREG", "num_stages", "CHUNK_MODE"})
 
 
 def order_class(config: Mapping[str, Any] | None) -> str:

@@ -70,8 +70,11 @@ def error_bound(dtype: Any) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# kernels
+# kernels, by execution path
 # --------------------------------------------------------------------------------------------
+
+
+# ---- shared: a row's request, its index entries and their slots, K/V row loads
 
 
 @triton.jit
@@ -89,13 +92,9 @@ def _row_request(CU, r, num_req):
 
 
 @triton.jit
-def _load_idx(IDX_row, j, n, MASK_N: tl.constexpr):
+def _load_idx(IDX_row, j, n):
     """Raw index entries ``j`` of one row; -1 past the row's length (never read)."""
-    if MASK_N:  # noqa: SIM108 (constexpr branch in a kernel)
-        t = tl.load(IDX_row + j, mask=j < n, other=-1)
-    else:
-        t = tl.load(IDX_row + j)
-    return t
+    return tl.load(IDX_row + j, mask=j < n, other=-1)
 
 
 @triton.jit
@@ -117,8 +116,8 @@ def _translate(t, PT_row, pos, num_slots, page_size, max_pages, CHUNK: tl.conste
 
 @triton.jit
 def _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                CHUNK: tl.constexpr, MASK_N: tl.constexpr):
-    t = _load_idx(IDX_row, j, n, MASK_N)
+                CHUNK: tl.constexpr):
+    t = _load_idx(IDX_row, j, n)
     return _translate(t, PT_row, pos, num_slots, page_size, max_pages, CHUNK)
 
 
@@ -164,19 +163,22 @@ def _load_at(X_h, off, mask_rows, offs, d_mask, HEAD_DIM: tl.constexpr, D_PAD: t
     return x
 
 
+# ---- the gathering path: one program per (row, KV head) streams the row's slots
+
+
 @triton.jit
 def _attend_tile_v2(q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start, n, pos,
                     num_slots, page_size, max_pages, s_kt, s_vt, offs_h, h_mask, offs_h2,
                     h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
+                    D_PAD: tl.constexpr, CHUNK: tl.constexpr,
                     LEAN: tl.constexpr, OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr,
-                    DOT_PREC: tl.constexpr, LAZY: tl.constexpr):
+                    DOT_PREC: tl.constexpr):
     """One tile with K and V both gathered as head_dim halves (SPLIT_V=2, rows layout): every
     half-tile has the same layout, so each thread reads K and V from the same rows and each
     row's offset is computed once (once for both tensors when their strides are equal)."""
     j = start + tl.arange(0, BLOCK_N)
     slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                           CHUNK, MASK_N)
+                           CHUNK)
     off_k = _row_offsets(slot, ok, s_kt, LEAN, OFFS32)
     if KV_SAME_STRIDE:  # noqa: SIM108 (constexpr branch in a kernel)
         off_v = off_k
@@ -186,38 +188,18 @@ def _attend_tile_v2(q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start
     k2 = _load_at(K_h, off_k, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, not LEAN)
     v1 = _load_at(V_h, off_v, ok, offs_h, h_mask, HEAD_DIM, D_PAD, True)
     v2 = _load_at(V_h, off_v, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, True)
-    s = _qk(q, k1, False, DOT_PREC) + _qk(q2, k2, False, DOT_PREC)
+    s = _qk(q, k1, DOT_PREC) + _qk(q2, k2, DOT_PREC)
     s = s * qk_scale
     s = tl.where(ok[None, :], s, float("-inf"))
     m_tile = tl.max(s, 1)
-    if LAZY:
-        # Rescale only when some row's max grew by more than 2**8 (log2 units): otherwise the
-        # old max stays the reference, so p <= 2**8 and acc, l are not touched (the 16 x 256
-        # accumulator rescale is a fifth of a one-warp tile's instructions). Exact either way:
-        # acc and l always share one reference per row.
-        if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0:  # no inf - inf anywhere
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            m_i = m_new
-        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        pv = p.to(v1.dtype)
-        acc = tl.dot(pv, v1, acc, input_precision=DOT_PREC)
-        acc2 = tl.dot(pv, v2, acc2, input_precision=DOT_PREC)
-        m_new = m_i
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = p.to(v1.dtype)
-        acc = tl.dot(pv, v1, acc * alpha[:, None], input_precision=DOT_PREC)
-        acc2 = tl.dot(pv, v2, acc2 * alpha[:, None], input_precision=DOT_PREC)
+    m_new = tl.maximum(m_i, m_tile)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pv = p.to(v1.dtype)
+    acc = tl.dot(pv, v1, acc * alpha[:, None], input_precision=DOT_PREC)
+    acc2 = tl.dot(pv, v2, acc2 * alpha[:, None], input_precision=DOT_PREC)
     return m_new, l_i, acc, acc2
 
 
@@ -230,91 +212,66 @@ def _kept(mask, keep, SKIP: tl.constexpr):
 
 
 @triton.jit
-def _qk(q, k, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
-    if KEYS_MAJOR:
-        s = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # [BN, BM]
-    else:
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
-    return s
+def _qk(q, k, DOT_PREC: tl.constexpr):
+    return tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
 
 
 @triton.jit
-def _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr):
+def _softmax_update(s, ok, m_i, l_i, acc, qk_scale):
     """Online-softmax update from raw scores (exp2; log2(e) is in qk_scale)."""
-    if KEYS_MAJOR:
-        st = s * qk_scale
-        st = tl.where(ok[:, None], st, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(st, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(st - m_use[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha[None, :]
-    else:
-        s = s * qk_scale
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+    s = s * qk_scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     return p, m_new, l_i, acc
 
 
 @triton.jit
-def _scores_softmax(q, k, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
-    s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
-    return _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR)
-
-
-@triton.jit
-def _pv(p, v, acc, KEYS_MAJOR: tl.constexpr, DOT_PREC: tl.constexpr):
-    if KEYS_MAJOR:
-        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc, input_precision=DOT_PREC)  # [D, BM]
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)  # [BM, D]
-    return acc
+def _pv(p, v, acc, DOT_PREC: tl.constexpr):
+    return tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)  # [BM, D]
 
 
 @triton.jit
 def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
                  page_size, max_pages, s_kt, s_vt, offs_d, d_mask, offs_h, h_mask, offs_h2,
                  h_mask2, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 D_PAD: tl.constexpr, CHUNK: tl.constexpr, MASK_N: tl.constexpr,
-                 KEYS_MAJOR: tl.constexpr, SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr,
-                 LEAN: tl.constexpr, OFFS32: tl.constexpr):
-    """One tile of the plain (PREFETCH=0) loop: index, gather K and V, score, accumulate.
+                 D_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                 SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr, LEAN: tl.constexpr,
+                 OFFS32: tl.constexpr):
+    """One tile of the gathering loop: index, gather K and V, score, accumulate.
 
     SPLIT_QK=2 computes QK^T as two independent half-head_dim products (q/q2 and the two K
     halves ``offs_h``/``offs_h2``), halving the dependent MMA chain of the score.
     """
     j = start + tl.arange(0, BLOCK_N)
     slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                           CHUNK, MASK_N)
+                           CHUNK)
     if LEAN or OFFS32:
         off_k = _row_offsets(slot, ok, s_kt, LEAN, OFFS32)
         off_v = _row_offsets(slot, ok, s_vt, False, OFFS32)
         if SPLIT_QK == 2:
             k1 = _load_at(K_h, off_k, ok, offs_h, h_mask, HEAD_DIM, D_PAD, not LEAN)
             k2 = _load_at(K_h, off_k, ok, offs_h2, h_mask2, HEAD_DIM, D_PAD, not LEAN)
-            s = _qk(q, k1, KEYS_MAJOR, DOT_PREC) + _qk(q2, k2, KEYS_MAJOR, DOT_PREC)
+            s = _qk(q, k1, DOT_PREC) + _qk(q2, k2, DOT_PREC)
         else:
             k = _load_at(K_h, off_k, ok, offs_d, d_mask, HEAD_DIM, D_PAD, not LEAN)
-            s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
+            s = _qk(q, k, DOT_PREC)
         v = _load_at(V_h, off_v, ok, offs_d, d_mask, HEAD_DIM, D_PAD, True)
     elif SPLIT_QK == 2:
         k1 = _load_rows(K_h, slot, ok, s_kt, offs_h, h_mask, HEAD_DIM, D_PAD)
         k2 = _load_rows(K_h, slot, ok, s_kt, offs_h2, h_mask2, HEAD_DIM, D_PAD)
         v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-        s = _qk(q, k1, KEYS_MAJOR, DOT_PREC) + _qk(q2, k2, KEYS_MAJOR, DOT_PREC)
+        s = _qk(q, k1, DOT_PREC) + _qk(q2, k2, DOT_PREC)
     else:
         k = _load_rows(K_h, slot, ok, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
         v = _load_rows(V_h, slot, ok, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-        s = _qk(q, k, KEYS_MAJOR, DOT_PREC)
-    p, m_i, l_i, acc = _softmax_update(s, ok, m_i, l_i, acc, qk_scale, KEYS_MAJOR)
-    acc = _pv(p, v, acc, KEYS_MAJOR, DOT_PREC)
+        s = _qk(q, k, DOT_PREC)
+    p, m_i, l_i, acc = _softmax_update(s, ok, m_i, l_i, acc, qk_scale)
+    acc = _pv(p, v, acc, DOT_PREC)
     return m_i, l_i, acc
 
 
@@ -324,12 +281,11 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
                         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb, s_st, s_sh,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_LENS: tl.constexpr,
-                        KEYS_MAJOR: tl.constexpr, EVEN_TILES: tl.constexpr,
-                        REVERSE_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
-                        SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr, STAGE: tl.constexpr,
-                        STAGE_BLOCK: tl.constexpr, SPLIT_V: tl.constexpr, LEAN: tl.constexpr,
-                        OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr, LAZY: tl.constexpr,
-                        SKIP_DENSE: tl.constexpr, DENSE_RP: tl.constexpr):
+                        REVERSE_ROWS: tl.constexpr, SPLIT_QK: tl.constexpr,
+                        DOT_PREC: tl.constexpr, STAGE: tl.constexpr, STAGE_BLOCK: tl.constexpr,
+                        SPLIT_V: tl.constexpr, LEAN: tl.constexpr, OFFS32: tl.constexpr,
+                        KV_SAME_STRIDE: tl.constexpr, SKIP_DENSE: tl.constexpr,
+                        DENSE_RP: tl.constexpr):
     """STAGE (chunk rows, with CHUNK=False for the loop): the program first writes its row's
     slots (-1 where invalid) to its own ``SCR[r, h]`` and then streams them like prefill
     indices. SKIP_DENSE: rows of the tiles (of ``DENSE_RP`` rows) that DENSE's kernel handled
@@ -388,77 +344,30 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
         for start in range(0, n, STAGE_BLOCK):
             j = start + tl.arange(0, STAGE_BLOCK)
             slot, ok = _tile_slots(IDX_row, PT_row, j, n, pos, num_slots, page_size, max_pages,
-                                   True, True)
+                                   True)
             tl.store(SCR_row + j, tl.where(ok, slot, -1).to(tl.int32), mask=j < n)
         tl.debug_barrier()
         IDX_row = SCR_row
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
-    if KEYS_MAJOR:
-        acc = tl.zeros([D_PAD, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PREFETCH > 0:
-        # Register prefetch: K (and with PREFETCH=1 also V) of tile i+1 is in flight while tile
-        # i computes; tile i+2 is translated (chunk: its page-table gather) and the raw index
-        # entries of tile i+3 are loaded, so no load waits on a load issued in the same step.
-        j0 = tl.arange(0, BLOCK_N)
-        slot_c, ok_c = _translate(_load_idx(IDX_row, j0, n, True), PT_row, pos, num_slots,
-                                  page_size, max_pages, CHUNK)
-        slot_1, ok_1 = _translate(_load_idx(IDX_row, j0 + BLOCK_N, n, True), PT_row, pos,
-                                  num_slots, page_size, max_pages, CHUNK)
-        t_2 = _load_idx(IDX_row, j0 + 2 * BLOCK_N, n, True)
-        k_c = _load_rows(K_h, slot_c, ok_c, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
-        v_c = _load_rows(V_h, slot_c, ok_c, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-        for start in range(0, n, BLOCK_N):
-            k_n = _load_rows(K_h, slot_1, ok_1, s_kt, offs_d, d_mask, HEAD_DIM, D_PAD)
-            if PREFETCH == 1:
-                v_n = _load_rows(V_h, slot_1, ok_1, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-            else:
-                v_n = v_c
-            slot_2, ok_2 = _translate(t_2, PT_row, pos, num_slots, page_size, max_pages, CHUNK)
-            t_3 = _load_idx(IDX_row, j0 + (start + 3 * BLOCK_N), n, True)
-            p, m_i, l_i, acc = _scores_softmax(q, k_c, ok_c, m_i, l_i, acc, qk_scale,
-                                               KEYS_MAJOR, DOT_PREC)
-            acc = _pv(p, v_c, acc, KEYS_MAJOR, DOT_PREC)
-            if PREFETCH != 1:
-                # V of the next tile is issued only after this tile's PV product.
-                v_n = _load_rows(V_h, slot_1, ok_1, s_vt, offs_d, d_mask, HEAD_DIM, D_PAD)
-            k_c, v_c, ok_c = k_n, v_n, ok_1
-            slot_1, ok_1 = slot_2, ok_2
-            t_2 = t_3
-    elif EVEN_TILES:
-        n_full = (n // BLOCK_N) * BLOCK_N
-        for start in range(0, n_full, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
-                                         pos, num_slots, page_size, max_pages, s_kt, s_vt,
-                                         offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
-                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, False,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
-        if n_full < n:
-            m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, n_full, n,
-                                         pos, num_slots, page_size, max_pages, s_kt, s_vt,
-                                         offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
-                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
-    elif SPLIT_V == 2:
+    if SPLIT_V == 2:
         acc = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_M, D_PAD // 2], dtype=tl.float32)
         for start in range(0, n, BLOCK_N):
             m_i, l_i, acc, acc2 = _attend_tile_v2(
                 q, q2, m_i, l_i, acc, acc2, K_h, V_h, IDX_row, PT_row, start, n, pos, num_slots,
                 page_size, max_pages, s_kt, s_vt, offs_h, h_mask, offs_h2, h_mask2, qk_scale,
-                BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True, LEAN, OFFS32, KV_SAME_STRIDE, DOT_PREC,
-                LAZY)
+                BLOCK_N, HEAD_DIM, D_PAD, CHUNK, LEAN, OFFS32, KV_SAME_STRIDE, DOT_PREC)
     else:
         for start in range(0, n, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n,
                                          pos, num_slots, page_size, max_pages, s_kt, s_vt,
                                          offs_d, d_mask, offs_h, h_mask, offs_h2, h_mask2,
-                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, True,
-                                         KEYS_MAJOR, SPLIT_QK, DOT_PREC, LEAN, OFFS32)
+                                         qk_scale, BLOCK_N, HEAD_DIM, D_PAD, CHUNK, SPLIT_QK,
+                                         DOT_PREC, LEAN, OFFS32)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     O_row = OUT + r64 * s_ot
     if SPLIT_V == 2:
@@ -468,16 +377,14 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
         o_ptr = O_row + heads[:, None] * s_oh + offs_h2[None, :]
         tl.store(o_ptr, (acc2 / l_safe[:, None]).to(OUT.dtype.element_ty),
                  mask=_kept(m_mask[:, None] & h_mask2[None, :], keep, SKIP_DENSE))
-    elif KEYS_MAJOR:
-        o = acc / l_safe[None, :]
-        o_ptr = O_row + heads[None, :] * s_oh + offs_d[:, None]
-        tl.store(o_ptr, o.to(OUT.dtype.element_ty),
-                 mask=_kept(d_mask[:, None] & m_mask[None, :], keep, SKIP_DENSE))
     else:
         o = acc / l_safe[:, None]
         o_ptr = O_row + heads[:, None] * s_oh + offs_d[None, :]
         tl.store(o_ptr, o.to(OUT.dtype.element_ty),
                  mask=_kept(m_mask[:, None] & d_mask[None, :], keep, SKIP_DENSE))
+
+
+# ---- pre-passes: chunk translation (CHUNK_MODE='pretranslate'), slot ordering (SLOT_ORDER)
 
 
 @triton.jit
@@ -493,31 +400,27 @@ def _translate_chunk(IDX, LENS, SLOTS, CU, PREFIX, PT, num_slots, topk, page_siz
     b = _row_request(CU, r, num_req)
     pos = tl.load(PREFIX + b) + (r - tl.load(CU + b))
     slot, ok = _tile_slots(IDX + r.to(tl.int64) * s_it, PT + b.to(tl.int64) * s_pb, j, n, pos,
-                           num_slots, page_size, max_pages, True, True)
+                           num_slots, page_size, max_pages, True)
     tl.store(SLOTS + r.to(tl.int64) * s_st + j, tl.where(ok, slot, -1).to(tl.int32),
              mask=j < topk)
 
 
 @triton.jit
 def _order_slots(IDX, LENS, OUT, CNT, num_slots, topk, shift, s_it, s_ot,
-                 HAS_LENS: tl.constexpr, FIRST: tl.constexpr, BLOCK: tl.constexpr):
+                 HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
     """Stable partition of one row's entries by the digit ``(slot >> shift) & 15`` (SLOT_ORDER).
 
-    FIRST: the entries are the caller's: negative, out-of-range and past-``lengths`` entries are
-    dropped and the number kept is written to ``CNT[r]``. Otherwise the entries are a previous
-    pass's ``OUT``, all valid, ``CNT[r]`` of them. ``OUT[r, CNT[r]:]`` is set to -1.
+    Negative, out-of-range and past-``lengths`` entries are dropped and the number kept is
+    written to ``CNT[r]``; ``OUT[r, CNT[r]:]`` is set to -1.
     Pass 1 counts the row's digits; pass 2 sends each entry to its digit's next free position:
     its rank among equal digits comes from prefix sums of packed counters (four 8-bit fields per
     int32 word when ``BLOCK`` < 256, else two 16-bit fields; ``BLOCK`` < 2**16, so a field
     never carries)."""
     r = tl.program_id(0).to(tl.int64)
-    if FIRST:
-        if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
-            n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
-        else:
-            n = topk
+    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
+        n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
-        n = tl.load(CNT + r)
+        n = topk
     cnt = tl.zeros([16], dtype=tl.int32)
     for c0 in range(0, n, BLOCK):
         j = c0 + tl.arange(0, BLOCK)
@@ -546,12 +449,14 @@ def _order_slots(IDX, LENS, OUT, CNT, num_slots, topk, shift, s_it, s_ot,
         tl.store(OUT + r * s_ot + tl.gather(base, d, 0) + rank - 1, t, mask=ok)
         base += tl.histogram(d, 16, mask=ok)
     kept = tl.sum(cnt, 0)
-    if FIRST:
-        tl.store(CNT + r, kept)
+    tl.store(CNT + r, kept)
     for c0 in range((kept // BLOCK) * BLOCK, topk, BLOCK):
         j = c0 + tl.arange(0, BLOCK)
         tl.store(OUT + r * s_ot + j, tl.full([BLOCK], -1, dtype=tl.int32),
                  mask=(j >= kept) & (j < topk))
+
+
+# ---- dense tiles (DENSE): row statistics, per-slot counts, the span kernel
 
 
 @triton.jit
@@ -739,26 +644,22 @@ def _check_inputs(q: Any, k: Any, v: Any, indices: Any, kind: str, lengths: Any,
         _fail(f"sparse_prefill: num_slots={k.shape[0]}: must be < 2**31 - 1 (slot ids are int32)")
 
 
-def _order_rows(idx: Any, lens: Any, num_slots: int, passes: int, block: int = _ORDER_BLOCK,
+def _order_rows(idx: Any, lens: Any, num_slots: int, block: int = _ORDER_BLOCK,
                 num_warps: int = _ORDER_WARPS) -> tuple[Any, Any]:
-    """SLOT_ORDER's pre-pass: (entries ordered by the top ``4 * passes`` bits of their slot,
-    kept count per row). LSD order: the last pass partitions on the most significant digit,
-    and each pass is stable, so the result is ordered on all the digits."""
+    """SLOT_ORDER's pre-pass: (entries ordered by the top 4 bits of their slot, kept count per
+    row), a stable partition into 16 slot ranges (as good as a full sort, docs/notes)."""
     import torch
 
     total_q, topk = idx.shape
     cnt = torch.empty((total_q,), device=idx.device, dtype=torch.int32)
     nbits = max(1, (num_slots - 1).bit_length())
-    top = max(0, nbits - _ORDER_DIGIT)
-    src, has_lens = idx, lens is not None
-    for p in range(passes):
-        out = torch.empty((total_q, topk), device=idx.device, dtype=torch.int32)
-        shift = max(0, top - _ORDER_DIGIT * (passes - 1 - p))
-        _order_slots[(total_q,)](src, lens if has_lens else cnt, out, cnt, num_slots, topk,
-                                 shift, src.stride(0), out.stride(0), HAS_LENS=has_lens,
-                                 FIRST=p == 0, BLOCK=block, num_warps=num_warps)
-        src = out
-    return src, cnt
+    shift = max(0, nbits - _ORDER_DIGIT)
+    has_lens = lens is not None
+    out = torch.empty((total_q, topk), device=idx.device, dtype=torch.int32)
+    _order_slots[(total_q,)](idx, lens if has_lens else cnt, out, cnt, num_slots, topk, shift,
+                             idx.stride(0), out.stride(0), HAS_LENS=has_lens, BLOCK=block,
+                             num_warps=num_warps)
+    return out, cnt
 
 
 def _desc_ok(t: Any) -> bool:
@@ -913,7 +814,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                               f"entries are token positions until translated "
                               f"(CHUNK_MODE={var['CHUNK_MODE']!r}): use "
                               f"CHUNK_MODE='pretranslate' or SLOT_ORDER=0")
-        idx, lens = _order_rows(idx, lens if has_lens else None, num_slots, var["SLOT_ORDER"])
+        idx, lens = _order_rows(idx, lens if has_lens else None, num_slots)
         has_lens = True
     if var["ENGINE"] != "triton":
         from backends.sparse_prefill.gluon_kernels import sparse_prefill_gluon
@@ -941,12 +842,10 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), s_pb, s_st, s_sh,
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-        CHUNK=chunk, HAS_LENS=has_lens, KEYS_MAJOR=var["LAYOUT"] == "keys",
-        EVEN_TILES=bool(var["EVEN_TILES"]), REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
-        PREFETCH=int(var["PREFETCH"]), SPLIT_QK=split_qk,
-        DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK, SPLIT_V=split_v,
-        LEAN=bool(var["LEAN"]), OFFS32=offs32, KV_SAME_STRIDE=k.stride(0) == v.stride(0),
-        LAZY=bool(var["LAZY_RESCALE"]) and split_v == 2, SKIP_DENSE=bool(var["DENSE"]),
+        CHUNK=chunk, HAS_LENS=has_lens, REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
+        SPLIT_QK=split_qk, DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK,
+        SPLIT_V=split_v, LEAN=bool(var["LEAN"]), OFFS32=offs32,
+        KV_SAME_STRIDE=k.stride(0) == v.stride(0), SKIP_DENSE=bool(var["DENSE"]),
         DENSE_RP=dense_rp,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **_launch_extras(var, q))
     return out

@@ -13,7 +13,7 @@
 # ab-sparse (sparse_prefill: double-buffered 16-key tiles against the family),
 # stage-sparse (chunk: CHUNK_MODE=staged against pretranslate; the sparse GPU tests),
 # lean-sparse (LEAN and SPLIT_V=2 against the family, all four cells; the sparse GPU tests),
-# lean2-sparse (LEAN and OFFS32 apart, register caps), lazy-sparse (LAZY_RESCALE),
+# lean2-sparse (LEAN and OFFS32 apart, register caps),
 # onewarp-sparse (group 6 on one warp), dense-sparse (DENSE thresholds, KV and total_q
 # sweeps; DENSE6/DENSE12=denseN pick the swept ones), envelope-sparse (chunk: 2 KV heads,
 # 16 requests), kv32k-sparse (prefill at KV 32K, 8192 rows: schedules around the family),
@@ -332,24 +332,8 @@ for step in "$@"; do
       M12="$M12,geometry=16x16x1x2:rev:split2:v2:lean:o32:r240"
       M12="$M12,geometry=16x16x1x2:rev:split2:lean:o32:r224"
       ab_cells lean2_sparse "$M6" "$M12" 's/:rev/:stage:rev/g' 's/:rev/:pre:rev/g' ;;
-    lazy-sparse)
-      # LAZY_RESCALE (rescale the accumulator only when a row's max grew by > 2**8) on the
-      # best of lean2-sparse, and one-warp group-6 geometries; all four cells
-      Z6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
-      Z6="$Z6,geometry=8x32x4x2:rev:split2:v2:o32:lazy:r80"
-      Z6="$Z6,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
-      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:lean:o32:lazy"
-      Z6="$Z6,geometry=8x16x1x2:rev:split2:v2:o32:lazy,geometry=8x16x2x2:rev:split2:v2:o32:lazy"
-      Z12="table,h200,geometry=16x16x1x2:rev:split2:v2:lean:o32"
-      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy"
-      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:o32:lazy"
-      Z12="$Z12,geometry=16x16x1x2:rev:split2:v2:lean:o32:lazy:r224"
-      ab_cells lazy_sparse "$Z6" "$Z12" 's/:rev/:stage:rev/g; s/:o32:r80/:o32:r96/g' \
-        's/:rev/:pre:rev/g; s/$/,geometry=16x16x1x2:stage:rev:split2:v2:lean:o32:lazy/'
-      X="8x32x4x2:rev:split2:v2:o32:lazy:r80,16x16x1x2:rev:split2:v2:lean:o32:lazy"
-      sparse_gpu_tests lazy_sparse_tests "$X,16x16x1x2:stage:rev:split2:v2:lean:o32:lazy" ;;
     onewarp-sparse)
-      # group 6 on one warp (BLOCK_M 8, BLOCK_N 16) without LAZY_RESCALE, against the best
+      # group 6 on one warp (BLOCK_M 8, BLOCK_N 16), against the best
       # four-warp geometry; prefill and chunk (staged)
       W6="table,h200,geometry=8x32x4x2:rev:split2:v2:o32:r80"
       W6="$W6,geometry=8x16x1x2:rev:split2:v2:lean:o32,geometry=8x16x1x2:rev:split2:v2:o32"

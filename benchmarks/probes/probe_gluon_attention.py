@@ -1159,8 +1159,8 @@ def main() -> None:
         if args.ordered:
             fns["family ord1"] = partial(tk.sparse_prefill_triton, q, k, v, idx,
                                          config={**fam, "SLOT_ORDER": 1}, **kw)
-            fns["pass alone"] = partial(tk._order_rows, idx, kw["lengths"], k.shape[0], 1)
-            idx_o, cnt = tk._order_rows(idx, kw["lengths"], k.shape[0], 1)
+            fns["pass alone"] = partial(tk._order_rows, idx, kw["lengths"], k.shape[0])
+            idx_o, cnt = tk._order_rows(idx, kw["lengths"], k.shape[0])
             fns["family on ordered"] = partial(tk.sparse_prefill_triton, q, k, v, idx_o,
                                                config=fam, **{**kw, "lengths": cnt})
             inputs.append((" ord", idx_o, cnt))

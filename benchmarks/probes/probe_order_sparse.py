@@ -6,7 +6,7 @@ in score order) those slots are in no particular order, so at KV 32K/128K (32-12
 head; the H200's L2 holds 50 MiB) a wave touches all of the KV at every moment. If every row
 walks its slots in ascending order, a wave sweeps the KV together. This probe times, in one
 interleaved window (CUDA-graph replays, 8192 rows), the table geometry, the H200 family, the
-family with ``SLOT_ORDER`` 1 and 2 (the ordering pre-pass inside the timed call), the family on
+family with ``SLOT_ORDER=1`` (the ordering pre-pass inside the timed call), the family on
 indices sorted exactly ahead of time (kernel only: the bound), the pre-pass alone, and
 ``--extra`` geometries; every output is checked against the family's.
 
@@ -41,7 +41,7 @@ def run_case(kind: str, kv: int, g: int, extra: list[str], iters: int,
     lens, ns = kw["lengths"], k.shape[0]
     fam = H200_PREFILL_CONFIGS[(kind, g)]
     cfgs = {"table": sparse_prefill_table_config(g, 8192), "family": fam,
-            "family:ord1": {**fam, "SLOT_ORDER": 1}, "family:ord2": {**fam, "SLOT_ORDER": 2}}
+            "family:ord1": {**fam, "SLOT_ORDER": 1}}
     for gs in extra:
         cfg = parse_geometry(gs)
         if cfg["BLOCK_M"] >= g:
@@ -56,15 +56,14 @@ def run_case(kind: str, kv: int, g: int, extra: list[str], iters: int,
         skw = {**kw, "lengths": ok.sum(1, dtype=torch.int32)}
         fns["family, exact sort ahead"] = lambda: tk.sparse_prefill_triton(
             q, k, v, sidx, config=fam, **skw)
-        for p in (1, 2):
-            fns[f"ord{p} pre-pass alone"] = lambda p=p: tk._order_rows(idx, lens, ns, p)
-        want = tk._order_rows(idx, lens, ns, 1)
+        fns["ord1 pre-pass alone"] = lambda: tk._order_rows(idx, lens, ns)
+        want = tk._order_rows(idx, lens, ns)
         for ov in order_variants:  # BLOCKxWARPS of the pre-pass, one pass
             bl, nw = map(int, ov.split("x"))
-            got = tk._order_rows(idx, lens, ns, 1, block=bl, num_warps=nw)
+            got = tk._order_rows(idx, lens, ns, block=bl, num_warps=nw)
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), ov
             fns[f"ord1 pre-pass alone {ov}"] = (
-                lambda bl=bl, nw=nw: tk._order_rows(idx, lens, ns, 1, block=bl, num_warps=nw))
+                lambda bl=bl, nw=nw: tk._order_rows(idx, lens, ns, block=bl, num_warps=nw))
     ref = fns["family"]().float()
     for name, fn in fns.items():
         if "alone" not in name:

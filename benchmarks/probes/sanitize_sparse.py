@@ -69,8 +69,6 @@ def main() -> None:
             if kind == "chunk":  # the family's other chunk modes too, and slot ordering
                 cfgs += [{**cfgs[1], "CHUNK_MODE": m} for m in ("fused", "pretranslate", "staged")
                          if m != cfgs[1].get("CHUNK_MODE")]
-            else:  # two ordering passes (the long-KV config below runs one)
-                cfgs.append({**cfgs[1], "SLOT_ORDER": 2})
             cfgs.append(H200_LONG_KV_CONFIGS[(kind, group)])  # the pre-pass, then the kernel
             # DENSE: every tile dense, and a threshold that leaves some tiles to the gathers
             dense = {**cfgs[1], "CHUNK_MODE": "pretranslate"} if kind == "chunk" else cfgs[1]
