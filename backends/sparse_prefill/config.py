@@ -84,15 +84,36 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            once for its RP x HP query lines and scores them on the tensor
                            cores; a line's weight of slot s is ``count * exp(score)`` (0 where
                            unselected). The gathering kernel, with the rest of the config, does
-                           the other tiles. Unselected slots inside a dense tile's span are read:
-                           a non-finite V value there reaches the tile's outputs (0 x NaN), where
-                           the gathering loop would not read it (a deviation from the op's
-                           non-finite rules; tests/kernels/test_sparse_prefill_contract.py pins
-                           it as an expected failure until the kernel zeroes V rows of uncounted
-                           slots). Prefill, and chunk with
+                           the other tiles. Unselected slots inside a dense tile's span are read,
+                           but a non-finite V value there never reaches a line that does not
+                           count the slot: a tile step whose V holds NaN/inf runs P V on V with
+                           those values zeroed and sets NaN only at the (line, column) pairs
+                           that count such a slot (the op's non-finite rules; an infinity may
+                           come out as NaN, which they allow). Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
-DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
-                           power of two >= 16 and >= HP), slots per step, warps, stages, and
+UNION           0          U > 0: rows that share most of their selections are computed on the
+                           union of what their tile (DENSE_TILE's RP rows, as DENSE) selects. A
+                           pre-pass per tile marks the selected slots in a bitmap over the
+                           tile's span and counts them: a tile goes union when the union has at
+                           most U percent of its rows' mean count of valid entries (e.g. 300:
+                           16 rows whose union is at most 3x top-k), decided on the GPU; then
+                           the pass writes the union's slots ascending (prefix sums of the
+                           bitmap's popcounts) and each row's 16-bit multiplicity at every union
+                           position (a slot listed twice counts twice; -1, out-of-range and
+                           past-length entries are not counted), and one program per tile (and
+                           HP heads) gathers the union's K/V rows by slot once for its RP x HP
+                           query lines on the tensor cores, the dense kernel's arithmetic (weight
+                           count x exp(score)). Tiles whose union is larger fall back to the
+                           gathering kernel (with the rest of the config); with DENSE too, dense
+                           tiles are DENSE's and union is tried on the others. Scratch: int32
+                           bitmaps and prefixes of ceil(num_slots / 32) words, ceil(top-k x U /
+                           100) slots and RP x that / 2 count words a tile, bounded by
+                           ``_UNION_SCRATCH_BYTES`` (tiles are done in chunks). Prefill, and
+                           chunk with CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <=
+                           65535; not batch-invariant (a tile's path depends on its rows).
+DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS[xHP]``:
+                           query lines per program (a power of two >= 16 and >= HP), slots per
+                           step, warps, stages, and
                            optionally HP, the query heads a program takes (a power of two; 0 or
                            absent: the group rounded up; below the group, ceil(group / HP)
                            programs share a tile's K/V blocks through L2).
@@ -130,7 +151,8 @@ DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVE
                                    "REVERSE_ROWS": 0, "PREFETCH": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0,
                                    "OFFS32": 0, "LAZY_RESCALE": 0, "SLOT_ORDER": 0,
-                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "ENGINE": "triton"}
+                                   "DENSE": 0, "DENSE_TILE": "128x32x8x3", "UNION": 0,
+                                   "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"LAYOUT": ("rows", "keys"),
                                         "CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "EVEN_TILES": (0, 1), "REVERSE_ROWS": (0, 1),
@@ -208,6 +230,15 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if var["SLOT_ORDER"]:
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
+    union = var["UNION"]
+    if not isinstance(union, int) or isinstance(union, bool) or union < 0:
+        raise ConfigError(f"UNION={union!r}: expected 0 (off) or a union-size threshold in "
+                          f"percent of the mean valid entries per row of a tile (e.g. 300)")
+    if union:
+        _dense_tile_geometry(var["DENSE_TILE"], group_size)
+        if var["SLOT_ORDER"]:
+            raise ConfigError("UNION and SLOT_ORDER both reorganize the rows' entries: set "
+                              "SLOT_ORDER=0 or UNION=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
