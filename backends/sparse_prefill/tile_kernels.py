@@ -20,8 +20,11 @@ The choice (dense / union / per-row gathering) is made on the GPU per tile, by t
 the host, so a call stays CUDA-graph capturable; the gathering kernel skips the tiles taken
 here. In both kernels a line's weight of a slot is ``count * exp(score)``: the score plus
 ``log2(count)``, -inf where the count is 0 (-1, out-of-range and past-length entries are never
-counted), and V's non-finite values reach only the lines that count their slot
-(:func:`_pv_counted`).
+counted). A zero weight times a non-finite V value (a slot in the span or the union that the
+line does not count) would be NaN, so a program whose accumulator holds any NaN stores nothing
+and hands its tile back (``FLAG[tile] = 0``): the gathering kernel, which runs after, then
+computes those rows by the op's non-finite rules (a NaN that a row does select sends its tile
+back too; rare inputs pay twice, every other call nothing in the loops).
 """
 
 from __future__ import annotations
@@ -60,21 +63,14 @@ def _check_counts(key: str, topk: int) -> None:
 
 
 @triton.jit
-def _pv_counted(p, v, c, acc, DOT_PREC: tl.constexpr):
-    """``acc + P V`` for a tile whose lines weigh slot n by ``p[m, n]``, zero where the line's
-    count ``c[m, n]`` is 0. A zero weight times a non-finite V value would be NaN, so when the
-    tile's V holds any NaN/inf, V is used with those values zeroed and the (line, column) pairs
-    that count a slot with a non-finite value there become NaN (an infinity may come out as
-    NaN: the op's rules allow it); the lines that do not count the slot are untouched."""
-    bad = (v - v) != 0  # NaN or +-inf
-    if tl.max(tl.max(bad.to(tl.int32), 1), 0) > 0:
-        hit = tl.dot((c > 0).to(v.dtype), bad.to(v.dtype), input_precision=DOT_PREC)
-        acc = tl.dot(p.to(v.dtype), tl.where(bad, tl.zeros_like(v), v), acc,
-                     input_precision=DOT_PREC)
-        acc = tl.where(hit > 0, float("nan"), acc)
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
-    return acc
+def _hand_back(FLAG, tile, acc, mine):
+    """Whether a row-tile program that computed ``tile`` (``mine``) stores it: not when its
+    accumulator holds a NaN, which may be a zero weight times a non-finite V value of a slot a
+    line does not count; then ``FLAG[tile] = 0`` gives the tile's rows to the gathering kernel
+    (every program of a tile that hands back writes the same 0)."""
+    nan = tl.max(tl.max((acc != acc).to(tl.int32), 1), 0) > 0
+    tl.store(FLAG + tile, 0, mask=mine & nan)
+    return mine & (nan == 0)
 
 
 @triton.jit
@@ -117,15 +113,17 @@ def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr):
 
 
 @triton.jit
-def _count_slots(IDX, LENS, LO, HI, NV, CNT, num_slots, topk, row0, total_q, dense_span, s_it,
-                 s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
+def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_q, dense_span,
+                 s_it, s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
     """DENSE: for row ``row0 + program_id(0)`` of a dense tile, the multiplicity of every slot of
     the row's own span ``[LO, HI]`` in 16-bit fields (slot s: ``CNT[i, s >> 1] >> (16 * (s &
     1)) & 0xFFFF``). Only those words are zeroed and counted; the dense kernel never reads the
     row's words outside its span, and rows of sparse tiles are left alone."""
     i = tl.program_id(0)
     r = row0 + i
-    if _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP):
+    dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP)
+    tl.store(FLAG + r // RP, tl.where(dense, 1, 0), mask=(r % RP) == 0)  # the tile's first row
+    if dense:
         r64 = r.to(tl.int64)
         if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
             n = tl.minimum(tl.maximum(tl.load(LENS + r64), 0), topk)
@@ -149,7 +147,7 @@ def _count_slots(IDX, LENS, LO, HI, NV, CNT, num_slots, topk, row0, total_q, den
 
 
 @triton.jit
-def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group, total_q,
+def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots, group, total_q,
                row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
@@ -161,7 +159,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group
     between the least and the greatest slot the rows select, through TMA descriptors
     ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is ``count *
     exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0 (and V's
-    non-finite values of uncounted slots stay out: :func:`_pv_counted`). Tiles that
+    NaN in the accumulator hands the tile back: ``FLAG[tile] = 0``, nothing stored). Tiles that
     ``_dense_tile`` leaves to the gathering kernel do nothing."""
     RP: tl.constexpr = BLOCK_M // HP
     pid = tl.program_id(0)
@@ -222,14 +220,15 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _pv_counted(p, v, c, acc * alpha[:, None], DOT_PREC)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
         kb += BLOCK_N * s_kt
         vb += BLOCK_N * s_vt
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
+    keep = _hand_back(FLAG, (row0 + tile * RP) // RP, acc, dense)
     tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-             mask=tl.where(dense, m_ok[:, None] & d_mask[None, :], False))
+             mask=tl.where(keep, m_ok[:, None] & d_mask[None, :], False))
 
 
 
@@ -263,12 +262,12 @@ def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_sl
                 HAS_LENS: tl.constexpr, HAS_DENSE: tl.constexpr, RP: tl.constexpr,
                 BLOCK: tl.constexpr, WB: tl.constexpr):
     """UNION's pre-pass for tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch row
-    ``program_id(0)``. Writes ``FLAG[tile]`` (1: DENSE takes it, 2: union, 0: the gathering
-    kernel) and ``USZ[tile]`` (the union's size; 0 unless 2). For a tile that is not dense:
-    zero the bitmap words over the tile's span, set the bit of every valid entry (atomic or),
-    count the set bits (the exact union size U). The tile goes union when ``U * RP * 100 <=
-    (valid entries of its rows) * union_pct``; then ``WPRE`` gets each word's exclusive prefix
-    of set bits, ``SLOTS`` the union's slots ascending (position = prefix + set bits below in
+    ``program_id(0)``. Writes ``FLAG[tile]`` (2: union, 0: the gathering kernel; a tile DENSE
+    takes keeps DENSE's FLAG) and ``USZ[tile]`` (the union's size; 0 unless 2). For a tile
+    that is not dense: zero the bitmap words over the tile's span, set the bit of every valid
+    entry (atomic or), count the set bits (the exact union size U). The tile goes union when
+    ``U * RP * 100 <= (valid entries of its rows) * union_pct``; then ``WPRE`` gets each word's
+    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix + set bits below in
     the word) and ``CNT`` every row's multiplicity at each union position (16-bit fields, two
     a word, zeroed first). A tile without valid entries goes union with U = 0 (zeros out)."""
     lt = tl.program_id(0)
@@ -353,8 +352,8 @@ def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_sl
                 pos = pre + _popc(below).to(tl.int32)
                 tl.atomic_add(CNT_t + i * s_cr + (pos >> 1),
                               (1 << ((pos & 1) * 16)).to(tl.int32), mask=ok, sem="relaxed")
-    flag = tl.where(union, 2, tl.where(dense, 1, 0))
-    tl.store(FLAG + t, flag.to(tl.int32))
+    # a dense tile's FLAG is DENSE's (1, or 0 where its kernel handed the tile back)
+    tl.store(FLAG + t, tl.where(union, 2, 0), mask=dense == 0)
     tl.store(USZ + t, tl.where(union, u, 0))
 
 
@@ -421,12 +420,13 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _pv_counted(p, v, c, acc * alpha[:, None], DOT_PREC)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
+    keep = _hand_back(FLAG, t, acc, take)
     tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-             mask=tl.where(take, m_ok[:, None] & d_mask[None, :], False))
+             mask=tl.where(keep, m_ok[:, None] & d_mask[None, :], False))
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,8 +460,8 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any] | None = None) -> tuple[Any, ...]:
     """DENSE's part of a call: row statistics (unless given), then per chunk of rows the
-    counts and the dense kernel on the dense tiles. Returns (LO, HI, NV, RP, span) for the
-    gathering kernel's skip."""
+    counts and the dense kernel on the dense tiles. Returns (LO, HI, NV, RP, span, FLAG): FLAG
+    per tile 1 where the dense kernel stored the tile's rows, else 0 (the gathering kernel's)."""
     import torch
 
     total_q, hq, d = q.shape
@@ -474,6 +474,7 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     span = int(var["DENSE"])
     dev = q.device
     lo, hi, nv = stats if stats is not None else row_stats(idx, lens, has_lens, num_slots)
+    flag = torch.empty((-(-total_q // rp),), device=dev, dtype=torch.int32)
     words = (num_slots + 1) // 2
     chunk_rows = max(rp, (_DENSE_SCRATCH_BYTES // (4 * words)) // rp * rp)
     chunk_rows = min(chunk_rows, -(-total_q // rp) * rp)
@@ -488,26 +489,27 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         kd, vd = k, v
     for row0 in range(0, total_q, chunk_rows):
         nrows = min(chunk_rows, total_q - row0)
-        _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, num_slots, topk, row0, total_q, span,
+        _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, flag, num_slots, topk, row0, total_q,
+                               span,
                                idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
                                BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
         _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
-            q, k, v, kd, vd, cnt, lo, hi, nv, out, qk_scale, num_slots, group, total_q, row0,
+            q, k, v, kd, vd, cnt, lo, hi, nv, flag, out, qk_scale, num_slots, group, total_q, row0,
             nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
             num_warps=nw, num_stages=ns)  # MAXNREG is the gathering kernel's, not this one's
-    return lo, hi, nv, rp, span
+    return lo, hi, nv, rp, span, flag
 
 
 
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
-           stats: tuple[Any, Any, Any], dense_span: int) -> Any:
-    """UNION's part of a call (after DENSE's, which it leaves its tiles): per chunk of tiles the
-    pre-pass and the union kernel. Returns ``FLAG`` (int32 per tile: 0 gather, 1 dense, 2
-    union) for the gathering kernel's skip."""
+           stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None) -> Any:
+    """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
+    alone): per chunk of tiles the pre-pass and the union kernel. Returns ``FLAG`` (int32 per
+    tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
     import torch
 
     total_q, hq, d = q.shape
@@ -521,7 +523,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     dev = q.device
     lo, hi, nv = stats
     ntiles = -(-total_q // rp)
-    flag = torch.empty((ntiles,), device=dev, dtype=torch.int32)
+    if flag is None:
+        flag = torch.empty((ntiles,), device=dev, dtype=torch.int32)
     usz = torch.empty_like(flag)
     words = (num_slots + 31) // 32
     # a union tile has U * RP * 100 <= (valid entries) * pct <= RP * topk * pct, and U distinct
@@ -548,29 +551,26 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec, num_warps=nw,
             num_stages=ns)
-    if TILE_PATHS is not None:
-        TILE_PATHS.append(flag)
     return flag
 
 
 def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
               qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int
-              ) -> tuple[Any, Any, Any, Any, int, int]:
+              ) -> tuple[Any, int]:
     """The row-tile part of a DENSE and/or UNION call (``idx`` holds slot ids): statistics,
-    the dense tiles, the union tiles. Returns (LO, HI, NV, FLAG or None, RP, dense span) for
-    the gathering kernel: with UNION it skips the tiles whose FLAG is not 0, else (DENSE only)
-    the tiles ``_dense_tile`` calls dense."""
-    group = q.shape[1] // k.shape[1]
+    the dense tiles, the union tiles. Returns (FLAG, RP): the gathering kernel does the rows of
+    the tiles whose FLAG is 0."""
     stats = row_stats(idx, lens, has_lens, k.shape[0])
+    flag, span = None, 0
     if var["DENSE"]:
-        lo, hi, nv, rp, span = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var,
-                                      dot_prec, d_pad, stats)
-    else:
-        (lo, hi, nv), span = stats, 0
-        bm = _dense_tile_geometry(var["DENSE_TILE"], group)[0]
-        rp = bm // _dense_heads(var["DENSE_TILE"], group)
-    flag = None
+        *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec,
+                                    d_pad, stats)
     if var["UNION"]:
-        flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad,
-                      (lo, hi, nv), span)
-    return lo, hi, nv, flag, rp, span
+        flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
+                      span, flag)
+    group = q.shape[1] // k.shape[1]
+    rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(var["DENSE_TILE"],
+                                                                            group)
+    if TILE_PATHS is not None:
+        TILE_PATHS.append(flag)
+    return flag, rp

@@ -36,7 +36,7 @@ from backends.sparse_prefill.config import (  # noqa: F401 (re-exported: importa
     _variant,
     validate_config,
 )
-from backends.sparse_prefill.tile_kernels import _dense_tile, row_tiles
+from backends.sparse_prefill.tile_kernels import row_tiles
 from registry.errors import ConfigError, WorkloadError
 
 # The configs are policy: the table lives in plugins/generic.py, the measured families in
@@ -317,8 +317,7 @@ def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos,
 
 
 @triton.jit
-def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV, FLAG,
-                        dense_span,
+def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, FLAG,
                         qk_scale, total_q, num_slots, topk, group, page_size, max_pages, num_req,
                         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb, s_st, s_sh,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -328,13 +327,11 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
                         SPLIT_QK: tl.constexpr, DOT_PREC: tl.constexpr, STAGE: tl.constexpr,
                         STAGE_BLOCK: tl.constexpr, SPLIT_V: tl.constexpr, LEAN: tl.constexpr,
                         OFFS32: tl.constexpr, KV_SAME_STRIDE: tl.constexpr, LAZY: tl.constexpr,
-                        SKIP_DENSE: tl.constexpr, SKIP_TILES: tl.constexpr,
-                        DENSE_RP: tl.constexpr):
+                        SKIP_TILES: tl.constexpr, TILE_RP: tl.constexpr):
     """STAGE (chunk rows, with CHUNK=False for the loop): the program first writes its row's
     slots (-1 where invalid) to its own ``SCR[r, h]`` and then streams them like prefill
-    indices. SKIP_DENSE: rows of the tiles (of ``DENSE_RP`` rows) that DENSE's kernel handled
-    stream nothing and store nothing; with SKIP_TILES too (UNION) the skipped tiles are those
-    whose ``FLAG`` is not 0 (taken by the dense or the union kernel)."""
+    indices. SKIP_TILES (DENSE, UNION): rows of the tiles (of ``TILE_RP`` rows) whose ``FLAG``
+    is not 0 (the dense or the union kernel stored them) stream nothing and store nothing."""
     pid = tl.program_id(0)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
         r = total_q - 1 - pid
@@ -369,10 +366,7 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
     else:
         n = topk
     if SKIP_TILES:
-        keep = tl.load(FLAG + r // DENSE_RP) == 0
-        n = tl.where(keep, n, 0)
-    elif SKIP_DENSE:
-        keep = _dense_tile(LO, HI, NV, r // DENSE_RP, total_q, dense_span, DENSE_RP) == 0
+        keep = tl.load(FLAG + r // TILE_RP) == 0
         n = tl.where(keep, n, 0)
     else:
         keep = True
@@ -468,20 +462,20 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
     if SPLIT_V == 2:
         o_ptr = O_row + heads[:, None] * s_oh + offs_h[None, :]
         tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & h_mask[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & h_mask[None, :], keep, SKIP_TILES))
         o_ptr = O_row + heads[:, None] * s_oh + offs_h2[None, :]
         tl.store(o_ptr, (acc2 / l_safe[:, None]).to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & h_mask2[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & h_mask2[None, :], keep, SKIP_TILES))
     elif KEYS_MAJOR:
         o = acc / l_safe[None, :]
         o_ptr = O_row + heads[None, :] * s_oh + offs_d[:, None]
         tl.store(o_ptr, o.to(OUT.dtype.element_ty),
-                 mask=_kept(d_mask[:, None] & m_mask[None, :], keep, SKIP_DENSE))
+                 mask=_kept(d_mask[:, None] & m_mask[None, :], keep, SKIP_TILES))
     else:
         o = acc / l_safe[:, None]
         o_ptr = O_row + heads[:, None] * s_oh + offs_d[None, :]
         tl.store(o_ptr, o.to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & d_mask[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & d_mask[None, :], keep, SKIP_TILES))
 
 
 @triton.jit
@@ -696,11 +690,10 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
             raise ConfigError(f"{key}={var[key]} {what} KV slots, but chunk entries are token "
                               f"positions until translated (CHUNK_MODE={var['CHUNK_MODE']!r}): "
                               f"use CHUNK_MODE='pretranslate' or {key}=0")
-        lo, hi, nv, flag, dense_rp, dense_span = row_tiles(q, k, v, idx, lens, has_lens, out,
-                                                           scale * _LOG2E, var, dot_prec, d_pad)
+        flag, tile_rp = row_tiles(q, k, v, idx, lens, has_lens, out, scale * _LOG2E, var,
+                                  dot_prec, d_pad)
     else:
-        lo = hi = nv = idx  # dummy pointers, never read
-        dense_rp, dense_span = 1, 0
+        tile_rp = 1
     if var["SLOT_ORDER"]:
         if chunk:
             raise ConfigError(f"SLOT_ORDER={var['SLOT_ORDER']} orders KV slots, but chunk "
@@ -730,8 +723,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
     else:
         scr, s_st, s_sh = idx, 0, 0  # dummy pointer, never written
     _sparse_prefill_fwd[(total_q, hkv)](
-        q, k, v, idx, lens, out, cu, prefix, pt, scr, lo, hi, nv,
-        flag if flag is not None else idx, dense_span,
+        q, k, v, idx, lens, out, cu, prefix, pt, scr, flag if flag is not None else idx,
         scale * _LOG2E, total_q, num_slots, topk, group, page_size, max_pages, nreq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), s_pb, s_st, s_sh,
@@ -742,7 +734,6 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK, SPLIT_V=split_v,
         LEAN=bool(var["LEAN"]), OFFS32=offs32, KV_SAME_STRIDE=k.stride(0) == v.stride(0),
         LAZY=bool(var["LAZY_RESCALE"]) and split_v == 2,
-        SKIP_DENSE=bool(var["DENSE"] or var["UNION"]), SKIP_TILES=flag is not None,
-        DENSE_RP=dense_rp,
+        SKIP_TILES=flag is not None, TILE_RP=tile_rp,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **_launch_extras(var, q))
     return out

@@ -185,8 +185,17 @@ def test_union_and_dense_in_one_call(poisoned: list[Any]) -> None:
     cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2"}
     want = _tile_paths(idx, lengths, k.shape[0], 4, 250, dense=200)
     assert want == [DENSE, UNION, UNION, GATHER], want
+    g = torch.Generator().manual_seed(55)
+    # the dense kernel streams the 16-slot blocks around the span (slots 0 .. 31): finite
+    k[:32], v[:32] = torch.randn(k[:32].shape, generator=g), torch.randn(v[:32].shape, generator=g)
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert poisoned[0].tolist() == want
+    # a NaN V row the dense tile streams but no row of it selects: the tile is handed back to
+    # the gathering kernel (FLAG 0), the output stays right
+    v[31] = NAN
+    idx[4:][idx[4:] == 31] = 30
+    _run(q, k, v, idx, cfg, lengths=lengths)
+    assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
 
 
 def test_union_kernel_writes_exactly_its_tiles(poisoned: list[Any]) -> None:
@@ -200,8 +209,7 @@ def test_union_kernel_writes_exactly_its_tiles(poisoned: list[Any]) -> None:
     ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
     out = torch.full_like(q, NAN)
     scale = q.shape[2] ** -0.5 * 1.4426950408889634
-    _, _, _, flag, rp, _ = tile_kernels.row_tiles(q, k, v, idx, lengths, True, out, scale, var,
-                                                  "ieee", 16)
+    flag, rp = tile_kernels.row_tiles(q, k, v, idx, lengths, True, out, scale, var, "ieee", 16)
     assert rp == 4 and flag.tolist() == want
     for t, path in enumerate(want):
         rows = slice(4 * t, 4 * t + 4)
@@ -243,7 +251,8 @@ def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> 
 
 
 def _chunk_shared(seed: int, *, reqs: tuple[int, ...] = (8, 8),
-                  prefixes: tuple[int, ...] = (30, 60), group: int = 6, hkv: int = 1, d: int = 16, page_size: int = 2, topk: int = 16,
+                  prefixes: tuple[int, ...] = (30, 60), group: int = 6, hkv: int = 1,
+                  d: int = 16, page_size: int = 2, topk: int = 16,
                   dtype: Any = torch.float32) -> tuple[Any, ...]:
     """A chunk batch whose first request's rows pick from one shared pool of positions (union
     tiles) and whose second request's rows pick at random (little sharing), on a shuffled page
