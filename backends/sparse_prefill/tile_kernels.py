@@ -267,9 +267,9 @@ def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_sl
     that is not dense: zero the bitmap words over the tile's span, set the bit of every valid
     entry (atomic or), count the set bits (the exact union size U). The tile goes union when
     ``U * RP * 100 <= (valid entries of its rows) * union_pct``; then ``WPRE`` gets each word's
-    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix + set bits below in
-    the word) and ``CNT`` every row's multiplicity at each union position (16-bit fields, two
-    a word, zeroed first). A tile without valid entries goes union with U = 0 (zeros out)."""
+    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
+    set bits below in the word) and ``CNT`` every row's multiplicity at each union position
+    (16-bit fields, two a word, zeroed first). A tile without valid entries goes union with U = 0 (zeros out)."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr = t * RP + tl.arange(0, RP)
