@@ -269,7 +269,8 @@ def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_sl
     ``U * RP * 100 <= (valid entries of its rows) * union_pct``; then ``WPRE`` gets each word's
     exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
     set bits below in the word) and ``CNT`` every row's multiplicity at each union position
-    (16-bit fields, two a word, zeroed first). A tile without valid entries goes union with U = 0 (zeros out)."""
+    (16-bit fields, two a word, zeroed first). A tile without valid entries goes union with
+    U = 0 (zeros out)."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr = t * RP + tl.arange(0, RP)
