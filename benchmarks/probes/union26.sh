@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 26's union path on the lent H200, one device call: the GPU tests of the union path, the
+# interleaved CUDA-graph timing of the H200 family (h200), auto and two union configs on both
+# index sets, then the other sparse_prefill GPU tests. Logs under $OUT (or ./union26-out).
+# usage: bash benchmarks/probes/union26.sh [STEPS]   (STEPS: tests,bench,moretests; default all)
+set -u
+OUT=${OUT:-./union26-out}
+mkdir -p "$OUT"
+STEPS=${1:-tests,bench,moretests}
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.log"; }
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+FAM6=8x16x1x2:rev:split2:v2:lean:o32
+FAM12=16x16x1x2:rev:split2:v2:lean:o32
+if [[ $STEPS == *tests* ]]; then
+  log "union GPU tests"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_union.py \
+    > "$OUT/tests_union.log" 2>&1; log "rc=$? $(tail -1 "$OUT/tests_union.log")"
+fi
+if [[ $STEPS == *bench* ]]; then
+  for kind in prefill chunk; do
+    for g in 6 12; do
+      fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
+      pre=""; [[ $kind == chunk ]] && pre=":pre"
+      base=${fam/x2:rev/x2${pre}:rev}
+      u1="geometry=${base}:union300"
+      u2="geometry=${base}:union300:dt64x32x4x2"
+      if [[ $kind == prefill ]]; then
+        d=250; [[ $g == 12 ]] && d=150
+        u3="geometry=${base}:dense${d}:union300"
+      else
+        u3=""
+      fi
+      for ix in topk walk; do
+        log "bench $kind g$g $ix"
+        timeout 150 python3 cli.py bench sparse_prefill --kind $kind --group-size $g \
+          --kv-len 8192,32768 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 12 \
+          --providers "h200,auto,$u1,$u2${u3:+,$u3}" --baseline h200 \
+          > "$OUT/bench_${kind}_g${g}_${ix}.txt" 2>&1
+        log "rc=$?"; tail -12 "$OUT/bench_${kind}_g${g}_${ix}.txt"
+      done
+    done
+  done
+  cat "$OUT"/bench_*.txt > "$OUT/bench_all.txt"
+fi
+if [[ $STEPS == *moretests* ]]; then
+  log "triton + contract GPU tests"
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_triton.py \
+    tests/kernels/test_sparse_prefill_contract.py > "$OUT/tests_more.log" 2>&1
+  log "rc=$? $(tail -1 "$OUT/tests_more.log")"
+fi
+log done
