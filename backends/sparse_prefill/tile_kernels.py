@@ -257,20 +257,31 @@ def _row_len(LENS, r, ok, topk, HAS_LENS: tl.constexpr):
 
 
 @triton.jit
-def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_slots, topk,
-                tile0, total_q, dense_span, union_pct, s_it, s_bt, s_lt, s_ct, s_cr,
-                HAS_LENS: tl.constexpr, HAS_DENSE: tl.constexpr, RP: tl.constexpr,
-                BLOCK: tl.constexpr, WB: tl.constexpr):
-    """UNION's pre-pass for tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch row
-    ``program_id(0)``. Writes ``FLAG[tile]`` (2: union, 0: the gathering kernel; a tile DENSE
-    takes keeps DENSE's FLAG) and ``USZ[tile]`` (the union's size; 0 unless 2). For a tile
-    that is not dense: zero the bitmap words over the tile's span, set the bit of every valid
-    entry (atomic or), count the set bits (the exact union size U). The tile goes union when
-    ``U * RP * 100 <= (valid entries of its rows) * union_pct``; then ``WPRE`` gets each word's
-    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
-    set bits below in the word) and ``CNT`` every row's multiplicity at each union position
-    (16-bit fields, two a word, zeroed first). A tile without valid entries goes union with
-    U = 0 (zeros out)."""
+def _mark_row(IDX_row, BITS_t, n, num_slots, BLOCK: tl.constexpr):
+    """Set the bit of every valid slot of one row's ``n`` entries (atomic or)."""
+    for c0 in range(0, n, BLOCK):
+        j = c0 + tl.arange(0, BLOCK)
+        s = tl.load(IDX_row + j, mask=j < n, other=-1)
+        ok = (s >= 0) & (s < num_slots)
+        ss = tl.where(ok, s, 0)
+        bit = (tl.full([BLOCK], 1, tl.int64) << (ss & 31)).to(tl.int32)
+        tl.atomic_or(BITS_t + (ss >> 5), bit, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, num_slots, topk, tile0, total_q,
+                dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
+                HAS_DENSE: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr,
+                WB: tl.constexpr):
+    """UNION's first pre-pass, tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch
+    row ``program_id(0)``. A tile DENSE takes is left alone (its FLAG is DENSE's); a tile
+    without valid entries goes union with U = 0 (zeros out). Otherwise: zero the bitmap words
+    over the tile's span, mark the first row's slots, and count how many valid entries of the
+    tile's last row hit them (o). The estimate ``n_first + (rows - 1) * (n_last - o)`` of the
+    union (rows whose picks beyond a shared core are independent add about what the last row
+    adds each) gates the exact count: ``GATE = 1`` when it is at most twice the threshold, so
+    tiles that share little (the bench walk) cost two rows, not RP. The estimate only decides
+    whether the exact union is counted; the exact union decides the path."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr = t * RP + tl.arange(0, RP)
@@ -278,84 +289,146 @@ def _union_prep(IDX, LENS, LO, HI, NV, BITS, WPRE, SLOTS, CNT, FLAG, USZ, num_sl
     lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
     hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
     nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
-    go = hi >= lo
     if HAS_DENSE:  # noqa: SIM108 (constexpr branch in a kernel)
         dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP)
     else:
         dense = hi < -1  # False
-    go = go & (dense == 0)
-    u = 0 * hi
+    go = (hi >= lo) & (dense == 0)
+    gate = go & False
     BITS_t = BITS + lt.to(tl.int64) * s_bt
-    WPRE_t = WPRE + lt.to(tl.int64) * s_bt
-    w_lo = tl.maximum(lo, 0) >> 5
-    w_hi = hi >> 5
     if go:
+        w_lo = lo >> 5
+        w_hi = hi >> 5
         for w0 in range(w_lo, w_hi + 1, WB):
             w = w0 + tl.arange(0, WB)
             tl.store(BITS_t + w, tl.zeros([WB], dtype=tl.int32), mask=w <= w_hi)
         tl.debug_barrier()  # zeros in place before any thread sets a bit
-        for i in range(0, RP):
-            r = t * RP + i
-            n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
-            IDX_row = IDX + r.to(tl.int64) * s_it
-            for c0 in range(0, n, BLOCK):
-                j = c0 + tl.arange(0, BLOCK)
-                s = tl.load(IDX_row + j, mask=j < n, other=-1)
-                ok = (s >= 0) & (s < num_slots)
-                ss = tl.where(ok, s, 0)
-                bit = (tl.full([BLOCK], 1, tl.int64) << (ss & 31)).to(tl.int32)
-                tl.atomic_or(BITS_t + (ss >> 5), bit, mask=ok, sem="relaxed")
-        tl.debug_barrier()  # every bit set before the counts
+        r0 = t * RP
+        n0 = _row_len(LENS, r0, r0 < total_q, topk, HAS_LENS)
+        _mark_row(IDX + r0.to(tl.int64) * s_it, BITS_t, n0, num_slots, BLOCK)
+        tl.debug_barrier()  # the first row's bits set before the last row reads them
+        rows = tl.minimum(total_q - t * RP, RP)
+        r1 = t * RP + rows - 1
+        n1 = _row_len(LENS, r1, r1 < total_q, topk, HAS_LENS)
+        IDX_r1 = IDX + r1.to(tl.int64) * s_it
+        nv1 = 0 * n1
+        hit = 0 * n1
+        for c0 in range(0, n1, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            s = tl.load(IDX_r1 + j, mask=j < n1, other=-1)
+            ok = (s >= 0) & (s < num_slots)
+            ss = tl.where(ok, s, 0)
+            wd = tl.load(BITS_t + (ss >> 5), mask=ok, other=0, cache_modifier=".cg")
+            on = ((wd >> (ss & 31)) & 1) != 0
+            nv1 += tl.sum(ok.to(tl.int32), 0)
+            hit += tl.sum((ok & on).to(tl.int32), 0)
+        nv0 = tl.load(NV + r0)
+        est = nv0.to(tl.int64) + (rows - 1).to(tl.int64) * tl.maximum(nv1 - hit, 0).to(tl.int64)
+        gate = est * RP * 100 <= 2 * nv * union_pct
+    tl.store(GATE + lt, gate.to(tl.int32))
+    # decided here: tiles not gated (0), empty tiles (2 with U = 0); the others in _union_size
+    tl.store(FLAG + t, tl.where(go, 0, 2), mask=(dense == 0) & (gate == 0))
+    tl.store(USZ + t, 0, mask=gate == 0)
+
+
+@triton.jit
+def _union_mark(IDX, LENS, BITS, GATE, num_slots, topk, tile0, total_q, s_it, s_bt,
+                HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
+    """UNION: row ``program_id(0) % RP`` (not the first, which the gate marked) of the gated
+    tile ``tile0 + program_id(0) // RP`` sets its slots' bits."""
+    lt = tl.program_id(0) // RP
+    i = tl.program_id(0) % RP
+    r = (tile0 + lt) * RP + i
+    if (tl.load(GATE + lt) != 0) & (i > 0) & (r < total_q):
+        n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
+        _mark_row(IDX + r.to(tl.int64) * s_it, BITS + lt.to(tl.int64) * s_bt, n, num_slots,
+                  BLOCK)
+
+
+@triton.jit
+def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, tile0, total_q,
+                union_pct, s_bt, s_lt, s_ct, s_cr, RP: tl.constexpr, BLOCK: tl.constexpr,
+                WB: tl.constexpr):
+    """UNION, a gated tile: count the set bits over its span (the exact union size U). The
+    tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
+    rows) * union_pct``, else to the gathering kernel (0); then ``WPRE`` gets each word's
+    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
+    set bits below in the word), and the tile's ``CNT`` rows are zeroed."""
+    lt = tl.program_id(0)
+    t = tile0 + lt
+    if tl.load(GATE + lt) != 0:
+        rr = t * RP + tl.arange(0, RP)
+        r_ok = rr < total_q
+        lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
+        hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
+        nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
+        BITS_t = BITS + lt.to(tl.int64) * s_bt
+        WPRE_t = WPRE + lt.to(tl.int64) * s_bt
+        w_lo = lo >> 5
+        w_hi = hi >> 5
         cnt = tl.zeros([WB], dtype=tl.int64)
         for w0 in range(w_lo, w_hi + 1, WB):
             w = w0 + tl.arange(0, WB)
-            wd = tl.load(BITS_t + w, mask=w <= w_hi, other=0, cache_modifier=".cg")
+            wd = tl.load(BITS_t + w, mask=w <= w_hi, other=0)
             cnt += _popc(wd.to(tl.int64) & 0xFFFFFFFF)
         u = tl.sum(cnt, 0).to(tl.int32)
-    union = (dense == 0) & (u.to(tl.int64) * RP * 100 <= nv * union_pct)
-    if go & union:
-        base = 0 * u
-        b = tl.arange(0, 32)
-        for w0 in range(w_lo, w_hi + 1, WB):
-            w = w0 + tl.arange(0, WB)
-            wm = w <= w_hi
-            wd = tl.load(BITS_t + w, mask=wm, other=0, cache_modifier=".cg").to(tl.int64)
-            wd = wd & 0xFFFFFFFF
-            pc = _popc(wd).to(tl.int32)
-            ex = tl.cumsum(pc, 0) - pc + base
-            tl.store(WPRE_t + w, ex, mask=wm)
-            sel = ((wd[:, None] >> b[None, :]) & 1) != 0
-            below = wd[:, None] & ((tl.full([1, 32], 1, tl.int64) << b[None, :]) - 1)
-            rank = ex[:, None] + _popc(below).to(tl.int32)
-            tl.store(SLOTS + lt.to(tl.int64) * s_lt + rank, w[:, None] * 32 + b[None, :],
-                     mask=sel & wm[:, None])
-            base += tl.sum(pc, 0)
-        CNT_t = CNT + lt.to(tl.int64) * s_ct
-        half = (u + 1) >> 1
-        for i in range(0, RP):
-            for c0 in range(0, half, BLOCK):
-                c = c0 + tl.arange(0, BLOCK)
-                tl.store(CNT_t + i * s_cr + c, tl.zeros([BLOCK], dtype=tl.int32), mask=c < half)
-        tl.debug_barrier()  # prefixes and zeros in place before any thread counts
-        for i in range(0, RP):
-            r = t * RP + i
-            n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
-            IDX_row = IDX + r.to(tl.int64) * s_it
-            for c0 in range(0, n, BLOCK):
-                j = c0 + tl.arange(0, BLOCK)
-                s = tl.load(IDX_row + j, mask=j < n, other=-1)
-                ok = (s >= 0) & (s < num_slots)
-                ss = tl.where(ok, s, 0)
-                wd = tl.load(BITS_t + (ss >> 5), mask=ok, other=0, cache_modifier=".cg")
-                pre = tl.load(WPRE_t + (ss >> 5), mask=ok, other=0)
-                below = (wd.to(tl.int64) & 0xFFFFFFFF) & \
-                    ((tl.full([BLOCK], 1, tl.int64) << (ss & 31)) - 1)
-                pos = pre + _popc(below).to(tl.int32)
-                tl.atomic_add(CNT_t + i * s_cr + (pos >> 1),
-                              (1 << ((pos & 1) * 16)).to(tl.int32), mask=ok, sem="relaxed")
-    # a dense tile's FLAG is DENSE's (1, or 0 where its kernel handed the tile back)
-    tl.store(FLAG + t, tl.where(union, 2, 0), mask=dense == 0)
-    tl.store(USZ + t, tl.where(union, u, 0))
+        union = u.to(tl.int64) * RP * 100 <= nv * union_pct
+        tl.store(FLAG + t, tl.where(union, 2, 0))
+        tl.store(USZ + t, tl.where(union, u, 0))
+        if union:
+            base = 0 * u
+            b = tl.arange(0, 32)
+            for w0 in range(w_lo, w_hi + 1, WB):
+                w = w0 + tl.arange(0, WB)
+                wm = w <= w_hi
+                wd = tl.load(BITS_t + w, mask=wm, other=0).to(tl.int64) & 0xFFFFFFFF
+                pc = _popc(wd).to(tl.int32)
+                ex = tl.cumsum(pc, 0) - pc + base
+                tl.store(WPRE_t + w, ex, mask=wm)
+                sel = ((wd[:, None] >> b[None, :]) & 1) != 0
+                below = wd[:, None] & ((tl.full([1, 32], 1, tl.int64) << b[None, :]) - 1)
+                rank = ex[:, None] + _popc(below).to(tl.int32)
+                tl.store(SLOTS + lt.to(tl.int64) * s_lt + rank, w[:, None] * 32 + b[None, :],
+                         mask=sel & wm[:, None])
+                base += tl.sum(pc, 0)
+            CNT_t = CNT + lt.to(tl.int64) * s_ct
+            half = (u + 1) >> 1
+            for i in range(0, RP):
+                for c0 in range(0, half, BLOCK):
+                    c = c0 + tl.arange(0, BLOCK)
+                    tl.store(CNT_t + i * s_cr + c, tl.zeros([BLOCK], dtype=tl.int32),
+                             mask=c < half)
+
+
+@triton.jit
+def _union_count(IDX, LENS, BITS, WPRE, CNT, FLAG, num_slots, topk, tile0, total_q, s_it,
+                 s_bt, s_ct, s_cr, HAS_LENS: tl.constexpr, RP: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """UNION: row ``program_id(0) % RP`` of tile ``tile0 + program_id(0) // RP``, when the tile
+    goes union: its multiplicity at every union position (16-bit fields, two a word: position
+    u is ``CNT[.., row, u >> 1] >> (16 * (u & 1)) & 0xFFFF``; position = the word's prefix +
+    the set bits below the slot's in its word)."""
+    lt = tl.program_id(0) // RP
+    i = tl.program_id(0) % RP
+    r = (tile0 + lt) * RP + i
+    if (tl.load(FLAG + tile0 + lt) == 2) & (r < total_q):
+        n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
+        IDX_row = IDX + r.to(tl.int64) * s_it
+        BITS_t = BITS + lt.to(tl.int64) * s_bt
+        WPRE_t = WPRE + lt.to(tl.int64) * s_bt
+        CNT_row = CNT + lt.to(tl.int64) * s_ct + i * s_cr
+        for c0 in range(0, n, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            s = tl.load(IDX_row + j, mask=j < n, other=-1)
+            ok = (s >= 0) & (s < num_slots)
+            ss = tl.where(ok, s, 0)
+            wd = tl.load(BITS_t + (ss >> 5), mask=ok, other=0)
+            pre = tl.load(WPRE_t + (ss >> 5), mask=ok, other=0)
+            below = (wd.to(tl.int64) & 0xFFFFFFFF) & \
+                ((tl.full([BLOCK], 1, tl.int64) << (ss & 31)) - 1)
+            pos = pre + _popc(below).to(tl.int32)
+            tl.atomic_add(CNT_row + (pos >> 1), (1 << ((pos & 1) * 16)).to(tl.int32), mask=ok,
+                          sem="relaxed")
 
 
 @triton.jit
@@ -536,15 +609,23 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     chunk = max(1, min(ntiles, _UNION_SCRATCH_BYTES // per_tile))
     bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
     wpre = torch.empty_like(bits)
+    gate = torch.empty((chunk,), device=dev, dtype=torch.int32)
     slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
     cnt = torch.empty((chunk, rp, umax // 2), device=dev, dtype=torch.int32)
     for tile0 in range(0, ntiles, chunk):
         nt = min(chunk, ntiles - tile0)
-        _union_prep[(nt,)](idx, lens, lo, hi, nv, bits, wpre, slots, cnt, flag, usz, num_slots,
-                           topk, tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
-                           slots.stride(0), cnt.stride(0), cnt.stride(1), HAS_LENS=has_lens,
-                           HAS_DENSE=bool(var["DENSE"]), RP=rp, BLOCK=_UNION_BLOCK,
-                           WB=_UNION_WORDS, num_warps=_UNION_WARPS)
+        kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
+        _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, num_slots, topk, tile0,
+                           total_q, dense_span, pct, idx.stride(0), bits.stride(0),
+                           HAS_DENSE=bool(var["DENSE"]), WB=_UNION_WORDS, **kw)
+        _union_mark[(nt * rp,)](idx, lens, bits, gate, num_slots, topk, tile0, total_q,
+                                idx.stride(0), bits.stride(0), **kw)
+        _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, tile0, total_q,
+                           pct, bits.stride(0), slots.stride(0), cnt.stride(0), cnt.stride(1),
+                           RP=rp, BLOCK=_UNION_BLOCK, WB=_UNION_WORDS, num_warps=_UNION_WARPS)
+        _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_slots, topk, tile0,
+                                 total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
+                                 cnt.stride(1), **kw)
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -106,25 +106,36 @@ def _shared_case(seed: int, *, total_q: int = 16, group: int = 6, hkv: int = 1, 
 
 
 def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
-                dense: int = 0) -> list[int]:
+                dense: int = 0, gates: list[bool] | None = None) -> list[int]:
     """The path of every tile (the kernels' rule, in Python): DENSE when on and the span is at
-    most ``dense`` % of the mean valid entries, else UNION when the union of the tile's valid
-    slots is at most ``union`` % of them, else the gathering kernel."""
+    most ``dense`` % of the mean valid entries; else UNION when the gate's estimate (the first
+    row's valid entries plus rows - 1 times the last row's entries outside the first row's
+    slots) is at most twice the threshold and the exact union of the tile's valid slots is at
+    most ``union`` % of the mean valid entries; else the gathering kernel. ``gates`` gets the
+    gate's verdict of each tile that is neither dense nor empty."""
+    def valid(r: int) -> list[int]:
+        n = idx.shape[1] if lengths is None else max(0, min(int(lengths[r]), idx.shape[1]))
+        return [int(s) for s in idx[r, :n] if 0 <= int(s) < num_slots]
+
     out = []
     for t0 in range(0, idx.shape[0], rp):
-        slots: list[int] = []
-        for r in range(t0, min(t0 + rp, idx.shape[0])):
-            n = 0 if lengths is None else max(0, min(int(lengths[r]), idx.shape[1]))
-            row = idx[r, :n] if lengths is not None else idx[r]
-            slots += [int(s) for s in row if 0 <= int(s) < num_slots]
+        rows = range(t0, min(t0 + rp, idx.shape[0]))
+        slots = [s for r in rows for s in valid(r)]
         nv = len(slots)
         span = (max(slots) - min(slots) + 1) if slots else 0
         if dense and span * rp * 100 <= nv * dense:
             out.append(DENSE)
-        elif len(set(slots)) * rp * 100 <= nv * union:
-            out.append(UNION)
-        else:
-            out.append(GATHER)
+            continue
+        if not slots:
+            out.append(UNION)  # nothing valid: zeros
+            continue
+        first, last = valid(rows[0]), valid(rows[-1])
+        est = len(first) + (len(rows) - 1) * max(0, len(last) - sum(s in set(first)
+                                                                    for s in last))
+        gate = est * rp * 100 <= 2 * nv * union
+        if gates is not None:
+            gates.append(gate)
+        out.append(UNION if gate and len(set(slots)) * rp * 100 <= nv * union else GATHER)
     return out
 
 
@@ -196,6 +207,24 @@ def test_union_and_dense_in_one_call(poisoned: list[Any]) -> None:
     idx[4:][idx[4:] == 31] = 30
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
+
+
+def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
+        poisoned: list[Any]) -> None:
+    # RP 8. Tile 0: seven rows of one set A and a last row of a disjoint set B: the exact union
+    # (2 x 20) would pass at 300%, but the gate's estimate (20 + 7 x 20) is over twice the
+    # threshold, so the tile is gathered. Tile 1: the last row is A again: union.
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((16, 6, 16), (96, 1, 16),
+                                                             (96, 1, 16)))
+    a, b = torch.arange(0, 40, 2, dtype=torch.int32), torch.arange(41, 81, 2, dtype=torch.int32)
+    idx = a.repeat(16, 1)
+    idx[7] = b
+    gates: list[bool] = []
+    want = _tile_paths(idx, None, 96, 8, 300, gates=gates)
+    assert want == [GATHER, UNION] and gates == [False, True]
+    _run(q, k, v, idx, {**BASE, "UNION": 300, "DENSE_TILE": "64x16x4x2"})
+    assert poisoned[0].tolist() == want
 
 
 def test_union_kernel_writes_exactly_its_tiles(poisoned: list[Any]) -> None:
