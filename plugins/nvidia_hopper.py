@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.config import describe_path
 from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
 from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
@@ -158,6 +159,22 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
+# Union tiles (UNION=U, issue 26): a tile of DENSE_TILE's rows whose selections share most of
+# their slots gathers the union once for all its query lines (chosen per tile on the GPU; the
+# other tiles gather as the family does). Candidates only, for the tuner and `kreg bench
+# config=union.<kind>_g<group>`: no policy takes them (docs/notes/sparse_prefill.md, "Union
+# path (issue 26)": measured at 8192 rows, they lose to the family at every cell but the
+# top-k-shaped chunk g6 KV 8K one, where the walk regresses more than 2%). Chunk rows need
+# CHUNK_MODE="pretranslate" (the union is over slot ids).
+H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "UNION": 300},
+    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
+    ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
+                   "UNION": 300},
+    ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "UNION": 300},
+}
+
+
 # From GLUON_MIN_KV to below LONG_KV_FROM slots (where the dense tiles do not apply), prefill group
 # 6 from GLUON_MIN_TOTAL_Q rows: the hand-scheduled Gluon kernel (ENGINE="gluon",
 # backends/sparse_prefill/gluon_kernels.py: transposed products so the 6 heads pad to 8 lines, two
@@ -245,10 +262,12 @@ def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
 
 
 def _invariant_config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
-    """While batch invariance is required: the family's config without the dense tiles (a
-    tile's dense path depends on its neighbouring rows; every other config is row-local)."""
+    """While batch invariance is required: the family's config without the dense or union
+    tiles (a tile's path depends on its neighbouring rows; every other config is row-local)."""
     cfg = family_config(w.kind, w.group_size, w.kv_len, w.total_q, f.triton_version)
-    return cfg if not cfg.get("DENSE") else dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
+    if not (cfg.get("DENSE") or cfg.get("UNION")):
+        return cfg
+    return dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
 
 
 def _rows(topk: int, total_q: int) -> list[int]:
@@ -281,7 +300,8 @@ CONFORMANCE_CASES = (
 
 
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
-           "dense": H200_DENSE_CONFIGS, "gluon": H200_GLUON_CONFIGS,
+           "dense": H200_DENSE_CONFIGS, "union": H200_UNION_CONFIGS,
+           "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
 
 
@@ -302,6 +322,7 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        contract=kernel_contract, invariant_config=_invariant_config,
+                       describe_config=describe_path,
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
                                    "the Gluon kernels for prefill at KV 8K-64K (wgmma from "

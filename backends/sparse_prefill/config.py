@@ -144,7 +144,7 @@ from typing import Any
 from registry.errors import ConfigError
 
 __all__ = ["DEFAULT_VARIANT", "GLUON_HEAD_DIMS", "REQUIRED_KEYS", "WGMMA_HEAD_DIM",
-           "validate_config"]
+           "describe_path", "validate_config"]
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"LAYOUT": "rows", "CHUNK_MODE": "fused", "EVEN_TILES": 0,
@@ -339,3 +339,31 @@ def _variant(config: dict[str, Any]) -> dict[str, Any]:
     out = dict(DEFAULT_VARIANT)
     out.update({k: config[k] for k in DEFAULT_VARIANT if k in config})
     return out
+
+
+def describe_path(config: dict[str, Any] | None) -> str:
+    """Which kernels a config runs, in words (``kreg explain``'s ``path:`` note): the row-tile
+    paths (DENSE, UNION, decided per tile on the GPU) before the per-row kernel, and that one's
+    engine and pre-passes."""
+    if not config:
+        return "no config"
+    var = _variant(config)
+    tiles = var["DENSE_TILE"]
+    parts = []
+    if var["DENSE"]:
+        parts.append(f"dense-span tiles where a tile's span is <= {var['DENSE']}% of its rows' "
+                     f"mean valid entries (DENSE_TILE {tiles})")
+    if var["UNION"]:
+        parts.append(f"union tiles where a tile's union of selected slots is <= "
+                     f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
+                     f"chosen per tile on the GPU)")
+    engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "
+              "per-row kernel", "gluon_wgmma": "the Gluon wgmma per-row kernel"}[var["ENGINE"]]
+    rest = "the other tiles' rows" if parts else "every row"
+    pre = []
+    if config.get("CHUNK_MODE", "fused") != "fused":
+        pre.append(f"CHUNK_MODE={var['CHUNK_MODE']}")
+    if var["SLOT_ORDER"]:
+        pre.append(f"slot-ordered rows (SLOT_ORDER={var['SLOT_ORDER']})")
+    tail = f" ({', '.join(pre)})" if pre else ""
+    return "; ".join([*parts, f"{engine} for {rest}{tail}"])

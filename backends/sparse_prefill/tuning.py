@@ -108,10 +108,11 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     offered = list(registry.get_registry().offered_configs("sparse_prefill").values())
     base = [_table_config(case, facts), *offered]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
-    # family configs on offer (not the dense, slot-ordered or Gluon ones).
+    # family configs on offer (not the dense, union, slot-ordered or Gluon ones).
     variants: list[dict[str, Any]] = [{}]
     for cfg in offered:
-        if cfg.get("DENSE") or cfg.get("SLOT_ORDER") or cfg.get("ENGINE", "triton") != "triton":
+        if (cfg.get("DENSE") or cfg.get("UNION") or cfg.get("SLOT_ORDER")
+                or cfg.get("ENGINE", "triton") != "triton"):
             continue
         var = {k: v for k, v in cfg.items() if k not in _GEOMETRY}
         if var not in variants:
@@ -132,7 +133,7 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     for cfg in base + grid:
         if case.kind == "prefill":   # the chunk translation mode does nothing for prefill rows
             cfg = {k: v for k, v in cfg.items() if k != "CHUNK_MODE"}
-        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE")
+        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE") or cfg.get("UNION")
                or cfg.get("ENGINE", "triton") != "triton")
               and cfg.get("CHUNK_MODE") != "pretranslate"):
             continue  # chunk entries are positions until translated: nothing to order or count

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 26's union path on the lent H200, one device call: the GPU tests of the union path, the
-# interleaved CUDA-graph timing of the H200 family (h200), auto and two union configs on both
+# interleaved CUDA-graph timing of the H200 family (h200), auto and the union configs on both
 # index sets, then the other sparse_prefill GPU tests. Logs under $OUT (or ./union26-out).
 # usage: bash benchmarks/probes/union26.sh [STEPS]   (STEPS: tests,bench,moretests; default all)
 set -u
@@ -21,6 +21,7 @@ if [[ $STEPS == *tests* ]]; then
   log "union GPU tests"
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_union.py \
     > "$OUT/tests_union.log" 2>&1; log "rc=$? $(tail -1 "$OUT/tests_union.log")"
+  grep -E "passed|failed|Error" "$OUT/tests_union.log" | tail -5
 fi
 if [[ $STEPS == *bench* ]]; then
   for kind in prefill chunk; do
@@ -29,10 +30,10 @@ if [[ $STEPS == *bench* ]]; then
       pre=""; [[ $kind == chunk ]] && pre=":pre"
       base=${fam/x2:rev/x2${pre}:rev}
       u1="geometry=${base}:union300"
-      u2="geometry=${base}:union300:dt64x32x4x2"
+      u2="geometry=${base}:union150"
       if [[ $kind == prefill ]]; then
         d=250; [[ $g == 12 ]] && d=150
-        u3="geometry=${base}:dense${d}:union300"
+        u3="geometry=${base}:dense${d}:union150"
       else
         u3=""
       fi
@@ -41,12 +42,11 @@ if [[ $STEPS == *bench* ]]; then
         timeout 150 python3 cli.py bench sparse_prefill --kind $kind --group-size $g \
           --kv-len 8192,32768 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 12 \
           --providers "h200,auto,$u1,$u2${u3:+,$u3}" --baseline h200 \
-          > "$OUT/bench_${kind}_g${g}_${ix}.txt" 2>&1
-        log "rc=$?"; tail -12 "$OUT/bench_${kind}_g${g}_${ix}.txt"
+          > "/tmp/bench_${kind}_g${g}_${ix}.txt" 2>&1
+        log "rc=$?"; cat "/tmp/bench_${kind}_g${g}_${ix}.txt" >> "$OUT/bench_all.txt"
       done
     done
   done
-  cat "$OUT"/bench_*.txt > "$OUT/bench_all.txt"
 fi
 if [[ $STEPS == *moretests* ]]; then
   log "triton + contract GPU tests"

@@ -376,6 +376,42 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
     assert compare(out, ref) is None and (out.double() - ref).abs().max() <= 1e-4
 
 
+def test_explain_says_which_path_a_union_config_takes() -> None:
+    import registry
+    from backends.sparse_prefill.config import describe_path
+    from backends.sparse_prefill.guarantees import kernel_contract
+    from registry import Implementation, hookimpl
+
+    union = {**BASE, "UNION": 300}
+    assert describe_path(union).startswith("union tiles where a tile's union of selected slots "
+                                           "is <= 300%")
+    assert "dense-span tiles" in describe_path({**union, "DENSE": 250})
+    assert describe_path(BASE) == "the Triton per-row gathering kernel for every row"
+
+    class _Plugin:
+        @hookimpl
+        def kreg_implementations(self) -> list[Implementation]:
+            return [Implementation(
+                op="sparse_prefill", name="test_union.explain", priority=10**6,
+                config=dict(union), describe_config=describe_path, contract=kernel_contract,
+                kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton")]
+
+    fields = {"kind": "prefill", "topk": 2051, "head_dim": 256, "group_size": 6,
+              "num_kv_heads": 1, "total_q": 8192, "num_requests": 1, "max_q": 8192,
+              "dtype": "bfloat16", "kv_len": 32768}
+    registry.register_plugin(_Plugin(), "test_union_explain")
+    try:
+        reg = registry.get_registry()
+        decision = registry.select("sparse_prefill", fields, reg.resolve_device("h200"))
+    finally:
+        registry.unregister_plugin("test_union_explain")
+    text = decision.explain()
+    assert decision.implementation == "test_union.explain"
+    assert "note: path: union tiles where" in text and "UNION=300" in text, text
+    # a tile's path depends on its neighbouring rows: deterministic, not batch-invariant
+    assert decision.guarantees == ["deterministic"], decision.guarantees
+
+
 # ------------------------------------------------------------------ GPU
 
 
