@@ -85,18 +85,21 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            cores; a line's weight of slot s is ``count * exp(score)`` (0 where
                            unselected). The gathering kernel, with the rest of the config, does
                            the other tiles. Unselected slots inside a dense tile's span are read,
-                           but a non-finite V value there never reaches a line that does not
-                           count the slot: a tile step whose V holds NaN/inf runs P V on V with
-                           those values zeroed and sets NaN only at the (line, column) pairs
-                           that count such a slot (the op's non-finite rules; an infinity may
-                           come out as NaN, which they allow). Prefill, and chunk with
+                           and a zero weight times a non-finite V value there would be NaN: a
+                           dense program whose accumulator holds any NaN stores nothing and
+                           hands its tile back to the gathering kernel (which runs after and
+                           follows the op's non-finite rules), so such a value never reaches a
+                           row that does not select it (tests/kernels/
+                           test_sparse_prefill_contract.py). Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
 UNION           0          U > 0: rows that share most of their selections are computed on the
                            union of what their tile (DENSE_TILE's RP rows, as DENSE) selects. A
-                           pre-pass per tile marks the selected slots in a bitmap over the
-                           tile's span and counts them: a tile goes union when the union has at
-                           most U percent of its rows' mean count of valid entries (e.g. 300:
-                           16 rows whose union is at most 3x top-k), decided on the GPU; then
+                           pre-pass marks the tile's selected slots in a bitmap over its span
+                           and counts them: a tile goes union when the union has at most U
+                           percent of its rows' mean count of valid entries (e.g. 300: 16 rows
+                           whose union is at most 3x top-k), decided on the GPU (a gate first
+                           marks the first row and checks the last against it, and skips the
+                           exact count where the estimate is over twice the threshold); then
                            the pass writes the union's slots ascending (prefix sums of the
                            bitmap's popcounts) and each row's 16-bit multiplicity at every union
                            position (a slot listed twice counts twice; -1, out-of-range and
@@ -105,7 +108,8 @@ UNION           0          U > 0: rows that share most of their selections are c
                            query lines on the tensor cores, the dense kernel's arithmetic (weight
                            count x exp(score)). Tiles whose union is larger fall back to the
                            gathering kernel (with the rest of the config); with DENSE too, dense
-                           tiles are DENSE's and union is tried on the others. Scratch: int32
+                           tiles are DENSE's and union is tried on the others; a NaN in a union
+                           program's accumulator hands the tile back, as DENSE. Scratch: int32
                            bitmaps and prefixes of ceil(num_slots / 32) words, ceil(top-k x U /
                            100) slots and RP x that / 2 count words a tile, bounded by
                            ``_UNION_SCRATCH_BYTES`` (tiles are done in chunks). Prefill, and
