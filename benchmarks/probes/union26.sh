@@ -2,7 +2,10 @@
 # Issue 26's union path on the lent H200, one device call: the GPU tests of the union path, the
 # interleaved CUDA-graph timing of the H200 family (h200), auto and the union configs on both
 # index sets, then the other sparse_prefill GPU tests. Logs under $OUT (or ./union26-out).
-# usage: bash benchmarks/probes/union26.sh [STEPS]   (STEPS: tests,bench,moretests; default all)
+# usage: bash benchmarks/probes/union26.sh [STEPS]   (STEPS: tests,bench,moretests; default all;
+# confirm: the policy's union cell (chunk g6, KV 8192) against the staged family it replaces,
+# at 8192 and 4096 rows, on the walk and an overlap sweep of top-k rows, and the dispatch GPU
+# tests)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -53,5 +56,19 @@ if [[ $STEPS == *moretests* ]]; then
   timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_triton.py \
     tests/kernels/test_sparse_prefill_contract.py > "$OUT/tests_more.log" 2>&1
   log "rc=$? $(tail -1 "$OUT/tests_more.log")"
+fi
+if [[ $STEPS == *confirm* ]]; then
+  FAMC=config=nvidia_hopper.family.chunk_g6
+  for ix in walk topk; do
+    ov=""; [[ $ix == topk ]] && ov="--overlap 0.5,0.8,0.95,0.99"
+    log "confirm chunk g6 kv 8192 $ix"
+    timeout 120 python3 cli.py bench sparse_prefill --kind chunk --group-size 6 --kv-len 8192 \
+      --total-q 4096,8192 --indices $ix $ov --graphs --warmup 3 --iters 12 \
+      --providers "h200,auto,$FAMC" --baseline $FAMC >> "$OUT/confirm.txt" 2>&1
+    log "rc=$?"
+  done
+  log "dispatch GPU tests"
+  timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_dispatch_gpu.py \
+    > "$OUT/tests_dispatch.log" 2>&1; log "rc=$? $(tail -1 "$OUT/tests_dispatch.log")"
 fi
 log done
