@@ -143,6 +143,7 @@ ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_ker
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from registry.errors import ConfigError
@@ -345,13 +346,13 @@ def _variant(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def describe_path(config: dict[str, Any] | None) -> str:
+def describe_path(config: Mapping[str, Any] | None) -> str:
     """Which kernels a config runs, in words (``kreg explain``'s ``path:`` note): the row-tile
     paths (DENSE, UNION, decided per tile on the GPU) before the per-row kernel, and that one's
     engine and pre-passes."""
     if not config:
         return "no config"
-    var = _variant(config)
+    var = _variant(dict(config))
     tiles = var["DENSE_TILE"]
     parts = []
     if var["DENSE"]:

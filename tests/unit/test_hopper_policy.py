@@ -196,7 +196,7 @@ def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -
         _invariant_config,
     )
 
-    assert UNION_POLICY == {("chunk", 6)} and UNION_KV == (8192, 8192)
+    assert frozenset({("chunk", 6)}) == UNION_POLICY and UNION_KV == (8192, 8192)
     facts = profile("h200")
     for kv in (None, 4096, 8191, 8192, 8193, 16384, 32768):
         for tq in (MIN_TOTAL_Q[(kind, group)], UNION_MIN_TOTAL_Q - 1, UNION_MIN_TOTAL_Q, 16384):
