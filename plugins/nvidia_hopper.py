@@ -163,8 +163,9 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # Union tiles (UNION=U, issue 26): a tile of DENSE_TILE's rows whose selections share most of
 # their slots gathers the union once for all its query lines (chosen per tile on the GPU; the
 # other tiles gather with the rest of the config). Chunk rows need CHUNK_MODE="pretranslate"
-# (the union is over slot ids). All four are the tuner's candidates (`kreg bench
-# config=union.<kind>_g<group>`); the policy takes the chunk group-6 one at KV 8192 from 8192 rows
+# (the union is over slot ids). The tuner's space has UNION=300 over every family config
+# (backends/sparse_prefill/tuning.py); the policy takes the chunk group-6 one (offered as
+# `config=nvidia_hopper.union.chunk_g6`) at KV 8192 from 8192 rows
 # (UNION_POLICY, UNION_KV, UNION_MIN_TOTAL_Q), the one cell where it was measured faster on
 # top-k-shaped rows (1.382 against the staged family's 1.690 ms, 0.82x) with the bench walk
 # within 2% (1.760 against 1.745, 1.009x), CUDA-graph replays at 8192 rows
@@ -311,7 +312,8 @@ CONFORMANCE_CASES = (
 
 
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
-           "dense": H200_DENSE_CONFIGS, "union": H200_UNION_CONFIGS,
+           "dense": H200_DENSE_CONFIGS,
+           "union": {key: H200_UNION_CONFIGS[key] for key in sorted(UNION_POLICY)},
            "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
 

@@ -31,6 +31,8 @@ from backends.sparse_prefill.config import (  # noqa: F401 (re-exported: importa
     _MAX_HEAD_DIM,
     DEFAULT_VARIANT,
     REQUIRED_KEYS,
+    _dense_heads,
+    _dense_tile_geometry,
     _is_pow2,
     _validate_gluon,
     _variant,

@@ -106,7 +106,15 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     # Every config a loaded plugin offers (hook kreg_configs: the measured families of
     # nvidia_hopper and nvidia_sm120, and any vendor's), beside the table's for this point.
     offered = list(registry.get_registry().offered_configs("sparse_prefill").values())
-    base = [_table_config(case, facts), *offered]
+    # Issue 26's union tiles (UNION=300, the default DENSE_TILE) over every plain Triton family
+    # config on offer: candidates wherever a family config runs (chunk rows need translated
+    # slots); the policy takes one of them at one measured cell only.
+    unions = [{**cfg, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if case.kind == "chunk"
+                                       else {})}
+              for cfg in offered if not (cfg.get("DENSE") or cfg.get("UNION")
+                                         or cfg.get("SLOT_ORDER")
+                                         or cfg.get("ENGINE", "triton") != "triton")]
+    base = [_table_config(case, facts), *offered, *unions]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
     # family configs on offer (not the dense, union, slot-ordered or Gluon ones).
     variants: list[dict[str, Any]] = [{}]

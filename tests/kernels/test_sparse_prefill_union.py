@@ -376,6 +376,26 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
     assert compare(out, ref) is None and (out.double() - ref).abs().max() <= 1e-4
 
 
+def test_tuner_space_has_union_candidates_over_the_family() -> None:
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, H200_UNION_CONFIGS
+
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
+        cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
+        unions = [cfg for cfg in cands if cfg.get("UNION")]
+        fam = {k: v for k, v in H200_PREFILL_CONFIGS[("prefill", 6)].items()}
+        want = {**fam, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if kind == "chunk"
+                                        else {})}
+        assert want in unions, unions
+        if kind == "chunk":
+            assert H200_UNION_CONFIGS[("chunk", 6)] in unions
+            assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in unions)
+        else:
+            assert not any("CHUNK_MODE" in cfg for cfg in unions)
+
+
 def test_explain_says_which_path_a_union_config_takes() -> None:
     import registry
     from backends.sparse_prefill.config import describe_path
