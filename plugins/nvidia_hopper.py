@@ -12,7 +12,8 @@ densely in their span by streaming K/V blocks (DENSE); prefill from ``GLUON_MIN_
 ``LONG_KV_FROM`` slots on Triton 3.6 runs the Gluon kernels: the wgmma one
 (ENGINE="gluon_wgmma") for groups 6 and 12 from ``WGMMA_MIN_TOTAL_Q`` rows (after DENSE,
 except for ``WGMMA_OVER_DENSE``), else the mma_v2 one (ENGINE="gluon") for group 6 from
-``GLUON_MIN_TOTAL_Q`` rows (``family_config``).
+``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 at ``UNION_KV`` slots from ``UNION_MIN_TOTAL_Q`` rows
+runs union tiles (UNION) over the one-warp pretranslated family (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.config import describe_path
 from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
 from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
@@ -158,6 +160,30 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
+# Union tiles (UNION=U, issue 26): a tile of DENSE_TILE's rows whose selections share most of
+# their slots gathers the union once for all its query lines (chosen per tile on the GPU; the
+# other tiles gather with the rest of the config). Chunk rows need CHUNK_MODE="pretranslate"
+# (the union is over slot ids). The tuner's space has UNION=300 over every family config
+# (backends/sparse_prefill/tuning.py); the policy takes the chunk group-6 one (offered as
+# `config=nvidia_hopper.union.chunk_g6`) at KV 8192 from 8192 rows
+# (UNION_POLICY, UNION_KV, UNION_MIN_TOTAL_Q), the one cell where it was measured faster on
+# top-k-shaped rows (1.382 against the staged family's 1.690 ms, 0.82x) with the bench walk
+# within 2% (1.760 against 1.745, 1.009x), CUDA-graph replays at 8192 rows
+# (docs/notes/sparse_prefill.md, "Union path (issue 26)"). Elsewhere it lost (prefill, group
+# 12, KV 32K on top-k rows: 1.02-1.62x the family) or regressed the walk (prefill g6 KV 8K:
+# 0.95x on top-k, 1.21x on the walk). Other KV lengths and row counts were not measured.
+H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
+    ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "UNION": 300},
+    ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
+    ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
+                   "UNION": 300},
+    ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "UNION": 300},
+}
+UNION_POLICY = frozenset({("chunk", 6)})
+UNION_KV = (8192, 8192)  # the measured KV lengths (inclusive)
+UNION_MIN_TOTAL_Q = 8192
+
+
 # From GLUON_MIN_KV to below LONG_KV_FROM slots (where the dense tiles do not apply), prefill group
 # 6 from GLUON_MIN_TOTAL_Q rows: the hand-scheduled Gluon kernel (ENGINE="gluon",
 # backends/sparse_prefill/gluon_kernels.py: transposed products so the 6 heads pad to 8 lines, two
@@ -236,6 +262,9 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     if (mid_kv and key in H200_GLUON_CONFIGS and total_q is not None
             and total_q >= GLUON_MIN_TOTAL_Q[key] and gluon_triton(triton_version)):
         return dict(H200_GLUON_CONFIGS[key])
+    if (key in UNION_POLICY and kv_len is not None and UNION_KV[0] <= kv_len <= UNION_KV[1]
+            and total_q is not None and total_q >= UNION_MIN_TOTAL_Q):
+        return dict(H200_UNION_CONFIGS[key])
     return dict(H200_PREFILL_CONFIGS[key])
 
 
@@ -245,10 +274,12 @@ def _config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
 
 
 def _invariant_config(f: DeviceFacts, w: SparsePrefillWorkload) -> dict[str, Any]:
-    """While batch invariance is required: the family's config without the dense tiles (a
-    tile's dense path depends on its neighbouring rows; every other config is row-local)."""
+    """While batch invariance is required: the family's config without the dense or union
+    tiles (a tile's path depends on its neighbouring rows; every other config is row-local)."""
     cfg = family_config(w.kind, w.group_size, w.kv_len, w.total_q, f.triton_version)
-    return cfg if not cfg.get("DENSE") else dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
+    if not (cfg.get("DENSE") or cfg.get("UNION")):
+        return cfg
+    return dict(H200_PREFILL_CONFIGS[(w.kind, w.group_size)])
 
 
 def _rows(topk: int, total_q: int) -> list[int]:
@@ -281,7 +312,9 @@ CONFORMANCE_CASES = (
 
 
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
-           "dense": H200_DENSE_CONFIGS, "gluon": H200_GLUON_CONFIGS,
+           "dense": H200_DENSE_CONFIGS,
+           "union": {key: H200_UNION_CONFIGS[key] for key in sorted(UNION_POLICY)},
+           "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
 
 
@@ -302,8 +335,10 @@ def kreg_implementations() -> list[Implementation]:
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",
                        contract=kernel_contract, invariant_config=_invariant_config,
+                       describe_config=describe_path,
                        description="H200-measured family: split K/V gathers, int32 offsets, "
                                    "reversed rows; dense tiles for short prefill (KV <= 8K), "
+                                   "union tiles for chunk group 6 at KV 8K, "
                                    "the Gluon kernels for prefill at KV 8K-64K (wgmma from "
                                    "8192 rows), slot-ordered rows from KV 64K",
                        conformance_profiles=("h200",),

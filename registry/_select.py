@@ -318,6 +318,11 @@ def select_pure(op: str, facts: DeviceFacts, workload: Workload,
         contract = chosen.contract_for(config)
     except Exception as exc:  # shown, never fatal: nothing was required of it
         notes.append(f"{chosen.name}'s contract raised {type(exc).__name__}: {exc}")
+    if chosen.describe_config is not None:
+        try:
+            notes.append(f"path: {chosen.describe_config(config)}")
+        except Exception as exc:  # shown, never fatal
+            notes.append(f"{chosen.name}'s describe_config raised {type(exc).__name__}: {exc}")
     return Decision(op=op, implementation=chosen.name, config=config,
                     fallback=bool(chosen.fallback), reason=reason, candidates=cands,
                     override=info, facts=facts, workload=workload.model_dump(), notes=notes,

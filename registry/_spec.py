@@ -198,6 +198,9 @@ class Implementation:
     # (a policy whose best config at some points is not batch-invariant designates the best one
     # that is), or None: ``config`` serves then too.
     invariant_config: ConfigResolver | None = None
+    # ``describe_config(config) -> str``: which code path a resolved config takes, in words
+    # (``kreg explain`` shows it as a ``path:`` note of the decision), or None.
+    describe_config: Callable[[Mapping[str, Any] | None], str] | None = None
     conformance_profiles: tuple[str, ...] = ()
     conformance_cases: str = ""
     # ``route(config) -> (implementation, its config)`` when a config stands for another

@@ -44,9 +44,9 @@ Providers (``--providers``, comma separated):
 * ``geometry=BMxBNxWxS[:opt...]``: the Triton kernel at a forced geometry; options ``pre``
   (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``rev`` (REVERSE_ROWS=1),
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
-  (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``dtBMxBNxWxS``
-  (DENSE_TILE), ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query
-  lines, S its ring stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
+  (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``dtBMxBNxWxS`` (DENSE_TILE),
+  ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
+  stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
   e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
   ``geometry=16x64x4x2:wg:o32:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
@@ -229,6 +229,9 @@ def parse_geometry(spec: str) -> dict[str, Any]:
         if o.startswith("dense") and o[5:].isdigit():
             cfg["DENSE"] = int(o[5:])
             continue
+        if o.startswith("union") and o[5:].isdigit():
+            cfg["UNION"] = int(o[5:])
+            continue
         if o.startswith("dt") and len(o[2:].split("x")) in (4, 5):
             cfg["DENSE_TILE"] = o[2:]
             continue
@@ -251,8 +254,11 @@ def format_geometry(cfg: dict[str, Any]) -> str:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):
         s += f":dense{cfg['DENSE']}"
-        if cfg.get("DENSE_TILE", "128x32x8x3") != "128x32x8x3":
-            s += f":dt{cfg['DENSE_TILE']}"
+    if cfg.get("UNION"):
+        s += f":union{cfg['UNION']}"
+    if (cfg.get("DENSE") or cfg.get("UNION")) and \
+            cfg.get("DENSE_TILE", "128x32x8x3") != "128x32x8x3":
+        s += f":dt{cfg['DENSE_TILE']}"
     if cfg.get("MAXNREG"):
         s += f":r{cfg['MAXNREG']}"
     return s

@@ -67,15 +67,40 @@ DENSE           0          N > 0: rows whose selections are dense in their slot 
                            once for its RP x HP query lines and scores them on the tensor
                            cores; a line's weight of slot s is ``count * exp(score)`` (0 where
                            unselected). The gathering kernel, with the rest of the config, does
-                           the other tiles. Unselected slots inside a dense tile's span are read:
-                           a non-finite V value there reaches the tile's outputs (0 x NaN), where
-                           the gathering loop would not read it (a deviation from the op's
-                           non-finite rules; tests/kernels/test_sparse_prefill_contract.py pins
-                           it as an expected failure until the kernel zeroes V rows of uncounted
-                           slots). Prefill, and chunk with
+                           the other tiles. Unselected slots inside a dense tile's span are read,
+                           and a zero weight times a non-finite V value there would be NaN: a
+                           dense program whose accumulator holds any NaN stores nothing and
+                           hands its tile back to the gathering kernel (which runs after and
+                           follows the op's non-finite rules), so such a value never reaches a
+                           row that does not select it (tests/kernels/
+                           test_sparse_prefill_contract.py). Prefill, and chunk with
                            CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <= 65535.
-DENSE_TILE      "128x32x8x3"  the dense kernel's ``BMxBNxWxS[xHP]``: query lines per program (a
-                           power of two >= 16 and >= HP), slots per step, warps, stages, and
+UNION           0          U > 0: rows that share most of their selections are computed on the
+                           union of what their tile (DENSE_TILE's RP rows, as DENSE) selects. A
+                           pre-pass marks the tile's selected slots in a bitmap over its span
+                           and counts them: a tile goes union when the union has at most U
+                           percent of its rows' mean count of valid entries (e.g. 300: 16 rows
+                           whose union is at most 3x top-k), decided on the GPU (a gate first
+                           marks the first row and checks the last against it, and skips the
+                           exact count where the estimate is over twice the threshold); then
+                           the pass writes the union's slots ascending (prefix sums of the
+                           bitmap's popcounts) and each row's 16-bit multiplicity at every union
+                           position (a slot listed twice counts twice; -1, out-of-range and
+                           past-length entries are not counted), and one program per tile (and
+                           HP heads) gathers the union's K/V rows by slot once for its RP x HP
+                           query lines on the tensor cores, the dense kernel's arithmetic (weight
+                           count x exp(score)). Tiles whose union is larger fall back to the
+                           gathering kernel (with the rest of the config); with DENSE too, dense
+                           tiles are DENSE's and union is tried on the others; a NaN in a union
+                           program's accumulator hands the tile back, as DENSE. Scratch: int32
+                           bitmaps and prefixes of ceil(num_slots / 32) words, ceil(top-k x U /
+                           100) slots and RP x that / 2 count words a tile, bounded by
+                           ``_UNION_SCRATCH_BYTES`` (tiles are done in chunks). Prefill, and
+                           chunk with CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <=
+                           65535; not batch-invariant (a tile's path depends on its rows).
+DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS[xHP]``:
+                           query lines per program (a power of two >= 16 and >= HP), slots per
+                           step, warps, stages, and
                            optionally HP, the query heads a program takes (a power of two; 0 or
                            absent: the group rounded up; below the group, ceil(group / HP)
                            programs share a tile's K/V blocks through L2).
@@ -101,18 +126,19 @@ ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_ker
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from registry.errors import ConfigError
 
 __all__ = ["DEFAULT_VARIANT", "GLUON_HEAD_DIMS", "REMOVED_KEYS", "REQUIRED_KEYS",
-           "WGMMA_HEAD_DIM", "validate_config"]
+           "WGMMA_HEAD_DIM", "describe_path", "validate_config"]
 
 REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
-                                   "ENGINE": "triton"}
+                                   "UNION": 0, "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
@@ -201,6 +227,15 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if var["SLOT_ORDER"]:
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
+    union = var["UNION"]
+    if not isinstance(union, int) or isinstance(union, bool) or union < 0:
+        raise ConfigError(f"UNION={union!r}: expected 0 (off) or a union-size threshold in "
+                          f"percent of the mean valid entries per row of a tile (e.g. 300)")
+    if union:
+        _dense_tile_geometry(var["DENSE_TILE"], group_size)
+        if var["SLOT_ORDER"]:
+            raise ConfigError("UNION and SLOT_ORDER both reorganize the rows' entries: set "
+                              "SLOT_ORDER=0 or UNION=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
@@ -301,3 +336,31 @@ def _variant(config: dict[str, Any]) -> dict[str, Any]:
     out = dict(DEFAULT_VARIANT)
     out.update({k: config[k] for k in DEFAULT_VARIANT if k in config})
     return out
+
+
+def describe_path(config: Mapping[str, Any] | None) -> str:
+    """Which kernels a config runs, in words (``kreg explain``'s ``path:`` note): the row-tile
+    paths (DENSE, UNION, decided per tile on the GPU) before the per-row kernel, and that one's
+    engine and pre-passes."""
+    if not config:
+        return "no config"
+    var = _variant(dict(config))
+    tiles = var["DENSE_TILE"]
+    parts = []
+    if var["DENSE"]:
+        parts.append(f"dense-span tiles where a tile's span is <= {var['DENSE']}% of its rows' "
+                     f"mean valid entries (DENSE_TILE {tiles})")
+    if var["UNION"]:
+        parts.append(f"union tiles where a tile's union of selected slots is <= "
+                     f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
+                     f"chosen per tile on the GPU)")
+    engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "
+              "per-row kernel", "gluon_wgmma": "the Gluon wgmma per-row kernel"}[var["ENGINE"]]
+    rest = "the other tiles' rows" if parts else "every row"
+    pre = []
+    if config.get("CHUNK_MODE", "fused") != "fused":
+        pre.append(f"CHUNK_MODE={var['CHUNK_MODE']}")
+    if var["SLOT_ORDER"]:
+        pre.append(f"slot-ordered rows (SLOT_ORDER={var['SLOT_ORDER']})")
+    tail = f" ({', '.join(pre)})" if pre else ""
+    return "; ".join([*parts, f"{engine} for {rest}{tail}"])

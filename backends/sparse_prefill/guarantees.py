@@ -1,11 +1,13 @@
 """What the sparse_prefill kernels guarantee per config (registry/_contract.py).
 
-* **deterministic** — every config: no floating-point atomics (DENSE counts with integer atomics,
-  which commute), a fixed reduction tree per config; the same inputs give the same bits.
+* **deterministic** — every config: no floating-point atomics (DENSE and UNION count and mark with
+  integer atomics, which commute), a fixed reduction tree per config; the same inputs give the
+  same bits.
 * **batch_invariant** — a config whose programs each compute one query row: every Triton config
-  except DENSE tiles (whether a tile of rows takes the dense path depends on its neighbouring
-  rows), and both Gluon engines (one row a program). Selection must not switch configs with the
-  batch size either: that is what requiring ``batch_invariant`` adds (``OpSpec.batch_reference``).
+  except DENSE and UNION tiles (whether a tile of rows takes the dense or the union path depends
+  on its neighbouring rows), and both Gluon engines (one row a program). Selection must not
+  switch configs with the batch size either: that is what requiring ``batch_invariant`` adds
+  (``OpSpec.batch_reference``).
 * **order class** — the config keys that can change the order of a row's sums. The others are
   proven not to (tests/kernels/test_sparse_prefill_contract.py: configs of one class give the
   same bits): ``OFFS32`` (offset width), ``REVERSE_ROWS`` (program order), ``MAXNREG`` (register
@@ -36,6 +38,7 @@ def order_class(config: Mapping[str, Any] | None) -> str:
 
 def kernel_contract(config: Mapping[str, Any] | None) -> Contract:
     """The contract of the Triton/Gluon kernels run with ``config``."""
-    dense = bool((config or {}).get("DENSE"))
-    return Contract(deterministic=True, batch_invariant=not dense,
+    cfg = config or {}
+    tiles = bool(cfg.get("DENSE") or cfg.get("UNION"))
+    return Contract(deterministic=True, batch_invariant=not tiles,
                     order_class=order_class(config))

@@ -38,6 +38,7 @@ from backends.sparse_prefill.config import (  # noqa: F401 (re-exported: importa
     _variant,
     validate_config,
 )
+from backends.sparse_prefill.tile_kernels import row_tiles
 from registry.errors import ConfigError, WorkloadError
 
 # The configs are policy: the table lives in plugins/generic.py, the measured families in
@@ -49,8 +50,6 @@ _STAGE_BLOCK = 512  # entries a staged (CHUNK_MODE="staged") program translates 
 _ORDER_BLOCK = 128  # entries an ordering (SLOT_ORDER) program handles per step (< 2**16)
 _ORDER_WARPS = 2  # 128 x 2: 0.18 ms at 8192 x 2051 on the H200 (256 x 2: 0.31, 1024 x 4: 0.55)
 _ORDER_DIGIT = 4  # bits of the slot id one ordering pass partitions on (16 ranges)
-_DENSE_SCRATCH_BYTES = 256 << 20  # DENSE's count scratch at most (rows are done in chunks)
-_DENSE_COUNT_BLOCK = 512  # entries (and count words) a DENSE counting program handles per step
 
 
 def error_bound(dtype: Any) -> float:
@@ -211,6 +210,7 @@ def _kept(mask, keep, SKIP: tl.constexpr):
     return mask
 
 
+
 @triton.jit
 def _qk(q, k, DOT_PREC: tl.constexpr):
     return tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
@@ -276,7 +276,7 @@ def _attend_tile(q, q2, m_i, l_i, acc, K_h, V_h, IDX_row, PT_row, start, n, pos,
 
 
 @triton.jit
-def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV, dense_span,
+def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, FLAG,
                         qk_scale, total_q, num_slots, topk, group, page_size, max_pages, num_req,
                         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, s_pb, s_st, s_sh,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -284,12 +284,12 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
                         REVERSE_ROWS: tl.constexpr, SPLIT_QK: tl.constexpr,
                         DOT_PREC: tl.constexpr, STAGE: tl.constexpr, STAGE_BLOCK: tl.constexpr,
                         SPLIT_V: tl.constexpr, LEAN: tl.constexpr, OFFS32: tl.constexpr,
-                        KV_SAME_STRIDE: tl.constexpr, SKIP_DENSE: tl.constexpr,
-                        DENSE_RP: tl.constexpr):
+                        KV_SAME_STRIDE: tl.constexpr, SKIP_TILES: tl.constexpr,
+                        TILE_RP: tl.constexpr):
     """STAGE (chunk rows, with CHUNK=False for the loop): the program first writes its row's
     slots (-1 where invalid) to its own ``SCR[r, h]`` and then streams them like prefill
-    indices. SKIP_DENSE: rows of the tiles (of ``DENSE_RP`` rows) that DENSE's kernel handled
-    stream nothing and store nothing."""
+    indices. SKIP_TILES (DENSE, UNION): rows of the tiles (of ``TILE_RP`` rows) whose ``FLAG``
+    is not 0 (the dense or the union kernel stored them) stream nothing and store nothing."""
     pid = tl.program_id(0)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
         r = total_q - 1 - pid
@@ -323,8 +323,8 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
         n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
     else:
         n = topk
-    if SKIP_DENSE:
-        keep = _dense_tile(LO, HI, NV, r // DENSE_RP, total_q, dense_span, DENSE_RP) == 0
+    if SKIP_TILES:
+        keep = tl.load(FLAG + r // TILE_RP) == 0
         n = tl.where(keep, n, 0)
     else:
         keep = True
@@ -373,15 +373,15 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, LO, HI, NV
     if SPLIT_V == 2:
         o_ptr = O_row + heads[:, None] * s_oh + offs_h[None, :]
         tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & h_mask[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & h_mask[None, :], keep, SKIP_TILES))
         o_ptr = O_row + heads[:, None] * s_oh + offs_h2[None, :]
         tl.store(o_ptr, (acc2 / l_safe[:, None]).to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & h_mask2[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & h_mask2[None, :], keep, SKIP_TILES))
     else:
         o = acc / l_safe[:, None]
         o_ptr = O_row + heads[:, None] * s_oh + offs_d[None, :]
         tl.store(o_ptr, o.to(OUT.dtype.element_ty),
-                 mask=_kept(m_mask[:, None] & d_mask[None, :], keep, SKIP_DENSE))
+                 mask=_kept(m_mask[:, None] & d_mask[None, :], keep, SKIP_TILES))
 
 
 # ---- pre-passes: chunk translation (CHUNK_MODE='pretranslate'), slot ordering (SLOT_ORDER)
@@ -456,163 +456,6 @@ def _order_slots(IDX, LENS, OUT, CNT, num_slots, topk, shift, s_it, s_ot,
                  mask=(j >= kept) & (j < topk))
 
 
-# ---- dense tiles (DENSE): row statistics, per-slot counts, the span kernel
-
-
-@triton.jit
-def _row_stats(IDX, LENS, LO, HI, NV, num_slots, topk, s_it, HAS_LENS: tl.constexpr,
-               BLOCK: tl.constexpr):
-    """DENSE: the least and greatest valid slot of row ``program_id(0)`` (``num_slots`` / -1
-    when it has none) and its number of valid entries."""
-    r = tl.program_id(0).to(tl.int64)
-    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
-        n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
-    else:
-        n = topk
-    lo = num_slots + 0 * n
-    hi = -1 + 0 * n
-    nv = 0 * n
-    for c0 in range(0, n, BLOCK):
-        j = c0 + tl.arange(0, BLOCK)
-        t = tl.load(IDX + r * s_it + j, mask=j < n, other=-1)
-        ok = (t >= 0) & (t < num_slots)
-        lo = tl.minimum(lo, tl.min(tl.where(ok, t, num_slots), 0))
-        hi = tl.maximum(hi, tl.max(tl.where(ok, t, -1), 0))
-        nv += tl.sum(ok.to(tl.int32), 0)
-    tl.store(LO + r, lo)
-    tl.store(HI + r, hi)
-    tl.store(NV + r, nv)
-
-
-@triton.jit
-def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr):
-    """Whether DENSE handles the rows ``tile * RP ..`` (scalar): the slots between the least and
-    the greatest one they select number at most ``dense_span`` percent of their mean count of
-    valid entries. Every kernel of a DENSE call decides a tile with this one function."""
-    rr = tile * RP + tl.arange(0, RP)
-    ok = rr < total_q
-    lo = tl.min(tl.load(LO + rr, mask=ok, other=2**31 - 1), 0)
-    hi = tl.max(tl.load(HI + rr, mask=ok, other=-1), 0)
-    nv = tl.sum(tl.load(NV + rr, mask=ok, other=0).to(tl.int64), 0)
-    span = tl.maximum(hi - lo + 1, 0).to(tl.int64)
-    return span * RP * 100 <= nv * dense_span
-
-
-@triton.jit
-def _count_slots(IDX, LENS, LO, HI, NV, CNT, num_slots, topk, row0, total_q, dense_span, s_it,
-                 s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
-    """DENSE: for row ``row0 + program_id(0)`` of a dense tile, the multiplicity of every slot of
-    the row's own span ``[LO, HI]`` in 16-bit fields (slot s: ``CNT[i, s >> 1] >> (16 * (s &
-    1)) & 0xFFFF``). Only those words are zeroed and counted; the dense kernel never reads the
-    row's words outside its span, and rows of sparse tiles are left alone."""
-    i = tl.program_id(0)
-    r = row0 + i
-    if _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP):
-        r64 = r.to(tl.int64)
-        if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
-            n = tl.minimum(tl.maximum(tl.load(LENS + r64), 0), topk)
-        else:
-            n = topk
-        lo = tl.load(LO + r64)
-        hi = tl.load(HI + r64)
-        IDX_row = IDX + r64 * s_it
-        CNT_row = CNT + i.to(tl.int64) * s_ct
-        for w0 in range(lo >> 1, (hi >> 1) + 1, BLOCK):
-            w = w0 + tl.arange(0, BLOCK)
-            tl.store(CNT_row + w, tl.zeros([BLOCK], dtype=tl.int32), mask=w <= (hi >> 1))
-        tl.debug_barrier()  # the zeros are in place before any thread of the program counts
-        for c0 in range(0, n, BLOCK):
-            j = c0 + tl.arange(0, BLOCK)
-            t = tl.load(IDX_row + j, mask=j < n, other=-1)
-            ok = (t >= 0) & (t < num_slots)
-            ts = tl.where(ok, t, 0)
-            tl.atomic_add(CNT_row + (ts >> 1), (1 << ((ts & 1) * 16)).to(tl.int32), mask=ok,
-                          sem="relaxed")
-
-
-@triton.jit
-def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, OUT, qk_scale, num_slots, group, total_q,
-               row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
-               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
-               DESC: tl.constexpr, DOT_PREC: tl.constexpr):
-    """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
-    nrows``) and ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)``, its
-    ``program_id(1) % ceil(group / HP)``-th ``HP`` query heads: line m is row ``m // HP``, head
-    ``m % HP`` of those (lines of heads past the group are masked). Streams the KV blocks
-    between the least and the greatest slot the rows select, through TMA descriptors
-    ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is ``count *
-    exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0. Tiles that
-    ``_dense_tile`` leaves to the gathering kernel do nothing."""
-    RP: tl.constexpr = BLOCK_M // HP
-    pid = tl.program_id(0)
-    ntiles = tl.cdiv(nrows, RP)
-    if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
-        tile = ntiles - 1 - pid
-    else:
-        tile = pid
-    chunks = tl.cdiv(group, HP)
-    h = tl.program_id(1) // chunks
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_n = tl.arange(0, BLOCK_N)
-    d_mask = offs_d < HEAD_DIM
-    ri = tile * RP + offs_m // HP  # row within the chunk
-    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP  # head within the group
-    m_ok = (hh < group) & (ri < nrows)
-    rr = tile * RP + tl.arange(0, RP)
-    r_ok = rr < nrows
-    dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP)
-    r64 = (row0 + ri).to(tl.int64)
-    heads = h * group + hh
-    q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
-                mask=m_ok[:, None] & d_mask[None, :], other=0.0)
-    rr64 = (row0 + rr).to(tl.int64)
-    lo_r = tl.load(LO + rr64, mask=r_ok, other=num_slots)
-    hi_r = tl.load(HI + rr64, mask=r_ok, other=-1)
-    lo = tl.min(lo_r, 0)
-    hi = tl.where(dense, tl.max(hi_r, 0), -1)
-    CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
-    K_h = K + h.to(tl.int64) * s_kh
-    V_h = V + h.to(tl.int64) * s_vh
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    start = (lo // BLOCK_N) * BLOCK_N
-    kb = K_h + start.to(tl.int64) * s_kt
-    vb = V_h + start.to(tl.int64) * s_vt
-    for s0 in range(start, hi + 1, BLOCK_N):
-        n = s0 + offs_n
-        inr = (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None])
-        w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
-        cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
-        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
-        c = tl.where(m_ok[:, None], c, 0)
-        if DESC:
-            k = KD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
-            v = VD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
-        else:
-            kv_mask = (n < num_slots)[:, None] & d_mask[None, :]
-            k = tl.load(kb + offs_n[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(vb + offs_n[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
-                     float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
-        m_i = m_new
-        kb += BLOCK_N * s_kt
-        vb += BLOCK_N * s_vt
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
-    tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-             mask=tl.where(dense, m_ok[:, None] & d_mask[None, :], False))
-
-
 # --------------------------------------------------------------------------------------------
 # wrapper
 # --------------------------------------------------------------------------------------------
@@ -660,64 +503,6 @@ def _order_rows(idx: Any, lens: Any, num_slots: int, block: int = _ORDER_BLOCK,
                              idx.stride(0), out.stride(0), HAS_LENS=has_lens, BLOCK=block,
                              num_warps=num_warps)
     return out, cnt
-
-
-def _desc_ok(t: Any) -> bool:
-    """Whether TMA can load ``t`` ([num_slots, heads, head_dim], 16-bit): 16-byte aligned base
-    and strides, unit last stride."""
-    import torch
-
-    es = t.element_size()
-    return (t.dtype in (torch.bfloat16, torch.float16) and t.stride(-1) == 1
-            and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]))
-
-
-def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
-           qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int) -> tuple[Any, ...]:
-    """DENSE's part of a call: row statistics, then per chunk of rows the counts and the dense
-    kernel on the dense tiles. Returns (LO, HI, NV, RP, span) for the gathering kernel's skip."""
-    import torch
-
-    total_q, hq, d = q.shape
-    num_slots, hkv, _ = k.shape
-    group, topk = hq // hkv, idx.shape[1]
-    if topk > 0xFFFF:
-        raise ConfigError(f"DENSE counts a slot's multiplicity in 16 bits, so top-k <= 65535 "
-                          f"(got {topk}): use DENSE=0")
-    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
-    hp = _dense_heads(var["DENSE_TILE"], group)
-    rp = bm // hp
-    span = int(var["DENSE"])
-    dev = q.device
-    lo = torch.empty((total_q,), device=dev, dtype=torch.int32)
-    hi, nv = torch.empty_like(lo), torch.empty_like(lo)
-    _row_stats[(total_q,)](idx, lens, lo, hi, nv, num_slots, topk, idx.stride(0),
-                           HAS_LENS=has_lens, BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
-    words = (num_slots + 1) // 2
-    chunk_rows = max(rp, (_DENSE_SCRATCH_BYTES // (4 * words)) // rp * rp)
-    chunk_rows = min(chunk_rows, -(-total_q // rp) * rp)
-    cnt = torch.empty((chunk_rows, words), device=dev, dtype=torch.int32)
-    desc = _desc_ok(k) and _desc_ok(v)
-    if desc:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        kd = TensorDescriptor(k, list(k.shape), list(k.stride()), [bn, 1, d_pad])
-        vd = TensorDescriptor(v, list(v.shape), list(v.stride()), [bn, 1, d_pad])
-    else:
-        kd, vd = k, v
-    for row0 in range(0, total_q, chunk_rows):
-        nrows = min(chunk_rows, total_q - row0)
-        _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, num_slots, topk, row0, total_q, span,
-                               idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
-                               BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
-        _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
-            q, k, v, kd, vd, cnt, lo, hi, nv, out, qk_scale, num_slots, group, total_q, row0,
-            nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
-            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
-            num_warps=nw, num_stages=ns)  # MAXNREG is the gathering kernel's, not this one's
-    return lo, hi, nv, rp, span
 
 
 def _offsets_fit_int32(num_slots: int, s_kt: int, s_vt: int, d_pad: int) -> bool:
@@ -798,16 +583,17 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
     else:
         nreq, max_pages, s_pb = 1, 0, 0
         pt = cu = prefix = indices  # dummy pointers, never read
-    if var["DENSE"]:
+    flag = None
+    if var["DENSE"] or var["UNION"]:
         if chunk:
-            raise ConfigError(f"DENSE={var['DENSE']} walks KV slots, but chunk entries are token "
+            key, what = ("DENSE", "walks") if var["DENSE"] else ("UNION", "gathers")
+            raise ConfigError(f"{key}={var[key]} {what} KV slots, but chunk entries are token "
                               f"positions until translated (CHUNK_MODE={var['CHUNK_MODE']!r}): "
-                              f"use CHUNK_MODE='pretranslate' or DENSE=0")
-        lo, hi, nv, dense_rp, dense_span = _dense(q, k, v, idx, lens, has_lens, out,
-                                                  scale * _LOG2E, var, dot_prec, d_pad)
+                              f"use CHUNK_MODE='pretranslate' or {key}=0")
+        flag, tile_rp = row_tiles(q, k, v, idx, lens, has_lens, out, scale * _LOG2E, var,
+                                  dot_prec, d_pad)
     else:
-        lo = hi = nv = idx  # dummy pointers, never read
-        dense_rp, dense_span = 1, 0
+        tile_rp = 1
     if var["SLOT_ORDER"]:
         if chunk:
             raise ConfigError(f"SLOT_ORDER={var['SLOT_ORDER']} orders KV slots, but chunk "
@@ -837,7 +623,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
     else:
         scr, s_st, s_sh = idx, 0, 0  # dummy pointer, never written
     _sparse_prefill_fwd[(total_q, hkv)](
-        q, k, v, idx, lens, out, cu, prefix, pt, scr, lo, hi, nv, dense_span,
+        q, k, v, idx, lens, out, cu, prefix, pt, scr, flag if flag is not None else idx,
         scale * _LOG2E, total_q, num_slots, topk, group, page_size, max_pages, nreq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), s_pb, s_st, s_sh,
@@ -845,7 +631,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
         CHUNK=chunk, HAS_LENS=has_lens, REVERSE_ROWS=bool(var["REVERSE_ROWS"]),
         SPLIT_QK=split_qk, DOT_PREC=dot_prec, STAGE=stage, STAGE_BLOCK=_STAGE_BLOCK,
         SPLIT_V=split_v, LEAN=bool(var["LEAN"]), OFFS32=offs32,
-        KV_SAME_STRIDE=k.stride(0) == v.stride(0), SKIP_DENSE=bool(var["DENSE"]),
-        DENSE_RP=dense_rp,
+        KV_SAME_STRIDE=k.stride(0) == v.stride(0), SKIP_TILES=flag is not None,
+        TILE_RP=tile_rp,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **_launch_extras(var, q))
     return out

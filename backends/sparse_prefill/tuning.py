@@ -106,12 +106,21 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     # Every config a loaded plugin offers (hook kreg_configs: the measured families of
     # nvidia_hopper and nvidia_sm120, and any vendor's), beside the table's for this point.
     offered = list(registry.get_registry().offered_configs("sparse_prefill").values())
-    base = [_table_config(case, facts), *offered]
+    # Issue 26's union tiles (UNION=300, the default DENSE_TILE) over every plain Triton family
+    # config on offer: candidates wherever a family config runs (chunk rows need translated
+    # slots); the policy takes one of them at one measured cell only.
+    unions = [{**cfg, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if case.kind == "chunk"
+                                       else {})}
+              for cfg in offered if not (cfg.get("DENSE") or cfg.get("UNION")
+                                         or cfg.get("SLOT_ORDER")
+                                         or cfg.get("ENGINE", "triton") != "triton")]
+    base = [_table_config(case, facts), *offered, *unions]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
-    # family configs on offer (not the dense, slot-ordered or Gluon ones).
+    # family configs on offer (not the dense, union, slot-ordered or Gluon ones).
     variants: list[dict[str, Any]] = [{}]
     for cfg in offered:
-        if cfg.get("DENSE") or cfg.get("SLOT_ORDER") or cfg.get("ENGINE", "triton") != "triton":
+        if (cfg.get("DENSE") or cfg.get("UNION") or cfg.get("SLOT_ORDER")
+                or cfg.get("ENGINE", "triton") != "triton"):
             continue
         var = {k: v for k, v in cfg.items() if k not in _GEOMETRY}
         if var not in variants:
@@ -132,7 +141,7 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     for cfg in base + grid:
         if case.kind == "prefill":   # the chunk translation mode does nothing for prefill rows
             cfg = {k: v for k, v in cfg.items() if k != "CHUNK_MODE"}
-        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE")
+        elif ((cfg.get("SLOT_ORDER") or cfg.get("DENSE") or cfg.get("UNION")
                or cfg.get("ENGINE", "triton") != "triton")
               and cfg.get("CHUNK_MODE") != "pretranslate"):
             continue  # chunk entries are positions until translated: nothing to order or count

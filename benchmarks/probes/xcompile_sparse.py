@@ -6,8 +6,8 @@ gets) and compiled; each kernel's SASS is normalized (addresses, the function na
     python3 benchmarks/probes/xcompile_sparse.py [--out digests.json] [--sass DIR]
 
 Run it on two trees and diff the JSON (``--compare A.json B.json``): equal digests mean the same
-machine code. The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, long-KV,
-dense), the shipped tuning table (``docs/tables/*.json``), the generic table geometries and the
+machine code. The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, Gluon,
+long-KV, dense, union), the shipped tuning table (``docs/tables/*.json``), the generic table geometries and the
 sm120 plugin's, each at its bucket's kind and group; shapes at the seed's head dim 256 and top-k
 2051 (CPU tensors, never read).
 """
@@ -104,7 +104,7 @@ def shipped_configs() -> list[tuple[str, str, int, int, dict[str, Any]]]:
 
     out: list[tuple[str, str, int, int, dict[str, Any]]] = []
     for name in ("H200_PREFILL_CONFIGS", "H200_WGMMA_CONFIGS", "H200_GLUON_CONFIGS",
-                 "H200_LONG_KV_CONFIGS", "H200_DENSE_CONFIGS"):
+                 "H200_LONG_KV_CONFIGS", "H200_DENSE_CONFIGS", "H200_UNION_CONFIGS"):
         for (kind, group), cfg in getattr(hopper, name, {}).items():
             kv = 131072 if "LONG" in name else 8192
             out.append((f"{name}[{kind},{group}]", kind, group, kv, dict(cfg)))

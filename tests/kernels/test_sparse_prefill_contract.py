@@ -424,20 +424,28 @@ def test_dense_follows_the_rules_for_what_it_selects(poisoned: None) -> None:
     assert compare(out, ref) is None, compare(out, ref)
 
 
-@pytest.mark.xfail(strict=True, reason="DENSE reads the unselected slots inside a dense tile's "
-                   "span (its config doc says so): a NaN there reaches the tile's outputs (0 x "
-                   "NaN), which the contract forbids; the fix (zeroing V rows of uncounted "
-                   "slots) is in the kernel body")
-def test_dense_never_lets_an_unselected_nan_in(poisoned: None) -> None:
+@pytest.mark.parametrize("cfg", [
+    pytest.param({**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, id="dense"),
+    pytest.param({**BASE, "UNION": 10**6, "DENSE_TILE": "16x16x4x2"}, id="union"),
+])
+def test_row_tiles_never_let_an_unselected_nan_in(cfg: dict[str, Any], poisoned: None) -> None:
+    # (DENSE was a strict xfail here until its P V masked V's non-finite values by count.)
     (q, k, v, idx), kw = _prefill(6, dtype=torch.float16, num_slots=30)
     kw["lengths"] = None
     idx = torch.arange(0, 24, dtype=torch.int32).repeat(q.shape[0], 1)
     idx[:, 5] = 7  # slot 5, inside every row's span, is selected by no row
     v[5] = NAN
-    cfg = {**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}
+    idx[1::2, 9] = 7  # slot 9: selected by the even rows only, NaN / inf in two columns
+    v[9, :, 2] = NAN
+    v[9, :, 4] = INF
+    k[11] = NAN  # slot 11 (K): selected by rows 0 and 3 only (rows 1 and 5 select neither)
+    idx[1::3, 11] = 7
+    idx[2::3, 11] = 7
     out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
     ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert ref.isnan().any() and torch.isfinite(ref).any()
     assert compare(out, ref) is None, compare(out, ref)
+    assert torch.equal(out.isnan() & ~ref.isinf(), ref.isnan()), "NaN where the contract says"
 
 
 def test_compare_holds_nan_and_inf_to_the_contract() -> None:
@@ -505,6 +513,8 @@ STRIDE_PREFILL = [
     pytest.param({**BASE, "SLOT_ORDER": 1}, torch.float32, id="slot-order"),
     pytest.param({**BASE, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16,
                  id="dense"),
+    pytest.param({**BASE, "UNION": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16,
+                 id="union"),
 ]
 
 
@@ -527,6 +537,7 @@ def test_prefill_kernels_read_every_argument_at_its_strides(cfg: dict[str, Any],
     ("pretranslate", {}, torch.float32),
     ("pretranslate", {"SLOT_ORDER": 1}, torch.float32),
     ("pretranslate", {"DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16),
+    ("pretranslate", {"UNION": 10**6, "DENSE_TILE": "16x16x4x2"}, torch.float16),
     ("staged", {}, torch.float32),
 ])
 def test_chunk_kernels_read_every_argument_at_its_strides(mode: str, extra: dict[str, Any],

@@ -361,6 +361,7 @@ def test_dense_tiles_match_the_reference(group, hkv, dtype, tile, span):
 def test_dense_kernel_writes_exactly_its_tiles_and_the_gathers_the_rest():
     # The two halves of a DENSE call on a poisoned output: after the dense part only the dense
     # tiles' rows are written (and right); the whole call writes every row once, right.
+    from backends.sparse_prefill import tile_kernels
     from backends.sparse_prefill import triton_kernels as tk
 
     q, k, v, idx, lengths = _ramp_case(6, total_q=20, group=6, dtype=torch.float16)
@@ -369,7 +370,8 @@ def test_dense_kernel_writes_exactly_its_tiles_and_the_gathers_the_rest():
     assert any(tiles) and not all(tiles)
     ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
     out = torch.full_like(q, float("nan"))
-    tk._dense(q, k, v, idx, lengths, True, out, q.shape[2] ** -0.5 * tk._LOG2E, var, None, 32)
+    tile_kernels._dense(q, k, v, idx, lengths, True, out, q.shape[2] ** -0.5 * tk._LOG2E, var,
+                        None, 32)
     for t, dense in enumerate(tiles):
         rows = slice(2 * t, 2 * t + 2)
         if dense:
@@ -381,10 +383,10 @@ def test_dense_kernel_writes_exactly_its_tiles_and_the_gathers_the_rest():
 
 def test_dense_rows_in_chunks_of_the_scratch_budget(monkeypatch):
     # a scratch budget of a few rows: the counts are done chunk by chunk, same result
-    from backends.sparse_prefill import triton_kernels as tk
+    from backends.sparse_prefill import tile_kernels
 
     q, k, v, idx, lengths = _ramp_case(7, total_q=22, group=6, num_slots=50)
-    monkeypatch.setattr(tk, "_DENSE_SCRATCH_BYTES", 4 * 25 * 5)  # 5 rows of 25 words -> 4
+    monkeypatch.setattr(tile_kernels, "_DENSE_SCRATCH_BYTES", 4 * 25 * 5)  # 5 rows of 25 words -> 4
     _check(q, k, v, idx, {**FAM6, "DENSE": 10**6, "DENSE_TILE": "16x16x4x2"}, lengths=lengths)
 
 

@@ -101,8 +101,8 @@ def test_long_kv_config_from_its_measured_kv_length_and_rows(kind: str, group: i
                                    max_q=tq))
             assert d.implementation == HOPPER
             on = kv is not None and kv >= LONG_KV_FROM and tq >= rows
-            # dense tiles and the Gluon kernel: the tests below
-            if on or ("DENSE" not in d.config and "ENGINE" not in d.config):
+            # dense and union tiles and the Gluon kernel: the tests below
+            if on or not any(k in d.config for k in ("DENSE", "UNION", "ENGINE")):
                 assert d.config == (long_ if on else short), (kv, tq, d.config)
 
 
@@ -181,3 +181,36 @@ def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> Non
     assert pick(fewer).config["ENGINE"] == "gluon" and "ENGINE=gluon" in pick(fewer).explain()
     other = pick(wl, profile("h200", triton_version="3.7.1"))
     assert other.implementation == HOPPER and "ENGINE" not in other.config
+
+
+@pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
+def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -> None:
+    """Union tiles for chunk group 6 at KV 8192 from 8192 rows (UNION_POLICY, UNION_KV,
+    UNION_MIN_TOTAL_Q), nowhere else; without them while batch invariance is required."""
+    from backends.sparse_prefill import SparsePrefillWorkload
+    from plugins.nvidia_hopper import (
+        H200_UNION_CONFIGS,
+        UNION_KV,
+        UNION_MIN_TOTAL_Q,
+        UNION_POLICY,
+        _invariant_config,
+    )
+
+    assert frozenset({("chunk", 6)}) == UNION_POLICY and UNION_KV == (8192, 8192)
+    facts = profile("h200")
+    for kv in (None, 4096, 8191, 8192, 8193, 16384, 32768):
+        for tq in (MIN_TOTAL_Q[(kind, group)], UNION_MIN_TOTAL_Q - 1, UNION_MIN_TOTAL_Q, 16384):
+            if tq < MIN_TOTAL_Q[(kind, group)]:
+                continue
+            w = seed_workload(kind=kind, group_size=group, kv_len=kv, total_q=tq, max_q=tq)
+            d = pick(w)
+            on = ((kind, group) in UNION_POLICY and kv is not None
+                  and UNION_KV[0] <= kv <= UNION_KV[1] and tq >= UNION_MIN_TOTAL_Q)
+            assert ("UNION" in d.config) == on, (kv, tq, d.config)
+            if on:
+                assert d.config == H200_UNION_CONFIGS[(kind, group)]
+                assert d.config["CHUNK_MODE"] == "pretranslate"
+                assert "batch_invariant" not in d.guarantees
+                assert "union tiles" in d.explain()
+                inv = _invariant_config(facts, SparsePrefillWorkload(**w))
+                assert "UNION" not in inv and inv == H200_PREFILL_CONFIGS[(kind, group)]

@@ -1,0 +1,658 @@
+"""Row-tile paths of ``sparse_prefill``: dense span and union (Triton kernels and their host
+side), imported by ``triton_kernels.py``.
+
+Both take the rows in tiles of ``RP = BM // HP`` consecutive rows (DENSE_TILE's geometry, see
+``config.py``) and run a tile's ``RP x HP`` query lines on the tensor cores at once, so a K/V row
+that several rows of a tile select is loaded once for all of them:
+
+* **dense span** (DENSE=N): the tile's rows select most of the slots between their least and
+  greatest one (span <= N% of their mean valid entries); one program streams the span's
+  contiguous K/V blocks (TMA boxes) with per-row 16-bit multiplicities.
+* **union** (UNION=U): the tile's rows share most of their slots (the union of what they select
+  has at most U% of their mean valid entries); a pre-pass marks the selected slots in a bitmap
+  over the tile's span, counts them (exact union size), and for the tiles that go union writes
+  the union's slots compacted in ascending order (prefix sums of the bitmap's popcounts) and
+  every row's 16-bit multiplicity at each union position; one program gathers the union's K/V
+  rows by slot (pointer loads) once for its lines.
+
+The choice (dense / union / per-row gathering) is made on the GPU per tile, by the pre-passes
+(``_dense_tile``; ``_union_prep`` writes ``FLAG[tile]``: 0 gather, 1 dense, 2 union), never on
+the host, so a call stays CUDA-graph capturable; the gathering kernel skips the tiles taken
+here. In both kernels a line's weight of a slot is ``count * exp(score)``: the score plus
+``log2(count)``, -inf where the count is 0 (-1, out-of-range and past-length entries are never
+counted). A zero weight times a non-finite V value (a slot in the span or the union that the
+line does not count) would be NaN, so a program whose accumulator holds any NaN stores nothing
+and hands its tile back (``FLAG[tile] = 0``): the gathering kernel, which runs after, then
+computes those rows by the op's non-finite rules (a NaN that a row does select sends its tile
+back too; rare inputs pay twice, every other call nothing in the loops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry
+from registry.errors import ConfigError
+
+__all__ = ["row_stats", "row_tiles"]
+
+_DENSE_SCRATCH_BYTES = 256 << 20  # DENSE's count scratch at most (rows are done in chunks)
+_DENSE_COUNT_BLOCK = 512  # entries (and count words) a DENSE counting program handles per step
+_UNION_SCRATCH_BYTES = 256 << 20  # UNION's bitmaps, slots and counts at most (tile chunks)
+_UNION_BLOCK = 512  # entries a union pre-pass program handles per step
+_UNION_WORDS = 64  # bitmap words (of 32 slots) a union pre-pass program handles per step
+_UNION_WARPS = 4
+
+#: Tests set a list here: every call with UNION appends its ``FLAG`` tensor (per tile: 0 the
+#: gathering kernel, 1 dense, 2 union), so a test can assert which tiles took which path.
+TILE_PATHS: list[Any] | None = None
+
+
+def _check_counts(key: str, topk: int) -> None:
+    if topk > 0xFFFF:
+        raise ConfigError(f"{key} counts a slot's multiplicity in 16 bits, so top-k <= 65535 "
+                          f"(got {topk}): use {key}=0")
+
+
+# --------------------------------------------------------------------------------------------
+# kernels: statistics and the dense span
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _hand_back(FLAG, tile, acc, mine):
+    """Whether a row-tile program that computed ``tile`` (``mine``) stores it: not when its
+    accumulator holds a NaN, which may be a zero weight times a non-finite V value of a slot a
+    line does not count; then ``FLAG[tile] = 0`` gives the tile's rows to the gathering kernel
+    (every program of a tile that hands back writes the same 0)."""
+    nan = tl.max(tl.max((acc != acc).to(tl.int32), 1), 0) > 0
+    tl.store(FLAG + tile, 0, mask=mine & nan)
+    return mine & (nan == 0)
+
+
+@triton.jit
+def _row_stats(IDX, LENS, LO, HI, NV, num_slots, topk, s_it, HAS_LENS: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """DENSE: the least and greatest valid slot of row ``program_id(0)`` (``num_slots`` / -1
+    when it has none) and its number of valid entries."""
+    r = tl.program_id(0).to(tl.int64)
+    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
+        n = tl.minimum(tl.maximum(tl.load(LENS + r), 0), topk)
+    else:
+        n = topk
+    lo = num_slots + 0 * n
+    hi = -1 + 0 * n
+    nv = 0 * n
+    for c0 in range(0, n, BLOCK):
+        j = c0 + tl.arange(0, BLOCK)
+        t = tl.load(IDX + r * s_it + j, mask=j < n, other=-1)
+        ok = (t >= 0) & (t < num_slots)
+        lo = tl.minimum(lo, tl.min(tl.where(ok, t, num_slots), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(ok, t, -1), 0))
+        nv += tl.sum(ok.to(tl.int32), 0)
+    tl.store(LO + r, lo)
+    tl.store(HI + r, hi)
+    tl.store(NV + r, nv)
+
+
+@triton.jit
+def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr):
+    """Whether DENSE handles the rows ``tile * RP ..`` (scalar): the slots between the least and
+    the greatest one they select number at most ``dense_span`` percent of their mean count of
+    valid entries. Every kernel of a DENSE call decides a tile with this one function."""
+    rr = tile * RP + tl.arange(0, RP)
+    ok = rr < total_q
+    lo = tl.min(tl.load(LO + rr, mask=ok, other=2**31 - 1), 0)
+    hi = tl.max(tl.load(HI + rr, mask=ok, other=-1), 0)
+    nv = tl.sum(tl.load(NV + rr, mask=ok, other=0).to(tl.int64), 0)
+    span = tl.maximum(hi - lo + 1, 0).to(tl.int64)
+    return span * RP * 100 <= nv * dense_span
+
+
+@triton.jit
+def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_q, dense_span,
+                 s_it, s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
+    """DENSE: for row ``row0 + program_id(0)`` of a dense tile, the multiplicity of every slot of
+    the row's own span ``[LO, HI]`` in 16-bit fields (slot s: ``CNT[i, s >> 1] >> (16 * (s &
+    1)) & 0xFFFF``). Only those words are zeroed and counted; the dense kernel never reads the
+    row's words outside its span, and rows of sparse tiles are left alone."""
+    i = tl.program_id(0)
+    r = row0 + i
+    dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP)
+    tl.store(FLAG + r // RP, tl.where(dense, 1, 0), mask=(r % RP) == 0)  # the tile's first row
+    if dense:
+        r64 = r.to(tl.int64)
+        if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
+            n = tl.minimum(tl.maximum(tl.load(LENS + r64), 0), topk)
+        else:
+            n = topk
+        lo = tl.load(LO + r64)
+        hi = tl.load(HI + r64)
+        IDX_row = IDX + r64 * s_it
+        CNT_row = CNT + i.to(tl.int64) * s_ct
+        for w0 in range(lo >> 1, (hi >> 1) + 1, BLOCK):
+            w = w0 + tl.arange(0, BLOCK)
+            tl.store(CNT_row + w, tl.zeros([BLOCK], dtype=tl.int32), mask=w <= (hi >> 1))
+        tl.debug_barrier()  # the zeros are in place before any thread of the program counts
+        for c0 in range(0, n, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            t = tl.load(IDX_row + j, mask=j < n, other=-1)
+            ok = (t >= 0) & (t < num_slots)
+            ts = tl.where(ok, t, 0)
+            tl.atomic_add(CNT_row + (ts >> 1), (1 << ((ts & 1) * 16)).to(tl.int32), mask=ok,
+                          sem="relaxed")
+
+
+@triton.jit
+def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots, group, total_q,
+               row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
+               DESC: tl.constexpr, DOT_PREC: tl.constexpr):
+    """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
+    nrows``) and ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)``, its
+    ``program_id(1) % ceil(group / HP)``-th ``HP`` query heads: line m is row ``m // HP``, head
+    ``m % HP`` of those (lines of heads past the group are masked). Streams the KV blocks
+    between the least and the greatest slot the rows select, through TMA descriptors
+    ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is ``count *
+    exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0 (and V's
+    NaN in the accumulator hands the tile back: ``FLAG[tile] = 0``, nothing stored). Tiles that
+    ``_dense_tile`` leaves to the gathering kernel do nothing."""
+    RP: tl.constexpr = BLOCK_M // HP
+    pid = tl.program_id(0)
+    ntiles = tl.cdiv(nrows, RP)
+    if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
+        tile = ntiles - 1 - pid
+    else:
+        tile = pid
+    chunks = tl.cdiv(group, HP)
+    h = tl.program_id(1) // chunks
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < HEAD_DIM
+    ri = tile * RP + offs_m // HP  # row within the chunk
+    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP  # head within the group
+    m_ok = (hh < group) & (ri < nrows)
+    rr = tile * RP + tl.arange(0, RP)
+    r_ok = rr < nrows
+    dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP)
+    r64 = (row0 + ri).to(tl.int64)
+    heads = h * group + hh
+    q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                mask=m_ok[:, None] & d_mask[None, :], other=0.0)
+    rr64 = (row0 + rr).to(tl.int64)
+    lo_r = tl.load(LO + rr64, mask=r_ok, other=num_slots)
+    hi_r = tl.load(HI + rr64, mask=r_ok, other=-1)
+    lo = tl.min(lo_r, 0)
+    hi = tl.where(dense, tl.max(hi_r, 0), -1)
+    CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
+    K_h = K + h.to(tl.int64) * s_kh
+    V_h = V + h.to(tl.int64) * s_vh
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    start = (lo // BLOCK_N) * BLOCK_N
+    kb = K_h + start.to(tl.int64) * s_kt
+    vb = V_h + start.to(tl.int64) * s_vt
+    for s0 in range(start, hi + 1, BLOCK_N):
+        n = s0 + offs_n
+        inr = (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None])
+        w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
+        cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
+        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        c = tl.where(m_ok[:, None], c, 0)
+        if DESC:
+            k = KD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
+            v = VD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
+        else:
+            kv_mask = (n < num_slots)[:, None] & d_mask[None, :]
+            k = tl.load(kb + offs_n[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(vb + offs_n[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
+                     float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m_i = m_new
+        kb += BLOCK_N * s_kt
+        vb += BLOCK_N * s_vt
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
+    keep = _hand_back(FLAG, (row0 + tile * RP) // RP, acc, dense)
+    tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
+             mask=tl.where(keep, m_ok[:, None] & d_mask[None, :], False))
+
+
+
+# --------------------------------------------------------------------------------------------
+# kernels: the union
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _popc(x):
+    """Set bits of the low 32 bits of each int64 of ``x`` (the others must be 0)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24) & 0xFF
+
+
+@triton.jit
+def _row_len(LENS, r, ok, topk, HAS_LENS: tl.constexpr):
+    """Entries of row ``r`` (0 where not ``ok``)."""
+    if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
+        n = tl.minimum(tl.maximum(tl.load(LENS + r, mask=ok, other=0), 0), topk)
+    else:
+        n = topk
+    return tl.where(ok, n, 0)
+
+
+@triton.jit
+def _mark_row(IDX_row, BITS_t, n, num_slots, BLOCK: tl.constexpr):
+    """Set the bit of every valid slot of one row's ``n`` entries (atomic or)."""
+    for c0 in range(0, n, BLOCK):
+        j = c0 + tl.arange(0, BLOCK)
+        s = tl.load(IDX_row + j, mask=j < n, other=-1)
+        ok = (s >= 0) & (s < num_slots)
+        ss = tl.where(ok, s, 0)
+        bit = (tl.full([BLOCK], 1, tl.int64) << (ss & 31)).to(tl.int32)
+        tl.atomic_or(BITS_t + (ss >> 5), bit, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, num_slots, topk, tile0, total_q,
+                dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
+                HAS_DENSE: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr,
+                WB: tl.constexpr):
+    """UNION's first pre-pass, tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch
+    row ``program_id(0)``. A tile DENSE takes is left alone (its FLAG is DENSE's); a tile
+    without valid entries goes union with U = 0 (zeros out). Otherwise: zero the bitmap words
+    over the tile's span, mark the first row's slots, and count how many valid entries of the
+    tile's last row hit them (o). The estimate ``n_first + (rows - 1) * (n_last - o)`` of the
+    union (rows whose picks beyond a shared core are independent add about what the last row
+    adds each) gates the exact count: ``GATE = 1`` when it is at most twice the threshold, so
+    tiles that share little (the bench walk) cost two rows, not RP. The estimate only decides
+    whether the exact union is counted; the exact union decides the path."""
+    lt = tl.program_id(0)
+    t = tile0 + lt
+    rr = t * RP + tl.arange(0, RP)
+    r_ok = rr < total_q
+    lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
+    hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
+    nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
+    if HAS_DENSE:  # noqa: SIM108 (constexpr branch in a kernel)
+        dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP)
+    else:
+        dense = hi < -1  # False
+    go = (hi >= lo) & (dense == 0)
+    gate = go & False
+    BITS_t = BITS + lt.to(tl.int64) * s_bt
+    if go:
+        w_lo = lo >> 5
+        w_hi = hi >> 5
+        for w0 in range(w_lo, w_hi + 1, WB):
+            w = w0 + tl.arange(0, WB)
+            tl.store(BITS_t + w, tl.zeros([WB], dtype=tl.int32), mask=w <= w_hi)
+        tl.debug_barrier()  # zeros in place before any thread sets a bit
+        r0 = t * RP
+        n0 = _row_len(LENS, r0, r0 < total_q, topk, HAS_LENS)
+        _mark_row(IDX + r0.to(tl.int64) * s_it, BITS_t, n0, num_slots, BLOCK)
+        tl.debug_barrier()  # the first row's bits set before the last row reads them
+        rows = tl.minimum(total_q - t * RP, RP)
+        r1 = t * RP + rows - 1
+        n1 = _row_len(LENS, r1, r1 < total_q, topk, HAS_LENS)
+        IDX_r1 = IDX + r1.to(tl.int64) * s_it
+        nv1 = 0 * n1
+        hit = 0 * n1
+        for c0 in range(0, n1, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            s = tl.load(IDX_r1 + j, mask=j < n1, other=-1)
+            ok = (s >= 0) & (s < num_slots)
+            ss = tl.where(ok, s, 0)
+            wd = tl.load(BITS_t + (ss >> 5), mask=ok, other=0, cache_modifier=".cg")
+            on = ((wd >> (ss & 31)) & 1) != 0
+            nv1 += tl.sum(ok.to(tl.int32), 0)
+            hit += tl.sum((ok & on).to(tl.int32), 0)
+        nv0 = tl.load(NV + r0)
+        est = nv0.to(tl.int64) + (rows - 1).to(tl.int64) * tl.maximum(nv1 - hit, 0).to(tl.int64)
+        gate = est * RP * 100 <= 2 * nv * union_pct
+    tl.store(GATE + lt, gate.to(tl.int32))
+    # decided here: tiles not gated (0), empty tiles (2 with U = 0); the others in _union_size
+    tl.store(FLAG + t, tl.where(go, 0, 2), mask=(dense == 0) & (gate == 0))
+    tl.store(USZ + t, 0, mask=gate == 0)
+
+
+@triton.jit
+def _union_mark(IDX, LENS, BITS, GATE, num_slots, topk, tile0, total_q, s_it, s_bt,
+                HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
+    """UNION: row ``program_id(0) % RP`` (not the first, which the gate marked) of the gated
+    tile ``tile0 + program_id(0) // RP`` sets its slots' bits."""
+    lt = tl.program_id(0) // RP
+    i = tl.program_id(0) % RP
+    r = (tile0 + lt) * RP + i
+    if (tl.load(GATE + lt) != 0) & (i > 0) & (r < total_q):
+        n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
+        _mark_row(IDX + r.to(tl.int64) * s_it, BITS + lt.to(tl.int64) * s_bt, n, num_slots,
+                  BLOCK)
+
+
+@triton.jit
+def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, tile0, total_q,
+                union_pct, s_bt, s_lt, s_ct, s_cr, RP: tl.constexpr, BLOCK: tl.constexpr,
+                WB: tl.constexpr):
+    """UNION, a gated tile: count the set bits over its span (the exact union size U). The
+    tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
+    rows) * union_pct``, else to the gathering kernel (0); then ``WPRE`` gets each word's
+    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
+    set bits below in the word), and the tile's ``CNT`` rows are zeroed."""
+    lt = tl.program_id(0)
+    t = tile0 + lt
+    if tl.load(GATE + lt) != 0:
+        rr = t * RP + tl.arange(0, RP)
+        r_ok = rr < total_q
+        lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
+        hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
+        nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
+        BITS_t = BITS + lt.to(tl.int64) * s_bt
+        WPRE_t = WPRE + lt.to(tl.int64) * s_bt
+        w_lo = lo >> 5
+        w_hi = hi >> 5
+        cnt = tl.zeros([WB], dtype=tl.int64)
+        for w0 in range(w_lo, w_hi + 1, WB):
+            w = w0 + tl.arange(0, WB)
+            wd = tl.load(BITS_t + w, mask=w <= w_hi, other=0)
+            cnt += _popc(wd.to(tl.int64) & 0xFFFFFFFF)
+        u = tl.sum(cnt, 0).to(tl.int32)
+        union = u.to(tl.int64) * RP * 100 <= nv * union_pct
+        tl.store(FLAG + t, tl.where(union, 2, 0))
+        tl.store(USZ + t, tl.where(union, u, 0))
+        if union:
+            base = 0 * u
+            b = tl.arange(0, 32)
+            for w0 in range(w_lo, w_hi + 1, WB):
+                w = w0 + tl.arange(0, WB)
+                wm = w <= w_hi
+                wd = tl.load(BITS_t + w, mask=wm, other=0).to(tl.int64) & 0xFFFFFFFF
+                pc = _popc(wd).to(tl.int32)
+                ex = tl.cumsum(pc, 0) - pc + base
+                tl.store(WPRE_t + w, ex, mask=wm)
+                sel = ((wd[:, None] >> b[None, :]) & 1) != 0
+                below = wd[:, None] & ((tl.full([1, 32], 1, tl.int64) << b[None, :]) - 1)
+                rank = ex[:, None] + _popc(below).to(tl.int32)
+                tl.store(SLOTS + lt.to(tl.int64) * s_lt + rank, w[:, None] * 32 + b[None, :],
+                         mask=sel & wm[:, None])
+                base += tl.sum(pc, 0)
+            CNT_t = CNT + lt.to(tl.int64) * s_ct
+            half = (u + 1) >> 1
+            for i in range(0, RP):
+                for c0 in range(0, half, BLOCK):
+                    c = c0 + tl.arange(0, BLOCK)
+                    tl.store(CNT_t + i * s_cr + c, tl.zeros([BLOCK], dtype=tl.int32),
+                             mask=c < half)
+
+
+@triton.jit
+def _union_count(IDX, LENS, BITS, WPRE, CNT, FLAG, num_slots, topk, tile0, total_q, s_it,
+                 s_bt, s_ct, s_cr, HAS_LENS: tl.constexpr, RP: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """UNION: row ``program_id(0) % RP`` of tile ``tile0 + program_id(0) // RP``, when the tile
+    goes union: its multiplicity at every union position (16-bit fields, two a word: position
+    u is ``CNT[.., row, u >> 1] >> (16 * (u & 1)) & 0xFFFF``; position = the word's prefix +
+    the set bits below the slot's in its word)."""
+    lt = tl.program_id(0) // RP
+    i = tl.program_id(0) % RP
+    r = (tile0 + lt) * RP + i
+    if (tl.load(FLAG + tile0 + lt) == 2) & (r < total_q):
+        n = _row_len(LENS, r, r < total_q, topk, HAS_LENS)
+        IDX_row = IDX + r.to(tl.int64) * s_it
+        BITS_t = BITS + lt.to(tl.int64) * s_bt
+        WPRE_t = WPRE + lt.to(tl.int64) * s_bt
+        CNT_row = CNT + lt.to(tl.int64) * s_ct + i * s_cr
+        for c0 in range(0, n, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            s = tl.load(IDX_row + j, mask=j < n, other=-1)
+            ok = (s >= 0) & (s < num_slots)
+            ss = tl.where(ok, s, 0)
+            wd = tl.load(BITS_t + (ss >> 5), mask=ok, other=0)
+            pre = tl.load(WPRE_t + (ss >> 5), mask=ok, other=0)
+            below = (wd.to(tl.int64) & 0xFFFFFFFF) & \
+                ((tl.full([BLOCK], 1, tl.int64) << (ss & 31)) - 1)
+            pos = pre + _popc(below).to(tl.int32)
+            tl.atomic_add(CNT_row + (pos >> 1), (1 << ((pos & 1) * 16)).to(tl.int32), mask=ok,
+                          sem="relaxed")
+
+
+@triton.jit
+def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, tile0, ntiles,
+               s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
+               DOT_PREC: tl.constexpr):
+    """UNION: tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``) when its ``FLAG``
+    is 2, ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)`` (lines as
+    ``_dense_fwd``'s: line m is row ``m // HP``, head ``m % HP``). Gathers the union's K/V rows
+    ``SLOTS[.., u]`` BLOCK_N positions a step (pointer loads) and scores them for every line at
+    once; a line's weight of position u is ``count * exp2(score)`` with its row's count
+    ``CNT[.., row, u]`` (-inf where 0), the dense kernel's arithmetic. Other tiles do
+    nothing."""
+    RP: tl.constexpr = BLOCK_M // HP
+    pid = tl.program_id(0)
+    if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
+        lt = ntiles - 1 - pid
+    else:
+        lt = pid
+    t = tile0 + lt
+    chunks = tl.cdiv(group, HP)
+    h = tl.program_id(1) // chunks
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < HEAD_DIM
+    ri = t * RP + offs_m // HP
+    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP
+    m_ok = (hh < group) & (ri < total_q)
+    take = tl.load(FLAG + t) == 2
+    n_u = tl.where(take, tl.load(USZ + t), 0)
+    r64 = ri.to(tl.int64)
+    heads = h * group + hh
+    q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                mask=m_ok[:, None] & d_mask[None, :], other=0.0)
+    SL_t = SLOTS + lt.to(tl.int64) * s_lt
+    CNT_t = CNT + lt.to(tl.int64) * s_ct
+    rows = tl.arange(0, RP)
+    K_h = K + h.to(tl.int64) * s_kh
+    V_h = V + h.to(tl.int64) * s_vh
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for u0 in range(0, n_u, BLOCK_N):
+        u = u0 + offs_n
+        u_ok = u < n_u
+        slot = tl.load(SL_t + u, mask=u_ok, other=0).to(tl.int64)
+        kv_mask = u_ok[:, None] & d_mask[None, :]
+        k = tl.load(K_h + slot[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V_h + slot[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=u_ok[None, :],
+                    other=0)
+        cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
+        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        c = tl.where(m_ok[:, None], c, 0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
+                     float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
+    keep = _hand_back(FLAG, t, acc, take)
+    tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
+             mask=tl.where(keep, m_ok[:, None] & d_mask[None, :], False))
+
+
+# --------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------
+
+
+def row_stats(idx: Any, lens: Any, has_lens: bool, num_slots: int) -> tuple[Any, Any, Any]:
+    """(LO, HI, NV): every row's least and greatest valid slot and its valid entries."""
+    import torch
+
+    total_q, topk = idx.shape
+    lo = torch.empty((total_q,), device=idx.device, dtype=torch.int32)
+    hi, nv = torch.empty_like(lo), torch.empty_like(lo)
+    _row_stats[(total_q,)](idx, lens, lo, hi, nv, num_slots, topk, idx.stride(0),
+                           HAS_LENS=has_lens, BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
+    return lo, hi, nv
+
+
+def _desc_ok(t: Any) -> bool:
+    """Whether TMA can load ``t`` ([num_slots, heads, head_dim], 16-bit): 16-byte aligned base
+    and strides, unit last stride."""
+    import torch
+
+    es = t.element_size()
+    return (t.dtype in (torch.bfloat16, torch.float16) and t.stride(-1) == 1
+            and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]))
+
+
+def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
+           qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
+           stats: tuple[Any, Any, Any] | None = None) -> tuple[Any, ...]:
+    """DENSE's part of a call: row statistics (unless given), then per chunk of rows the
+    counts and the dense kernel on the dense tiles. Returns (LO, HI, NV, RP, span, FLAG): FLAG
+    per tile 1 where the dense kernel stored the tile's rows, else 0 (the gathering kernel's)."""
+    import torch
+
+    total_q, hq, d = q.shape
+    num_slots, hkv, _ = k.shape
+    group, topk = hq // hkv, idx.shape[1]
+    _check_counts("DENSE", topk)
+    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
+    hp = _dense_heads(var["DENSE_TILE"], group)
+    rp = bm // hp
+    span = int(var["DENSE"])
+    dev = q.device
+    lo, hi, nv = stats if stats is not None else row_stats(idx, lens, has_lens, num_slots)
+    flag = torch.empty((-(-total_q // rp),), device=dev, dtype=torch.int32)
+    words = (num_slots + 1) // 2
+    chunk_rows = max(rp, (_DENSE_SCRATCH_BYTES // (4 * words)) // rp * rp)
+    chunk_rows = min(chunk_rows, -(-total_q // rp) * rp)
+    cnt = torch.empty((chunk_rows, words), device=dev, dtype=torch.int32)
+    desc = _desc_ok(k) and _desc_ok(v)
+    if desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        kd = TensorDescriptor(k, list(k.shape), list(k.stride()), [bn, 1, d_pad])
+        vd = TensorDescriptor(v, list(v.shape), list(v.stride()), [bn, 1, d_pad])
+    else:
+        kd, vd = k, v
+    for row0 in range(0, total_q, chunk_rows):
+        nrows = min(chunk_rows, total_q - row0)
+        _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, flag, num_slots, topk, row0, total_q,
+                               span,
+                               idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
+                               BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
+        _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
+            q, k, v, kd, vd, cnt, lo, hi, nv, flag, out, qk_scale, num_slots, group, total_q, row0,
+            nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
+            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
+            num_warps=nw, num_stages=ns)  # MAXNREG is the gathering kernel's, not this one's
+    return lo, hi, nv, rp, span, flag
+
+
+
+def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
+           qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
+           stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None) -> Any:
+    """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
+    alone): per chunk of tiles the pre-pass and the union kernel. Returns ``FLAG`` (int32 per
+    tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
+    import torch
+
+    total_q, hq, d = q.shape
+    num_slots, hkv, _ = k.shape
+    group, topk = hq // hkv, idx.shape[1]
+    _check_counts("UNION", topk)
+    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
+    hp = _dense_heads(var["DENSE_TILE"], group)
+    rp = bm // hp
+    pct = int(var["UNION"])
+    dev = q.device
+    lo, hi, nv = stats
+    ntiles = -(-total_q // rp)
+    if flag is None:
+        flag = torch.empty((ntiles,), device=dev, dtype=torch.int32)
+    usz = torch.empty_like(flag)
+    words = (num_slots + 31) // 32
+    # a union tile has U * RP * 100 <= (valid entries) * pct <= RP * topk * pct, and U distinct
+    # slots: U <= umax
+    umax = max(2, min(num_slots, -(-topk * pct // 100)))
+    umax += umax & 1
+    per_tile = 4 * (2 * words + umax + rp * (umax // 2))
+    chunk = max(1, min(ntiles, _UNION_SCRATCH_BYTES // per_tile))
+    bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
+    wpre = torch.empty_like(bits)
+    gate = torch.empty((chunk,), device=dev, dtype=torch.int32)
+    slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
+    cnt = torch.empty((chunk, rp, umax // 2), device=dev, dtype=torch.int32)
+    for tile0 in range(0, ntiles, chunk):
+        nt = min(chunk, ntiles - tile0)
+        kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
+        _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, num_slots, topk, tile0,
+                           total_q, dense_span, pct, idx.stride(0), bits.stride(0),
+                           HAS_DENSE=bool(var["DENSE"]), WB=_UNION_WORDS, **kw)
+        _union_mark[(nt * rp,)](idx, lens, bits, gate, num_slots, topk, tile0, total_q,
+                                idx.stride(0), bits.stride(0), **kw)
+        _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, tile0, total_q,
+                           pct, bits.stride(0), slots.stride(0), cnt.stride(0), cnt.stride(1),
+                           RP=rp, BLOCK=_UNION_BLOCK, WB=_UNION_WORDS, num_warps=_UNION_WARPS)
+        _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_slots, topk, tile0,
+                                 total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
+                                 cnt.stride(1), **kw)
+        _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
+            q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            slots.stride(0), cnt.stride(0), cnt.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
+            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec, num_warps=nw,
+            num_stages=ns)
+    return flag
+
+
+def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
+              qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int
+              ) -> tuple[Any, int]:
+    """The row-tile part of a DENSE and/or UNION call (``idx`` holds slot ids): statistics,
+    the dense tiles, the union tiles. Returns (FLAG, RP): the gathering kernel does the rows of
+    the tiles whose FLAG is 0."""
+    stats = row_stats(idx, lens, has_lens, k.shape[0])
+    flag, span = None, 0
+    if var["DENSE"]:
+        *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec,
+                                    d_pad, stats)
+    if var["UNION"]:
+        flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
+                      span, flag)
+    group = q.shape[1] // k.shape[1]
+    rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(var["DENSE_TILE"],
+                                                                            group)
+    if TILE_PATHS is not None:
+        TILE_PATHS.append(flag)
+    return flag, rp

@@ -1,0 +1,485 @@
+"""sparse_prefill's union path (UNION=U, issue #26): tiles of consecutive rows that share most of
+their selections gather the union of their slots once (backends/sparse_prefill/tile_kernels.py).
+
+CPU: the Triton interpreter, float32 and float16 at tiny sizes, against the float64 reference,
+on outputs and scratch poisoned first (NaN floats, a large int). The path each tile took is read
+from the pre-pass's ``FLAG`` (``tile_kernels.TILE_PATHS``) and held to the rule in Python, so a
+broken choice fails even where the output would still be right. ``@pytest.mark.gpu``: bf16 at
+the seed's head dim through ``registry.dispatch`` on top-k shaped selections, the launched
+config read from ``registry.record()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from backends.sparse_prefill import tile_kernels  # noqa: E402
+from backends.sparse_prefill.compare import compare  # noqa: E402
+from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: E402
+from backends.sparse_prefill.triton_kernels import (  # noqa: E402
+    error_bound,
+    sparse_prefill_triton,
+    validate_config,
+)
+from registry.errors import ConfigError  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+GATHER, DENSE, UNION = 0, 1, 2
+BASE = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "SPLIT_QK": 2,
+        "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1, "REVERSE_ROWS": 1}
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:All-NaN slice encountered:RuntimeWarning")
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """torch.empty / empty_like come back poisoned (NaN floats, 0x3FFF0001 ints), and the
+    union calls' FLAG tensors are collected (yielded list)."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t: Any) -> Any:
+        if t.is_floating_point():
+            t.fill_(NAN)
+        elif t.dtype in (torch.int32, torch.int64):
+            t.fill_(0x3FFF0001)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
+    paths: list[Any] = []
+    monkeypatch.setattr(tile_kernels, "TILE_PATHS", paths)
+    yield paths
+
+
+def _shared_case(seed: int, *, total_q: int = 16, group: int = 6, hkv: int = 1, d: int = 16,
+                 num_slots: int = 96, topk: int = 20, block: int = 4, pool: int = 24,
+                 spread: tuple[int, ...] = (1,), dtype: Any = torch.float32
+                 ) -> tuple[Any, Any, Any, Any, Any]:
+    """Rows in blocks of ``block``: a block's rows pick their entries from one pool of ``pool``
+    slots (they share most of them), except the blocks in ``spread``, whose rows pick from the
+    whole cache (little sharing). Plus the hazards: duplicates, -1, out-of-range and int32-max
+    entries, entries past ``lengths`` that point at NaN K/V, an empty row, an all-invalid row,
+    non-finite K/V at slots no row selects."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn((total_q, group * hkv, d), generator=g).to(dtype)
+    k = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    v = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    idx = torch.empty((total_q, topk), dtype=torch.int32)
+    pools = {}
+    for r in range(total_q):
+        b = r // block
+        if b in spread:
+            choice = torch.randperm(num_slots - 8, generator=g)[:topk]
+        else:
+            if b not in pools:
+                pools[b] = torch.randperm(num_slots - 8, generator=g)[:pool]
+            choice = pools[b][torch.randperm(pool, generator=g)[:topk]]
+        idx[r] = choice.to(torch.int32)
+    lengths = torch.randint(topk - 6, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    if total_q >= 8:
+        idx[0, 1:4] = idx[0, 0]  # a slot listed four times counts four times
+        idx[2, ::5] = -1
+        idx[3, 2] = num_slots + 3
+        idx[4, 3] = 2**31 - 1
+        idx[5, 1] = -7
+        lengths[1] = 0  # empty row
+        idx[total_q - 3] = -1  # nothing valid: zeros
+        # past-length entries point at the last slot, which nothing selects: NaN there
+        lengths[6] = min(int(lengths[6]), topk - 2)
+        idx[6, int(lengths[6]):] = num_slots - 1
+    used = set()
+    for r in range(total_q):
+        n = int(lengths[r])
+        used.update(int(s) for s in idx[r, :max(0, n)] if 0 <= int(s) < num_slots)
+    free = [s for s in range(num_slots) if s not in used]
+    assert num_slots - 1 in free and len(free) > 3
+    k[num_slots - 1], v[num_slots - 1] = NAN, NAN
+    k[free[0]], v[free[0], :, 1] = INF, NAN  # an unselected slot, maybe inside a tile's span
+    return q, k, v, idx, lengths
+
+
+def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
+                dense: int = 0, gates: list[bool] | None = None) -> list[int]:
+    """The path of every tile (the kernels' rule, in Python): DENSE when on and the span is at
+    most ``dense`` % of the mean valid entries; else UNION when the gate's estimate (the first
+    row's valid entries plus rows - 1 times the last row's entries outside the first row's
+    slots) is at most twice the threshold and the exact union of the tile's valid slots is at
+    most ``union`` % of the mean valid entries; else the gathering kernel. ``gates`` gets the
+    gate's verdict of each tile that is neither dense nor empty."""
+    def valid(r: int) -> list[int]:
+        n = idx.shape[1] if lengths is None else max(0, min(int(lengths[r]), idx.shape[1]))
+        return [int(s) for s in idx[r, :n] if 0 <= int(s) < num_slots]
+
+    out = []
+    for t0 in range(0, idx.shape[0], rp):
+        rows = range(t0, min(t0 + rp, idx.shape[0]))
+        slots = [s for r in rows for s in valid(r)]
+        nv = len(slots)
+        span = (max(slots) - min(slots) + 1) if slots else 0
+        if dense and span * rp * 100 <= nv * dense:
+            out.append(DENSE)
+            continue
+        if not slots:
+            out.append(UNION)  # nothing valid: zeros
+            continue
+        first, last = valid(rows[0]), valid(rows[-1])
+        est = len(first) + (len(rows) - 1) * max(0, len(last) - sum(s in set(first)
+                                                                    for s in last))
+        gate = est * rp * 100 <= 2 * nv * union
+        if gates is not None:
+            gates.append(gate)
+        out.append(UNION if gate and len(set(slots)) * rp * 100 <= nv * union else GATHER)
+    return out
+
+
+def _rp(tile: str, group: int) -> int:
+    parts = tile.split("x")
+    hp = int(parts[4]) if len(parts) == 5 and int(parts[4]) else triton.next_power_of_2(group)
+    return int(parts[0]) // hp
+
+
+def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tuple[Any, Any]:
+    out = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert compare(out, ref) is None, compare(out, ref)
+    assert torch.isfinite(out).all(), "unwritten or leaked non-finite output elements"
+    err = (out.double() - ref).abs().max().item()
+    assert err <= error_bound(q.dtype), f"max abs err {err} > {error_bound(q.dtype)}"
+    return out, ref
+
+
+# ------------------------------------------------------------------ prefill (CPU)
+
+
+@pytest.mark.parametrize("group,hkv,dtype,tile,pct", [
+    (6, 1, torch.float32, "32x16x4x2", 250),  # RP 4: shared blocks union, the spread one not
+    (6, 1, torch.float16, "32x16x4x2", 250),
+    (12, 2, torch.float16, "32x16x2x2", 150),  # RP 2, two KV heads
+    (12, 1, torch.float32, "32x16x2x2x8", 250),  # 8 heads a program: 2 programs a tile
+    (3, 2, torch.float16, "16x32x2x2", 200),  # group below the tile: padded heads
+])
+def test_union_tiles_match_the_reference_and_the_rule(group: int, hkv: int, dtype: Any,
+                                                      tile: str, pct: int,
+                                                      poisoned: list[Any]) -> None:
+    q, k, v, idx, lengths = _shared_case(3, group=group, hkv=hkv, dtype=dtype)
+    rp = _rp(tile, group)
+    want = _tile_paths(idx, lengths, k.shape[0], rp, pct)
+    assert UNION in want and GATHER in want, want  # the case exercises both paths
+    cfg = {**BASE, "BLOCK_M": max(8, triton.next_power_of_2(group)), "UNION": pct,
+           "DENSE_TILE": tile}
+    _run(q, k, v, idx, cfg, lengths=lengths)
+    assert len(poisoned) == 1 and poisoned[0].tolist() == want
+
+
+def test_union_without_lengths_and_every_tile_union(poisoned: list[Any]) -> None:
+    q, k, v, idx, _ = _shared_case(4, total_q=10, spread=())
+    idx[idx == k.shape[0] - 1] = -1  # no lengths: every entry counts; keep the NaN slot out
+    cfg = {**BASE, "UNION": 10**6, "DENSE_TILE": "32x16x4x2"}
+    _run(q, k, v, idx, cfg)
+    assert poisoned[0].tolist() == [UNION] * 3  # 10 rows, RP 4: the last tile has 2 rows
+
+
+def test_union_and_dense_in_one_call(poisoned: list[Any]) -> None:
+    # the first rows select all of a narrow span (dense), a shared block (union), a spread one
+    q, k, v, idx, lengths = _shared_case(5, total_q=16, spread=(3,))
+    idx[:4] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
+    lengths[:4] = 20
+    lengths[1] = 0
+    cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2"}
+    want = _tile_paths(idx, lengths, k.shape[0], 4, 250, dense=200)
+    assert want == [DENSE, UNION, UNION, GATHER], want
+    g = torch.Generator().manual_seed(55)
+    # the dense kernel streams the 16-slot blocks around the span (slots 0 .. 31): finite
+    k[:32], v[:32] = torch.randn(k[:32].shape, generator=g), torch.randn(v[:32].shape, generator=g)
+    _run(q, k, v, idx, cfg, lengths=lengths)
+    assert poisoned[0].tolist() == want
+    # a NaN V row the dense tile streams but no row of it selects: the tile is handed back to
+    # the gathering kernel (FLAG 0), the output stays right
+    v[31] = NAN
+    idx[4:][idx[4:] == 31] = 30
+    _run(q, k, v, idx, cfg, lengths=lengths)
+    assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
+
+
+def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
+        poisoned: list[Any]) -> None:
+    # RP 8. Tile 0: seven rows of one set A and a last row of a disjoint set B: the exact union
+    # (2 x 20) would pass at 300%, but the gate's estimate (20 + 7 x 20) is over twice the
+    # threshold, so the tile is gathered. Tile 1: the last row is A again: union.
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((16, 6, 16), (96, 1, 16),
+                                                             (96, 1, 16)))
+    a, b = torch.arange(0, 40, 2, dtype=torch.int32), torch.arange(41, 81, 2, dtype=torch.int32)
+    idx = a.repeat(16, 1)
+    idx[7] = b
+    gates: list[bool] = []
+    want = _tile_paths(idx, None, 96, 8, 300, gates=gates)
+    assert want == [GATHER, UNION] and gates == [False, True]
+    _run(q, k, v, idx, {**BASE, "UNION": 300, "DENSE_TILE": "64x16x4x2"})
+    assert poisoned[0].tolist() == want
+
+
+def test_union_kernel_writes_exactly_its_tiles(poisoned: list[Any]) -> None:
+    # the row-tile half of a call on a NaN output: only the union tiles' rows are written
+    from backends.sparse_prefill.config import _variant
+
+    q, k, v, idx, lengths = _shared_case(6, spread=(1, 2))
+    var = _variant({**BASE, "UNION": 250, "DENSE_TILE": "32x16x4x2"})
+    want = _tile_paths(idx, lengths, k.shape[0], 4, 250)
+    assert want == [UNION, GATHER, GATHER, UNION], want
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
+    out = torch.full_like(q, NAN)
+    scale = q.shape[2] ** -0.5 * 1.4426950408889634
+    flag, rp = tile_kernels.row_tiles(q, k, v, idx, lengths, True, out, scale, var, "ieee", 16)
+    assert rp == 4 and flag.tolist() == want
+    for t, path in enumerate(want):
+        rows = slice(4 * t, 4 * t + 4)
+        if path == UNION:
+            assert (out[rows].double() - ref[rows]).abs().max() <= error_bound(q.dtype)
+        else:
+            assert out[rows].isnan().all(), f"tile {t} is the gathering kernel's"
+
+
+def test_union_tiles_in_chunks_of_the_scratch_budget(monkeypatch: pytest.MonkeyPatch,
+                                                     poisoned: list[Any]) -> None:
+    q, k, v, idx, lengths = _shared_case(7, total_q=20, num_slots=64, spread=(2,))
+    want = _tile_paths(idx, lengths, 64, 4, 200)
+    # a tile: 2 x 2 bitmap words, ceil(20 * 2) = 40 slots, 4 x 20 count words = 496 bytes,
+    # so two tiles a chunk: 3 chunks
+    monkeypatch.setattr(tile_kernels, "_UNION_SCRATCH_BYTES", 2 * 496 + 100)
+    _run(q, k, v, idx, {**BASE, "UNION": 200, "DENSE_TILE": "32x16x4x2"}, lengths=lengths)
+    assert poisoned[0].tolist() == want and UNION in want and GATHER in want
+
+
+def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> None:
+    # one tile: row 0 lists slot 9 three times, row 1 once; row 2 past its length lists NaN
+    # slots; row 3 only invalid entries
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 6, 16), (96, 1, 16), (96, 1, 16)))
+    idx = torch.tensor([[9, 9, 9, 4, 5, -1, 95, 2**31 - 1],
+                        [9, 4, 5, 6, 6, 6, -3, 100],
+                        [4, 5, 6, 9, 90, 91, 92, 93],
+                        [-1, -2, 96, 97, 2**31 - 1, -1, -1, -1]], dtype=torch.int32)
+    lengths = torch.tensor([8, 8, 4, 8], dtype=torch.int32)
+    k[90:94], v[90:94] = NAN, INF
+    out, _ = _run(q, k, v, idx, {**BASE, "UNION": 10**6, "DENSE_TILE": "32x16x4x2"},
+                  lengths=lengths)
+    assert poisoned[0].tolist() == [UNION]
+    assert (out[3] == 0).all()
+
+
+# ------------------------------------------------------------------ chunk (CPU)
+
+
+def _chunk_shared(seed: int, *, reqs: tuple[int, ...] = (8, 8),
+                  prefixes: tuple[int, ...] = (30, 60), group: int = 6, hkv: int = 1,
+                  d: int = 16, page_size: int = 2, topk: int = 16,
+                  dtype: Any = torch.float32) -> tuple[Any, ...]:
+    """A chunk batch whose first request's rows pick from one shared pool of positions (union
+    tiles) and whose second request's rows pick at random (little sharing), on a shuffled page
+    table with an unmapped page; hazards as the prefill case."""
+    g = torch.Generator().manual_seed(seed)
+    total_q = sum(reqs)
+    ctx = max(p + r for p, r in zip(prefixes, reqs, strict=True))
+    max_pages = -(-ctx // page_size) + 1
+    num_slots = len(reqs) * max_pages * page_size - 1
+    q = torch.randn((total_q, group * hkv, d), generator=g).to(dtype)
+    k = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    v = torch.randn((num_slots, hkv, d), generator=g).to(dtype)
+    pt = torch.randperm(len(reqs) * max_pages, generator=g).to(torch.int32)
+    pt = pt.reshape(len(reqs), max_pages).clone()
+    pt[1, 1] = -1  # unmapped page of the second request
+    idx = torch.empty((total_q, topk), dtype=torch.int32)
+    pool = torch.randperm(prefixes[0], generator=g)[:20]
+    for r in range(total_q):
+        if r < reqs[0]:
+            idx[r] = pool[torch.randperm(20, generator=g)[:topk]].to(torch.int32)
+        else:
+            pos = prefixes[1] + r - reqs[0]
+            idx[r] = torch.randint(0, pos + 3, (topk,), generator=g, dtype=torch.int32)
+    idx[0, :3] = idx[0, 3]  # duplicates
+    idx[1, 4] = -1
+    idx[2, 5] = 10**6
+    lengths = torch.randint(topk - 4, topk + 1, (total_q,), generator=g, dtype=torch.int32)
+    lengths[3] = 0
+    cu = torch.tensor([0, *torch.tensor(reqs).cumsum(0).tolist()], dtype=torch.int32)
+    kw = dict(kind="chunk", lengths=lengths, cu_seqlens_q=cu,
+              prefix_lens=torch.tensor(prefixes, dtype=torch.int32), page_table=pt,
+              page_size=page_size, max_q=max(reqs))
+    return q, k, v, idx, kw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_union_chunk_runs_on_pretranslated_slots(dtype: Any, poisoned: list[Any]) -> None:
+    q, k, v, idx, kw = _chunk_shared(9, dtype=dtype)
+    cfg = {**BASE, "CHUNK_MODE": "pretranslate", "UNION": 250, "DENSE_TILE": "32x16x4x2"}
+    _run(q, k, v, idx, cfg, **kw)
+    paths = poisoned[0].tolist()
+    assert paths[:2] == [UNION, UNION] and GATHER in paths[2:], paths
+
+
+def test_union_chunk_needs_translated_entries() -> None:
+    q, k, v, idx, kw = _chunk_shared(10)
+    for mode in ("fused", "staged"):
+        cfg = {**BASE, "CHUNK_MODE": mode, "UNION": 250, "DENSE_TILE": "32x16x4x2"}
+        with pytest.raises(ConfigError, match=r"UNION=250 gathers KV slots.*'pretranslate'"):
+            sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+
+
+# ------------------------------------------------------------------ config (CPU)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({**BASE, "UNION": -1}, "UNION=-1: expected 0"),
+    ({**BASE, "UNION": True}, "UNION=True"),
+    ({**BASE, "UNION": "300"}, "UNION='300'"),
+    ({**BASE, "UNION": 300, "SLOT_ORDER": 1}, "UNION and SLOT_ORDER"),
+    ({**BASE, "UNION": 300, "DENSE_TILE": "96x32x8x3"}, "BM=96 must be a power of two"),
+    ({"BLOCK_M": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ENGINE": "gluon_wgmma",
+      "UNION": 300}, "does not take UNION"),
+])
+def test_bad_union_configs(cfg: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg, 6, 256)
+
+
+def test_union_top_k_past_16_bit_counts_is_config_error() -> None:
+    q = torch.randn(2, 6, 16)
+    k = v = torch.randn(8, 1, 16)
+    idx = torch.zeros((2, 65536), dtype=torch.int32)
+    with pytest.raises(ConfigError, match=r"UNION counts .* top-k <= 65535"):
+        sparse_prefill_triton(q, k, v, idx, config={**BASE, "UNION": 300})
+
+
+def test_popcount_and_union_helpers_agree_with_python() -> None:
+    # the pre-pass's bit arithmetic on words with bit 31 set (negative int32)
+    from backends.sparse_prefill.bench import format_geometry, parse_geometry
+
+    cfg = parse_geometry("8x16x1x2:rev:split2:v2:lean:o32:union300:dt64x32x4x2")
+    assert cfg["UNION"] == 300 and cfg["DENSE_TILE"] == "64x32x4x2"
+    assert parse_geometry(format_geometry(cfg)) == cfg
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 6, 16), (70, 1, 16), (70, 1, 16)))
+    idx = torch.tensor([[31, 63, 0, 32, 33, 64], [31, 62, 63, 1, 69, 30],
+                        [63, 31, 30, 32, 0, 64], [69, 68, 62, 31, 63, 64]], dtype=torch.int32)
+    out = sparse_prefill_triton(q, k, v, idx, config={**BASE, "UNION": 10**6,
+                                                      "DENSE_TILE": "32x16x4x2"})
+    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx)
+    assert compare(out, ref) is None and (out.double() - ref).abs().max() <= 1e-4
+
+
+def test_tuner_space_has_union_candidates_over_the_family() -> None:
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, H200_UNION_CONFIGS
+
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
+        cands = [cfg for _, cfg, _ in tuning.candidates(case, None) if cfg is not None]
+        unions = [cfg for cfg in cands if cfg.get("UNION")]
+        fam = {k: v for k, v in H200_PREFILL_CONFIGS[("prefill", 6)].items()}
+        want = {**fam, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if kind == "chunk"
+                                        else {})}
+        assert want in unions, unions
+        if kind == "chunk":
+            assert H200_UNION_CONFIGS[("chunk", 6)] in unions
+            assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in unions)
+        else:
+            assert not any("CHUNK_MODE" in cfg for cfg in unions)
+
+
+def test_explain_says_which_path_a_union_config_takes() -> None:
+    import registry
+    from backends.sparse_prefill.config import describe_path
+    from backends.sparse_prefill.guarantees import kernel_contract
+    from registry import Implementation, hookimpl
+
+    union = {**BASE, "UNION": 300}
+    assert describe_path(union).startswith("union tiles where a tile's union of selected slots "
+                                           "is <= 300%")
+    assert "dense-span tiles" in describe_path({**union, "DENSE": 250})
+    assert describe_path(BASE) == "the Triton per-row gathering kernel for every row"
+
+    class _Plugin:
+        @hookimpl
+        def kreg_implementations(self) -> list[Implementation]:
+            return [Implementation(
+                op="sparse_prefill", name="test_union.explain", priority=10**6,
+                config=dict(union), describe_config=describe_path, contract=kernel_contract,
+                kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton")]
+
+    fields = {"kind": "prefill", "topk": 2051, "head_dim": 256, "group_size": 6,
+              "num_kv_heads": 1, "total_q": 8192, "num_requests": 1, "max_q": 8192,
+              "dtype": "bfloat16", "kv_len": 32768}
+    registry.register_plugin(_Plugin(), "test_union_explain")
+    try:
+        reg = registry.get_registry()
+        decision = registry.select("sparse_prefill", fields, reg.resolve_device("h200"))
+    finally:
+        registry.unregister_plugin("test_union_explain")
+    text = decision.explain()
+    assert decision.implementation == "test_union.explain"
+    assert "note: path: union tiles where" in text and "UNION=300" in text, text
+    # a tile's path depends on its neighbouring rows: deterministic, not batch-invariant
+    assert decision.guarantees == ["deterministic"], decision.guarantees
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["prefill", "chunk"])
+@pytest.mark.parametrize("group", [6, 12])
+def test_gpu_union_through_dispatch_on_topk_inputs(kind: str, group: int) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: the union kernels at the seed's shapes in bf16")
+    import registry
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+    from registry import Implementation, hookimpl
+    from registry.requirements import vendor_in
+
+    union = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 1,
+             "num_stages": 2, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
+             "REVERSE_ROWS": 1, "UNION": 300, "DENSE_TILE": "128x32x8x3"}
+    if kind == "chunk":
+        union = {**union, "CHUNK_MODE": "pretranslate"}
+
+    class _Plugin:
+        @hookimpl
+        def kreg_implementations(self) -> list[Implementation]:
+            return [Implementation(
+                op="sparse_prefill", name="test_union.sparse_prefill", priority=10**6,
+                requirements=(vendor_in("nvidia"),), config=dict(union),
+                kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton")]
+
+    case = BenchCase(kind=kind, group_size=group, kv_heads=1, total_q=1024,
+                     kv_len=4096 if kind == "prefill" else 16384, indices="topk")
+    inp = make_inputs(case, "cuda")
+    registry.register_plugin(_Plugin(), "test_union")
+    paths: list[Any] = []
+    tile_kernels.TILE_PATHS = paths
+    try:
+        with registry.record() as launches:
+            out = registry.dispatch("sparse_prefill", inp["q"], inp["k"], inp["v"],
+                                    inp["indices"], **inp["kwargs"])
+        torch.cuda.synchronize()
+    finally:
+        tile_kernels.TILE_PATHS = None
+        registry.unregister_plugin("test_union")
+    assert [(x.implementation, x.config.get("UNION")) for x in launches] == \
+        [("test_union.sparse_prefill", 300)], launches
+    flags = paths[0].tolist()
+    assert flags.count(UNION) > 0, f"no tile took the union path: {flags}"
+    ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
+                                   out_dtype=torch.float32, **inp["kwargs"])
+    assert compare(out, ref) is None
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2e-2, f"max abs err {err} (union tiles {flags.count(UNION)}/{len(flags)})"
