@@ -174,6 +174,19 @@ def test_a_bad_config_under_an_override_is_not_honoured() -> None:
     assert "ZeroDivisionError" in d.override.reason
 
 
+def test_a_raising_describe_config_is_a_note_not_a_failure() -> None:
+    reg = registry.Registry()
+    reg.impls["indexer_topk"]["desc.top"] = _top(
+        "desc.top", config={"num_warps": 4}, describe_config=lambda cfg: str(1 / 0))
+    d = reg.select("indexer_topk", IDX, "h200")
+    assert d.implementation == "desc.top"   # still chosen: the path note is only shown
+    assert any("desc.top's describe_config raised ZeroDivisionError" in n for n in d.notes)
+    reg.impls["indexer_topk"]["desc.top"] = _top(
+        "desc.top", config={"num_warps": 4}, describe_config=lambda cfg: f"w{cfg['num_warps']}")
+    reg.invalidate()
+    assert "path: w4" in reg.select("indexer_topk", IDX, "h200").notes
+
+
 @pytest.mark.parametrize("priority", ["abc", None, 1.5, float("nan"), [1], True])
 def test_a_non_integer_priority_disqualifies_its_candidate(priority: Any) -> None:
     reg = registry.Registry()
