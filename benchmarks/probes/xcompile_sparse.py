@@ -7,9 +7,9 @@ gets) and compiled; each kernel's SASS is normalized (addresses, the function na
 
 Run it on two trees and diff the JSON (``--compare A.json B.json``): equal digests mean the same
 machine code. The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, Gluon,
-long-KV, dense, union), the shipped tuning table (``docs/tables/*.json``), the generic table geometries and the
-sm120 plugin's, each at its bucket's kind and group; shapes at the seed's head dim 256 and top-k
-2051 (CPU tensors, never read).
+long-KV, dense, union), the shipped tuning table (``docs/tables/*.json``), the generic table
+geometries and the sm120 plugin's, each at its bucket's kind and group; shapes at the seed's
+head dim 256 and top-k 2051 (CPU tensors, never read).
 """
 
 from __future__ import annotations
