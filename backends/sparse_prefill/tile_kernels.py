@@ -74,6 +74,23 @@ def _hand_back(FLAG, tile, acc, mine):
 
 
 @triton.jit
+def _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC: tl.constexpr):
+    """One block of a row tile's slots (dense span or union): a line's weight of a slot is
+    ``count * exp(score)``, i.e. ``score + log2(count)``, and -inf where its row's count is 0;
+    the online-softmax update of ``(m_i, l_i, acc)``."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
+                 float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _row_stats(IDX, LENS, LO, HI, NV, num_slots, topk, s_it, HAS_LENS: tl.constexpr,
                BLOCK: tl.constexpr):
     """DENSE: the least and greatest valid slot of row ``program_id(0)`` (``num_slots`` / -1
@@ -212,16 +229,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
             kv_mask = (n < num_slots)[:, None] & d_mask[None, :]
             k = tl.load(kb + offs_n[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vb + offs_n[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
-                     float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC)
         kb += BLOCK_N * s_kt
         vb += BLOCK_N * s_vt
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -486,16 +494,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
         c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
         c = tl.where(m_ok[:, None], c, 0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
-                     float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
     keep = _hand_back(FLAG, t, acc, take)

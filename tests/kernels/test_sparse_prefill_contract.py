@@ -26,6 +26,8 @@ from backends.sparse_prefill.reference import sparse_prefill_reference  # noqa: 
 from backends.sparse_prefill.triton_kernels import sparse_prefill_triton  # noqa: E402
 from registry.errors import WorkloadError  # noqa: E402
 
+from kernel_helpers import poison_empty  # noqa: E402
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BASE = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
 GLUON = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "ENGINE": "gluon"}
@@ -40,17 +42,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 def poisoned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every torch.empty / empty_like (outputs and scratch) comes back poisoned: NaN floats, a
     large int, so an element an implementation never writes cannot pass for a right one."""
-    real_empty, real_like = torch.empty, torch.empty_like
-
-    def fill(t: Any) -> Any:
-        if t.is_floating_point():
-            t.fill_(NAN)
-        elif t.dtype in (torch.int32, torch.int64):
-            t.fill_(0x3FFF0001)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
+    poison_empty(monkeypatch)
     yield
 
 

@@ -29,6 +29,8 @@ from backends.sparse_prefill.triton_kernels import (  # noqa: E402
 )
 from registry.errors import ConfigError  # noqa: E402
 
+from kernel_helpers import poison_empty  # noqa: E402
+
 NAN, INF = float("nan"), float("inf")
 GATHER, DENSE, UNION = 0, 1, 2
 BASE = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "SPLIT_QK": 2,
@@ -40,19 +42,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 @pytest.fixture
 def poisoned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """torch.empty / empty_like come back poisoned (NaN floats, 0x3FFF0001 ints), and the
+    """torch.empty / empty_like come back poisoned (kernel_helpers.poison_empty), and the
     union calls' FLAG tensors are collected (yielded list)."""
-    real_empty, real_like = torch.empty, torch.empty_like
-
-    def fill(t: Any) -> Any:
-        if t.is_floating_point():
-            t.fill_(NAN)
-        elif t.dtype in (torch.int32, torch.int64):
-            t.fill_(0x3FFF0001)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
+    poison_empty(monkeypatch)
     paths: list[Any] = []
     monkeypatch.setattr(tile_kernels, "TILE_PATHS", paths)
     yield paths

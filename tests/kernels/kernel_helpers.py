@@ -1,0 +1,29 @@
+"""Helpers shared by the kernel tests (imported by bare name: pytest puts tests/kernels on
+sys.path for the test files here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+#: What a poisoned int tensor holds: large, positive, and no valid slot, length or index.
+POISON_INT = 0x3FFF0001
+
+
+def poison_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every torch.empty / empty_like (outputs and scratch) comes back poisoned: NaN floats,
+    :data:`POISON_INT` ints, so an element an implementation never writes cannot pass for a
+    right one."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t: Any) -> Any:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype in (torch.int32, torch.int64):
+            t.fill_(POISON_INT)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
