@@ -171,6 +171,10 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG"})
 _MAX_HEAD_DIM = 256
+#: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
+#: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
+#: already takes every tile.
+_MAX_PERCENT = 10**9
 GLUON_HEAD_DIMS = (64, 128, 256)  # ENGINE="gluon"
 WGMMA_HEAD_DIM = 256  # ENGINE="gluon_wgmma": four 64-wide chunks
 
@@ -219,18 +223,20 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         raise ConfigError("SPLIT_V=2 gathers V in the layout of the SPLIT_QK=2 K halves: it "
                           "needs SPLIT_QK=2")
     dense = var["DENSE"]
-    if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
+    if not isinstance(dense, int) or isinstance(dense, bool) or not 0 <= dense <= _MAX_PERCENT:
         raise ConfigError(f"DENSE={dense!r}: expected 0 (off) or a span threshold in percent "
-                          f"of the mean valid entries per row (e.g. 300)")
+                          f"of the mean valid entries per row, at most {_MAX_PERCENT} (e.g. "
+                          f"300)")
     if dense:
         _dense_tile_geometry(var["DENSE_TILE"], group_size)
         if var["SLOT_ORDER"]:
             raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
                               "SLOT_ORDER=0 or DENSE=0")
     union = var["UNION"]
-    if not isinstance(union, int) or isinstance(union, bool) or union < 0:
+    if not isinstance(union, int) or isinstance(union, bool) or not 0 <= union <= _MAX_PERCENT:
         raise ConfigError(f"UNION={union!r}: expected 0 (off) or a union-size threshold in "
-                          f"percent of the mean valid entries per row of a tile (e.g. 300)")
+                          f"percent of the mean valid entries per row of a tile, at most "
+                          f"{_MAX_PERCENT} (e.g. 300)")
     if union:
         _dense_tile_geometry(var["DENSE_TILE"], group_size)
         if var["SLOT_ORDER"]:

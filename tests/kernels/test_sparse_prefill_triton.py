@@ -439,6 +439,8 @@ def test_block_m_below_group_is_config_error():
     ({**BASE, "SLOT_ORDER": 3}, "SLOT_ORDER"),
     ({**BASE, "DENSE": -1}, "DENSE=-1: expected 0"),
     ({**BASE, "DENSE": True}, "DENSE=True"),
+    ({**BASE, "DENSE": 10**12}, "DENSE=1000000000000: .* at most 1000000000"),
+    ({**BASE, "UNION": 10**12}, "UNION=1000000000000: .* at most 1000000000"),
     ({**BASE, "DENSE": 200, "SLOT_ORDER": 1}, "DENSE and SLOT_ORDER"),
     ({**BASE, "DENSE": 200, "DENSE_TILE": "128x32x8"}, "expected 'BMxBNxWxS'"),
     ({**BASE, "DENSE": 200, "DENSE_TILE": "96x32x8x3"}, "BM=96 must be a power of two"),
