@@ -428,9 +428,10 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("kind", ["prefill", "chunk"])
 @pytest.mark.parametrize("group", [6, 12])
-def test_gpu_union_through_dispatch_on_topk_inputs(kind: str, group: int) -> None:
+def test_gpu_union_through_dispatch(kind: str, group: int, indices: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA: the union kernels at the seed's shapes in bf16")
     import registry
@@ -453,7 +454,7 @@ def test_gpu_union_through_dispatch_on_topk_inputs(kind: str, group: int) -> Non
                 kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton")]
 
     case = BenchCase(kind=kind, group_size=group, kv_heads=1, total_q=1024,
-                     kv_len=4096 if kind == "prefill" else 16384, indices="topk")
+                     kv_len=4096 if kind == "prefill" else 16384, indices=indices)
     inp = make_inputs(case, "cuda")
     registry.register_plugin(_Plugin(), "test_union")
     paths: list[Any] = []
@@ -469,7 +470,14 @@ def test_gpu_union_through_dispatch_on_topk_inputs(kind: str, group: int) -> Non
     assert [(x.implementation, x.config.get("UNION")) for x in launches] == \
         [("test_union.sparse_prefill", 300)], launches
     flags = paths[0].tolist()
-    assert flags.count(UNION) > 0, f"no tile took the union path: {flags}"
+    if kind == "prefill":   # the slots are the entries: every tile's path is the rule's
+        rp = _rp(union["DENSE_TILE"], group)
+        assert flags == _tile_paths(inp["indices"].cpu(), inp["kwargs"]["lengths"].cpu(),
+                                    inp["k"].shape[0], rp, union["UNION"])
+    if indices == "topk":
+        assert flags.count(UNION) > 0, f"no tile took the union path: {flags}"
+    elif kind == "chunk":   # the walk at KV 16K: rows share few slots, the gathers do them
+        assert flags.count(GATHER) > 0, f"no tile left to the gathering kernel: {flags}"
     ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
                                    out_dtype=torch.float32, **inp["kwargs"])
     assert compare(out, ref) is None
