@@ -529,6 +529,17 @@ def _desc_ok(t: Any) -> bool:
             and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]))
 
 
+def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
+                ) -> tuple[int, int, tuple[int, int, int, int], int, int]:
+    """(group, topk, DENSE_TILE's (BM, BN, warps, stages), HP, RP) of a ``key`` (DENSE or
+    UNION) call, after the top-k check of its 16-bit counts."""
+    group, topk = q.shape[1] // k.shape[1], idx.shape[1]
+    _check_counts(key, topk)
+    geom = _dense_tile_geometry(var["DENSE_TILE"], group)
+    hp = _dense_heads(var["DENSE_TILE"], group)
+    return group, topk, geom, hp, geom[0] // hp
+
+
 def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any] | None = None) -> tuple[Any, ...]:
@@ -537,13 +548,9 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     per tile 1 where the dense kernel stored the tile's rows, else 0 (the gathering kernel's)."""
     import torch
 
-    total_q, hq, d = q.shape
+    total_q, _, d = q.shape
     num_slots, hkv, _ = k.shape
-    group, topk = hq // hkv, idx.shape[1]
-    _check_counts("DENSE", topk)
-    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
-    hp = _dense_heads(var["DENSE_TILE"], group)
-    rp = bm // hp
+    group, topk, (bm, bn, nw, ns), hp, rp = _tile_shape(q, k, idx, var, "DENSE")
     span = int(var["DENSE"])
     dev = q.device
     lo, hi, nv = stats if stats is not None else row_stats(idx, lens, has_lens, num_slots)
@@ -585,13 +592,9 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
     import torch
 
-    total_q, hq, d = q.shape
+    total_q, _, d = q.shape
     num_slots, hkv, _ = k.shape
-    group, topk = hq // hkv, idx.shape[1]
-    _check_counts("UNION", topk)
-    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group)
-    hp = _dense_heads(var["DENSE_TILE"], group)
-    rp = bm // hp
+    group, topk, (bm, bn, nw, ns), hp, rp = _tile_shape(q, k, idx, var, "UNION")
     pct = int(var["UNION"])
     dev = q.device
     lo, hi, nv = stats
