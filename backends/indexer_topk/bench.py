@@ -14,6 +14,12 @@ Providers (``--providers``, comma separated):
 * ``torch-topk`` / ``torch-topk-unsorted``: ``torch.topk(scores, k, sorted=True/False)`` over the
   whole row (the anchors; they ignore lengths and ties order, so they are checked as a set
   only where the row is full and reported, never failing the run).
+* ``flashinfer-topk``: FlashInfer's raw kernel, ``flashinfer.top_k_ragged_transform(scores,
+  offsets=0, lengths, k, tie_break=1)`` on the scores as given (what a framework would call
+  instead of kreg: the same membership rule, its own output order), an unjudged anchor compared
+  as a set on every row; needs FlashInfer importable (``pip install 'kreg[flashinfer]'``).
+  ``flashinfer.indexer_topk`` (kreg's exact wrapper around it, ascending order) is the
+  registry implementation.
 * ``reference``: the exact torch reference (timed too).
 * ``triton``: the Triton kernels at :func:`triton_kernels.default_config` for the shape.
 * ``geometry=SLICE_KEYSxMAX_SLICESxWARPS[:key=val...]``: the Triton kernels at a forced config,
@@ -115,6 +121,15 @@ def _trial(name: str, scores: Any, lengths: Any, k: int) -> Any:
         return Trial(name, lambda: torch.topk(scores, k, dim=1, sorted=False).indices,
                      runs="torch.topk(sorted=False)", judged=False,
                      describe=lambda got: _anchor_report(got, scores, lengths, k))
+    if name == "flashinfer-topk":
+        fi = _flashinfer_module()
+        rows = scores.shape[0]
+        offsets = torch.zeros(rows, dtype=torch.int32, device=scores.device)
+        lens = lengths.to(torch.int32).contiguous()
+        return Trial(name, lambda: fi.top_k_ragged_transform(scores, offsets, lens, k,
+                                                             tie_break=1),
+                     runs="flashinfer.top_k_ragged_transform(tie_break=1)", judged=False,
+                     describe=lambda got: _set_report(got, scores, lengths, k))
     if name == "reference":
         from backends.indexer_topk.reference import indexer_topk_reference
         return Trial(name, lambda: indexer_topk_reference(scores, lengths, k),
@@ -130,6 +145,33 @@ def _trial(name: str, scores: Any, lengths: Any, k: int) -> Any:
                      runs=f"triton {format_config(full)}", config=full,
                      implementation="generic.indexer_topk_radix")
     return None
+
+
+def _flashinfer_module() -> Any:
+    """``import flashinfer`` for the ``flashinfer-topk`` provider, or a ClickException that
+    says how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module("flashinfer")
+    except Exception as exc:
+        raise click.ClickException(
+            f"--providers flashinfer-topk: flashinfer is not importable ({type(exc).__name__}: "
+            f"{exc}); install it (pip install 'kreg[flashinfer]') or drop the provider") from None
+
+
+def _set_report(got: Any, scores: Any, lengths: Any, k: int) -> str:
+    """An unordered provider's rows against the exact reference as sets (every row; -1
+    padding compared too)."""
+    import torch
+
+    from backends.indexer_topk.reference import indexer_topk_reference
+
+    want = indexer_topk_reference(scores, lengths, k)
+    g = torch.sort(got.to(torch.int64), dim=1).values
+    w = torch.sort(want.to(torch.int64), dim=1).values
+    same = (g == w).all(dim=1) if g.shape == w.shape else torch.zeros(1, dtype=torch.bool)
+    return "same set" if bool(same.all()) else f"differs on {int((~same).sum())} rows"
 
 
 def _anchor_report(got: Any, scores: Any, lengths: Any, k: int) -> str:
@@ -292,6 +334,8 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
     names = [p.strip() for p in providers.split(",") if p.strip()]
     if not names:
         raise click.BadParameter("--providers is empty")
+    if "flashinfer-topk" in names:
+        _flashinfer_module()  # before any case runs: a missing FlashInfer is a usage error
     from backends.indexer_topk.distributions import DISTRIBUTIONS
 
     names_d = [d.strip() for d in dists.split(",") if d.strip()]

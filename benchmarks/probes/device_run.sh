@@ -24,7 +24,8 @@
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
-# dists-indexer (issue #25: every score distribution through kreg bench),
+# dists-indexer (issue #25: every score distribution through kreg bench), sanitize
+# (compute-sanitizer memcheck on both ops' kernels),
 # flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
 # with auto, the kreg families and flashinfer.* at the seed's shapes, a small kreg tune grid of
 # both ops and the regret bench on it; its parts flashinfer-kit, flashinfer-bench and
@@ -73,16 +74,21 @@ ab_cells() {
 }
 # flashinfer_part PART: one part of the flashinfer step (issue #27), logs into $OUT/fi_*.log;
 # each part fits one 10-minute call (kit: the JIT builds; bench: ~9 min; tune: ~9 min).
-flashinfer_part() {
+# fi_restore: FlashInfer's JIT workspace in $PWD/.fi-ws; on a cold machine the modules an earlier
+# call built, carried back as .fi-ws/fiws.tgz (the kit's call packs them into $OUT), become
+# FlashInfer's AOT modules, which load unbuilt (ninja would rebuild a JIT module whose objects
+# are gone). The pip install above replaces /tmp/site/flashinfer, so every call copies them.
+fi_restore() {
   export FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws
   mkdir -p "$FLASHINFER_WORKSPACE_BASE"
-  # A cold machine: the modules an earlier call built, carried back as .fi-ws/fiws.tgz (the
-  # kit's call packs them into $OUT), become FlashInfer's AOT modules, which load unbuilt
-  # (ninja would rebuild a JIT module whose objects are gone).
-  if [ -f .fi-ws/fiws.tgz ] && [ ! -d .fi-ws/.cache ]; then
-    tar xzf .fi-ws/fiws.tgz && mkdir -p /tmp/site/flashinfer/data/aot \
+  if [ -f .fi-ws/fiws.tgz ]; then
+    [ -d .fi-ws/.cache ] || tar xzf .fi-ws/fiws.tgz
+    mkdir -p /tmp/site/flashinfer/data/aot \
       && cp -r .fi-ws/.cache/flashinfer/*/*/cached_ops/* /tmp/site/flashinfer/data/aot/
   fi
+}
+flashinfer_part() {
+  fi_restore
   local FG="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192"
   FG="$FG --grid total_q=8192 --grid space=tiny"
   # 64 rows on two distributions: the first indexer tune compiles every candidate (~13) cold
@@ -115,20 +121,23 @@ flashinfer_part() {
           | tee -a "$OUT/fi_bench_sparse.log" | grep -v "^-"
       done ;;
     tune)
+      # FI_TUNE_OPS: the ops to tune (default both; "indexer_topk" alone fits one call
+      # with other steps)
       stage "flashinfer: kreg tune, a small grid of both ops, FlashInfer among the candidates"
+      case " ${FI_TUNE_OPS:-sparse_prefill indexer_topk} " in *" sparse_prefill "*)
       timeout 120 python3 -m cli tune sparse_prefill $FG --warmup 3 --iters 10 \
         > "$OUT/fi_tune_sparse.log" 2>&1
       echo "rc=$?"; grep -E "^(prefill|chunk)|flashinfer" "$OUT/fi_tune_sparse.log" | cut -c1-200
+      timeout 90 python3 benchmarks/bench_regret.py sparse_prefill $FG --top 3 --warmup 3 \
+        --iters 15 > "$OUT/fi_regret_sparse.log" 2>&1
+      echo "regret rc=$?"; tail -10 "$OUT/fi_regret_sparse.log" ;; esac
+      case " ${FI_TUNE_OPS:-sparse_prefill indexer_topk} " in *" indexer_topk "*)
       timeout 240 python3 -m cli tune indexer_topk $FI --warmup 3 --iters 15 \
         > "$OUT/fi_tune_indexer.log" 2>&1
       echo "rc=$?"; grep -E "^[0-9]|flashinfer" "$OUT/fi_tune_indexer.log" | cut -c1-200
-      stage "flashinfer: regret with FlashInfer among the candidates"
-      timeout 90 python3 benchmarks/bench_regret.py sparse_prefill $FG --top 3 --warmup 3 \
-        --iters 15 > "$OUT/fi_regret_sparse.log" 2>&1
-      echo "rc=$?"; tail -10 "$OUT/fi_regret_sparse.log"
       timeout 90 python3 benchmarks/bench_regret.py indexer_topk $FI --warmup 3 --iters 20 \
         > "$OUT/fi_regret_indexer.log" 2>&1
-      echo "rc=$?"; tail -12 "$OUT/fi_regret_indexer.log" ;;
+      echo "regret rc=$?"; tail -12 "$OUT/fi_regret_indexer.log" ;; esac ;;
   esac
 }
 GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
@@ -178,11 +187,30 @@ for step in "$@"; do
       done ;;
     dists-indexer)
       # issue #25: every distribution through the product command, graph replays.
+      # DIST_PROVIDERS: e.g. torch-topk,auto,flashinfer-topk (FlashInfer's raw kernel; its
+      # modules restored as in the flashinfer steps)
       stage "indexer_topk distributions"
-      timeout 300 python3 cli.py bench indexer_topk --rows ${DIST_ROWS:-64,1024,4096} \
-        --keys 131072 --dist ${DISTS:-randn,ties,zeros,recent,lowbits,relu,quant256,fp8,ramp} \
-        --providers torch-topk,auto --graphs --warmup 3 --iters 20 2>/dev/null \
-        | tee "$OUT/dists_indexer.log" | grep -v "^-" ;;
+      case "${DIST_PROVIDERS:-}" in *flashinfer*) fi_restore ;; esac
+      timeout ${DIST_TIMEOUT:-300} python3 cli.py bench indexer_topk \
+        --rows ${DIST_ROWS:-64,1024,4096} --keys 131072 \
+        --dist ${DISTS:-randn,ties,zeros,recent,lowbits,relu,quant256,fp8,ramp} \
+        --providers ${DIST_PROVIDERS:-torch-topk,auto} --graphs --warmup 3 --iters 20 \
+        2>"$OUT/dists_indexer.err" | tee "$OUT/dists_indexer.log" | grep -v "^-"
+      tail -3 "$OUT/dists_indexer.err" ;;
+    sanitize)
+      # compute-sanitizer memcheck on the indexer's tiers (every distribution, the default
+      # config's paths) and on the sparse_prefill kernels (every family, DENSE, UNION, Gluon)
+      stage "compute-sanitizer: indexer_topk"
+      D=randn,ties,zeros,recent,lowbits,relu,relu10,quant256,fp8,ramp
+      timeout 60 python3 benchmarks/probes/sanitize_topk.py $D > /dev/null 2>&1  # compile
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python3 benchmarks/probes/sanitize_topk.py $D > "$OUT/sanitizer_topk.log" 2>&1
+      echo "compute-sanitizer rc=$?"; grep -c exact "$OUT/sanitizer_topk.log"; tail -3 "$OUT/sanitizer_topk.log"
+      stage "compute-sanitizer: sparse_prefill"
+      timeout 90 python3 benchmarks/probes/sanitize_sparse.py  # compiles outside the sanitizer
+      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python3 benchmarks/probes/sanitize_sparse.py > "$OUT/sanitizer_sparse.log" 2>&1
+      echo "compute-sanitizer rc=$?"; tail -3 "$OUT/sanitizer_sparse.log" ;;
     flashinfer)
       flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
     flashinfer-kit|flashinfer-bench|flashinfer-tune)

@@ -6,9 +6,9 @@
 Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12, 2 KV heads,
 1024 KV slots; chunk as 2 requests on 16-token pages (one page unmapped) with prefixes that are
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
-table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER, DENSE)
-and the Gluon kernels (ENGINE=gluon; ENGINE=gluon_wgmma on sm_90) on
-both kinds and checks each output against the fp32 reference, so a run is also a correctness
+table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER,
+DENSE, UNION: the run fails unless some tiles took each row-tile path) and the Gluon kernels
+(ENGINE=gluon; ENGINE=gluon_wgmma on sm_90) on both kinds and checks each output against the fp32 reference, so a run is also a correctness
 check.
 """
 
@@ -53,6 +53,7 @@ def main() -> None:
     import torch
 
     from backends.sparse_prefill.reference import sparse_prefill_reference
+    from backends.sparse_prefill import tile_kernels
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
     from plugins.generic import sparse_prefill_table_config
     from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, H200_PREFILL_CONFIGS
@@ -61,6 +62,7 @@ def main() -> None:
         sys.exit("sanitize_sparse.py needs a GPU")
     gen = torch.Generator().manual_seed(0)
     worst, runs = 0.0, 0
+    tile_kernels.TILE_PATHS = []   # every UNION call's per-tile path (0 gather, 1 dense, 2 union)
     for kind in ("prefill", "chunk"):
         for group in (6, 12):
             q, k, v, idx, kw = _inputs(kind, group, gen)
@@ -73,6 +75,10 @@ def main() -> None:
             # DENSE: every tile dense, and a threshold that leaves some tiles to the gathers
             dense = {**cfgs[1], "CHUNK_MODE": "pretranslate"} if kind == "chunk" else cfgs[1]
             cfgs += [{**dense, "DENSE": 10**6}, {**dense, "DENSE": 600}]
+            # UNION (issue 26): every tile on the union path, a threshold that leaves some
+            # tiles to the gathers, and DENSE taking every tile before UNION is tried
+            cfgs += [{**dense, "UNION": 10**6}, {**dense, "UNION": 700},
+                     {**dense, "DENSE": 10**6, "UNION": 10**6}]
             # ENGINE=gluon (chunk rows pretranslated): the shipped ring, two stages of 32
             # keys, int64 offsets, slot ordering
             gl = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 2,
@@ -94,7 +100,12 @@ def main() -> None:
                     sys.exit(f"{kind} g{group} {cfg}: max abs err {err}")
                 worst, runs = max(worst, err), runs + 1
     torch.cuda.synchronize()
-    print(f"sanitize_sparse: {runs} launches checked, worst max-abs err {worst:.2e}")
+    paths = torch.cat([f.flatten().cpu() for f in tile_kernels.TILE_PATHS])
+    taken = {p: int((paths == p).sum()) for p in (0, 1, 2)}
+    if not all(taken.values()):
+        sys.exit(f"row-tile paths taken {taken}: some path was never exercised")
+    print(f"sanitize_sparse: {runs} launches checked, worst max-abs err {worst:.2e}; "
+          f"tiles by path (gather/dense/union): {taken[0]}/{taken[1]}/{taken[2]}")
 
 
 if __name__ == "__main__":

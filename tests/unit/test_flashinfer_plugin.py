@@ -663,3 +663,57 @@ def test_gpu_indexer_topk_is_exact_on_ties_nan_and_zeros() -> None:
         for k in (2048, 64):
             got = fi.indexer_topk(scores, lengths, k)
             assert torch.equal(got, indexer_topk_reference(scores, lengths, k)), (dtype, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# kreg bench indexer_topk --providers flashinfer-topk (FlashInfer's raw kernel as an anchor)
+
+
+def _bench_json(args: list[str]) -> Any:
+    import json
+
+    from backends.indexer_topk import bench
+
+    res = CliRunner().invoke(bench.bench_command, args)
+    return res, (json.loads(res.output[res.output.index("{"):]) if res.exit_code == 0 else None)
+
+
+BENCH_ARGS = ["--rows", "3", "--keys", "700", "--k", "16", "--iters", "1", "--warmup", "0",
+              "--dist", "randn,ties", "--json", "--providers", "flashinfer-topk,auto"]
+
+
+def test_bench_raw_flashinfer_is_a_set_checked_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flashinfer", STANDIN)
+    res, data = _bench_json(BENCH_ARGS)
+    assert res.exit_code == 0, res.output
+    for case in data["cases"]:   # randn and the tie-heavy rows: the same membership rule
+        prov = {m["label"]: m for m in case["results"]}
+        raw = prov["flashinfer-topk"]
+        assert raw["status"] == "unjudged" and raw["detail"] == "same set", raw
+        assert "tie_break=1" in raw["runs"] and prov["auto"]["error"] == 0
+
+    # negative control: a kernel that breaks ties the other way is reported, not hidden
+    def larger_index_first(input, offsets, lengths, k, deterministic=False, tie_break=0):
+        flipped = top_k_ragged_transform(input.flip(1).contiguous(), offsets, lengths, k,
+                                         tie_break=1)
+        return torch.where(flipped >= 0, input.shape[1] - 1 - flipped, flipped)
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        top_k_ragged_transform=larger_index_first))
+    res, data = _bench_json(BENCH_ARGS)
+    assert res.exit_code == 0, res.output   # an anchor never fails the run
+    details = [m["detail"] for c in data["cases"] for m in c["results"]
+               if m["label"] == "flashinfer-topk"]
+    assert details[0] == "same set" and details[1].startswith("differs on "), details
+
+
+def test_bench_raw_flashinfer_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)   # import raises ImportError
+    res, _ = _bench_json(BENCH_ARGS)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "flashinfer is not importable" in res.output
+    assert "pip install 'kreg[flashinfer]'" in res.output and "drop the provider" in res.output
