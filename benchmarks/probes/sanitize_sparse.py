@@ -8,8 +8,8 @@ Small shapes with every hazard the kernels must skip: 192 rows, groups 6 and 12,
 not multiples of 16; 5% of the entries negative or past the cache, some rows empty. Runs the
 table geometries and the H200 family (every CHUNK_MODE, SPLIT_V, LEAN, OFFS32, SLOT_ORDER,
 DENSE, UNION: the run fails unless some tiles took each row-tile path) and the Gluon kernels
-(ENGINE=gluon; ENGINE=gluon_wgmma on sm_90) on both kinds and checks each output against the fp32 reference, so a run is also a correctness
-check.
+(ENGINE=gluon; ENGINE=gluon_wgmma on sm_90) on both kinds and checks each output against the
+fp32 reference, so a run is also a correctness check.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def _inputs(kind: str, group: int, gen):  # type: ignore[no-untyped-def]
 def main() -> None:
     import torch
 
-    from backends.sparse_prefill.reference import sparse_prefill_reference
     from backends.sparse_prefill import tile_kernels
+    from backends.sparse_prefill.reference import sparse_prefill_reference
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
     from plugins.generic import sparse_prefill_table_config
     from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, H200_PREFILL_CONFIGS
