@@ -256,7 +256,7 @@ for step in "$@"; do
         | tee "$OUT/slices_indexer.log" | grep -v "^-" ;;
     tests-indexer)
       stage "gpu tests: indexer_topk kernels and graphs"
-      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+      timeout ${TESTS_TIMEOUT:-450} python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/kernels/test_indexer_topk_triton.py tests/gpu/test_graphs.py \
         > "$OUT/gpu_tests_indexer.log" 2>&1
       echo "pytest rc=$?"; tail -3 "$OUT/gpu_tests_indexer.log" ;;
