@@ -110,7 +110,9 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
             pruned = [f"{lab} ({note})" for lab, cfg, note in r.candidates if cfg is None]
             valid = [lab for lab, cfg, _ in r.candidates if cfg is not None]
             head = f"{r.label}: {r.status}" + (f" ({r.note})" if r.note else "")
-            if r.winner and r.fastest and r.winner != r.fastest:
+            if r.unconfirmed:
+                head += f"; kept the baseline {r.winner}"
+            elif r.winner and r.fastest and r.winner != r.fastest:
                 fast, kept = r.timings[r.fastest].ms or 0.0, r.timings[r.winner].ms or 0.0
                 head += (f"; kept the baseline {r.winner} {kept:.4f} ms: "
                          f"the fastest, {r.fastest} {fast:.4f} ms, was only "

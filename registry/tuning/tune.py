@@ -42,8 +42,11 @@ over those points), its ``timings_ms`` the mean over them of the candidates meas
 one. The baseline keeps the entry unless a candidate beats it by more than ``min_gain`` (a
 worst ratio more than that much lower): a win inside timing noise would serve a config the
 table does as well, and could serve a slower one (the selection-regret run catches exactly
-that on ~0.1 ms kernels). A candidate that fails to compile or run is scored as failed, not
-fatal; one past the op's error bound makes the run exit non-zero.
+that on ~0.1 ms kernels). Such a win must also hold in a second window: the winner and the
+baseline alone, timed again at every point of the bucket (:func:`_second_window`); when it
+does not, the baseline is kept and the point's ``note`` says why. A candidate that fails
+to compile or run is scored as failed, not fatal; one past the op's error bound makes the
+run exit non-zero.
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ class PointResult:
     baseline: str | None = None
     fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
     note: str = ""
+    # A label that won the first window but not the second (``note`` has the figures): the
+    # baseline was kept.
+    unconfirmed: str | None = None
     # The candidates that are other implementations (labelled by their names), not configs of
     # the tuned kernel.
     implementations: list[str] = field(default_factory=list)
@@ -240,6 +246,7 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                 done.add(_bucket_key(e.bucket))
     results = []
     merged: dict[str, list[dict[str, float]]] = {}
+    cases_of: dict[str, list[Any]] = {}
     for case in tuner.cases(grid):
         bucket = dict(tuner.bucket(case))
         others = implementation_candidates(op, bucket, facts, family=tuner.FAMILY)
@@ -269,6 +276,15 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                 points = merged.setdefault(_bucket_key(bucket), [])
                 points.append(ok)
                 config_label, timings = _merge(points, res.baseline, min_gain)
+                cases_of.setdefault(_bucket_key(bucket), []).append(case)
+                if config_label != res.baseline and res.baseline in valid:
+                    lost = _second_window(op, tuner, cases_of[_bucket_key(bucket)],
+                                          config_label, res.baseline, valid,
+                                          res.implementations, warmup=warmup, iters=iters,
+                                          min_gain=min_gain)
+                    if lost:
+                        res.note, res.unconfirmed = lost, config_label
+                        config_label = res.winner = res.baseline
                 family, config = tuner.FAMILY, valid[config_label]
                 if config_label in res.implementations:   # the config names the winner
                     family, config = config_label, {IMPLEMENTATION_KEY: config_label, **config}
@@ -287,6 +303,37 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
         if on_point is not None:
             on_point(res)
     return results
+
+
+def _second_window(op: str, tuner: Any, cases: list[Any], label: str, baseline: str,
+                   valid: Mapping[str, Mapping[str, Any]], implementations: list[str], *,
+                   warmup: int, iters: int, min_gain: float) -> str:
+    """``""`` when ``label``'s win over ``baseline`` holds in a second window (the two alone,
+    timed again at every point of their bucket, judged by :func:`_merge`'s rule); otherwise
+    why it did not. One window's order of two configs within a few percent can be noise (a
+    40 us kernel measured 5% apart, then 2% the other way), and a stored win that is noise
+    serves a slower config than the table's."""
+    worst = {label: 1.0, baseline: 1.0}
+    for case in cases:
+        pair = {lab: valid[lab] for lab in (label, baseline)}
+        timed = measure_point(op, case, {lab: c for lab, c in pair.items()
+                                         if lab not in implementations},
+                              warmup=warmup, iters=iters, tuner=tuner,
+                              implementations={lab: c for lab, c in pair.items()
+                                               if lab in implementations})
+        ms = {lab: t.ms for lab, t in timed.items() if t.ok and t.ms}
+        if label not in ms:
+            return f"{label} won the first window but failed in the second"
+        if baseline not in ms:   # the baseline failed: the win stands
+            return ""
+        best = min(ms.values())
+        for lab in worst:
+            worst[lab] = max(worst[lab], ms[lab] / best)
+    if worst[baseline] <= worst[label] * (1.0 + min_gain):
+        return (f"{label} won the first window, not a second one: worst ratio "
+                f"{worst[label]:.3f} there against the baseline's {worst[baseline]:.3f} "
+                f"(--min-gain {min_gain:g})")
+    return ""
 
 
 def _merge(points: list[dict[str, float]], baseline: str | None = None,

@@ -146,6 +146,33 @@ def test_tune_measures_every_implementation_and_records_the_winner(home: Path) -
     assert entry.timings_ms["fakes.fast"] < entry.timings_ms["s2"] < entry.timings_ms["fakes.slow"]
 
 
+def test_a_win_that_does_not_hold_in_a_second_window_keeps_the_baseline(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import registry.tuning.tune as tune_mod
+
+    real, windows = tune_mod.measure_point, []
+
+    def measure_point(*a: Any, **kw: Any) -> Any:   # fakes.fast is fast in the first window only
+        windows.append(sorted([*a[2], *(kw.get("implementations") or {})]))
+        STATE["fast_ms"] = 0.0 if len(windows) == 1 else 6.0
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tune_mod, "measure_point", measure_point)
+    res = _tune()
+    assert windows == [["fakes.fast", "fakes.slow", "s2", "s3"], ["fakes.fast", "s2"]]
+    assert res.fastest == "fakes.fast" and res.unconfirmed == "fakes.fast"
+    assert res.winner == "s2" and "won the first window, not a second one" in res.note
+    (entry,) = TuningStore().load()
+    assert (entry.family, entry.config) == ("pickop.family", {"SLEEP_MS": 2})
+    # the CLI says which win did not hold and what was kept
+    TuningStore().clear()
+    windows.clear()
+    out = CliRunner().invoke(cli.main, ["tune", OP, "--grid", "rows=8", "--warmup", "1",
+                                        "--iters", "5"]).output
+    assert "fakes.fast won the first window, not a second one" in out
+    assert "kept the baseline s2" in out and "winner fakes.fast" not in out
+
+
 def test_the_measured_entry_routes_dispatch_to_the_winner(home: Path) -> None:
     from registry.observe import record
 
