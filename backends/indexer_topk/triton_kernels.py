@@ -1009,16 +1009,16 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
         if lb2 > lb + 1:
             n_list2 = n_list
             if relist:
-                n_list2, _ = _tie_list(lvl, n_lvl, m, lb2 - 1, glist, CT, L16)
-            run2, _ = _tie_pass(src, glist, length, lb2, lb2, lb2, s, smask, n_list2, cap, pp,
-                                kp, False, GS, TGB, HALF, L16, NB, 1)
+                n_list2, top2 = _tie_list(lvl, n_lvl, m, lb2 - 1, glist, CT, L16)
+            run2, h2 = _tie_pass(src, glist, length, lb2, lb2, lb2, s, smask, n_list2, cap, pp,
+                                 kp, False, GS, TGB, HALF, L16, NB, 1)
             fits = run2 <= cap
             if fits:
                 run = run2
-                eq_mode = False
+                eq_mode = eq_mode & (run2 < 0)   # False (at least k keys are >= lb2)
                 sel_lb = lb2
             elif relist:   # back to the list above L for the histogram
-                n_list, _ = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
+                n_list, top3 = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
     if not fits:
         # The histogram of every key above L (a pass of its own: counting costs ~30
         # instructions a key, too much for the rows that fit the buffer).

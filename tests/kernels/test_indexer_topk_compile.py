@@ -1,0 +1,38 @@
+"""The indexer_topk kernels compile for the GPUs nobody here has a driver for, on a CPU.
+
+The interpreter (every other CPU test) runs the kernels as Python and accepts what Triton's
+compiler refuses (for one, a variable that a branch redefines with another type), so a kernel
+change can pass CI and fail its first GPU launch. This test cross-compiles every launch of the
+default configs (the four-launch path at 1 row, the fused path with ROW_SPLIT at 64 rows and
+without it at 1024, the rare tiers' launch included) for sm_90, and the 64-row launches for
+gfx950 (the MI355X's target), in a subprocess without ``TRITON_INTERPRET``
+(``benchmarks/probes/xcompile_topk.py``, which exits 1 when a launch fails to compile).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("target", "rows"), [("sm90", "1,64,1024"), ("gfx950", "64")])
+def test_every_default_launch_cross_compiles(target: str, rows: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks/probes/xcompile_topk.py"),
+                          "--rows", rows, "--target", target], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("rows")]
+    assert res.returncode == 0 and lines, res.stdout[-3000:] + res.stderr[-3000:]
+    assert not any("FAILED" in ln for ln in lines), "\n".join(lines)
+    want = {"_gmax_kernel", "_row_kernel", "_tie_kernel"}
+    if "1" in rows.split(","):   # the four-launch path
+        want |= {"_bound_kernel", "_place_kernel", "_select_kernel"}
+    assert want <= {ln.split()[2] for ln in lines}, lines
