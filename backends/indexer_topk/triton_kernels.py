@@ -915,7 +915,8 @@ def _pick_bucket(h, base, s, top, above, k, NB: tl.constexpr):
 
 @triton.jit
 def _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS: tl.constexpr,
-               GB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr):
+               GB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr,
+               MT: tl.constexpr):
     """Tie tier, rows whose keys above L overflow the buffer: a bound from the listed entries'
     minima. Each listed level entry is ``m`` groups of GS keys; when its minimum key is ``>= t``
     it holds ``m * GS`` keys ``>= t``, so with ``ceil(k / (m GS))`` entries whose minimum is
@@ -926,14 +927,14 @@ def _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS: tl.constexpr,
 
     One pass over the listed groups writes each group's minimum at ``kp[slot]`` (the buffer
     is not trusted at this point), a second folds them into the entries' minima at
-    ``kp[entry]`` (each store lands at or below a value already read), then a four-way search
-    over those. Returns the bound (int32); ``lb`` when it is no better, or when the list is
-    longer than the buffer (``cap``; the list is at most ``(k + slack) m`` entries, within the
-    shipped configs' buffers)."""
+    ``kp[entry]`` (each store lands at or below a value already read), then a search over
+    those in a register tile of MT. Returns the bound (int32); ``lb`` when it is no better, or
+    when the list is longer than the buffer (``cap``) or its entries than MT (the list is at
+    most ``k + slack`` entries of ``m`` groups, within the shipped configs' bounds)."""
     need = (k + m * GS - 1) // (m * GS)
     n_e = n_list // m
     lb2 = lb
-    if (n_e >= need) & (n_list <= cap):
+    if (n_e >= need) & (n_e <= MT) & (n_list <= cap):
         for a0 in range(0, n_list, GB):
             gi, v = _list_entries(glist, a0, n_list, GB, HALF, L16)
             x, pos = _list_scores(src, gi, v, length, GS, GB, HALF)
@@ -954,9 +955,12 @@ def _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS: tl.constexpr,
             tl.debug_barrier()
             tl.store(kp + e0 + o, mn, mask=e0 + o < n_e)
         tl.debug_barrier()
+        # the search in a register tile: a search over memory is a dependent round trip a
+        # probe (H200, 4096 ramp rows: 300 us slower than the bucket passes it replaces)
+        x = tl.load(kp + tl.arange(0, MT), mask=tl.arange(0, MT) < n_e, other=-2147483648)
         lo = tl.full([], -2147483648, tl.int64)
-        hi = tl.full([], 2147483647, tl.int64)
-        lb2 = tl.maximum(_kth_search_mem(kp, n_e, need, lo, hi, CT, True).to(tl.int32), lb)
+        hi = tl.max(x, axis=0).to(tl.int64)
+        lb2 = tl.maximum(_kth_search_tile(x, need, lo, hi).to(tl.int32), lb)
         tl.debug_barrier()
     return lb2
 
@@ -1005,7 +1009,7 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
         # top k in the last entries); when the keys >= it fit the buffer, they are the
         # candidates of an ordinary selection.
         lb2 = _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS, TGB, HALF, L16,
-                         CT)
+                         CT, 4096)
         if lb2 > lb + 1:
             n_list2 = n_list
             if relist:
