@@ -913,58 +913,6 @@ def _pick_bucket(h, base, s, top, above, k, NB: tl.constexpr):
     return lo, hi, n_ge, n_ge - h_j
 
 
-@triton.jit
-def _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS: tl.constexpr,
-               GB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr, CT: tl.constexpr,
-               MT: tl.constexpr):
-    """Tie tier, rows whose keys above L overflow the buffer: a bound from the listed entries'
-    minima. Each listed level entry is ``m`` groups of GS keys; when its minimum key is ``>= t``
-    it holds ``m * GS`` keys ``>= t``, so with ``ceil(k / (m GS))`` entries whose minimum is
-    ``>= t`` the k-th largest key is ``>= t`` (a proof, as L's). On rows whose scores grow with
-    position the top k crowd into the last entries and this bound admits about k keys where L
-    admits half the row; on other rows it is low and the caller ignores it. An entry with a
-    key past ``length`` counts as INT32_MIN (it may hold fewer than ``m * GS`` keys).
-
-    One pass over the listed groups writes each group's minimum at ``kp[slot]`` (the buffer
-    is not trusted at this point), a second folds them into the entries' minima at
-    ``kp[entry]`` (each store lands at or below a value already read), then a search over
-    those in a register tile of MT. Returns the bound (int32); ``lb`` when it is no better, or
-    when the list is longer than the buffer (``cap``) or its entries than MT (the list is at
-    most ``k + slack`` entries of ``m`` groups, within the shipped configs' bounds)."""
-    need = (k + m * GS - 1) // (m * GS)
-    n_e = n_list // m
-    lb2 = lb
-    if (n_e >= need) & (n_e <= MT) & (n_list <= cap):
-        for a0 in range(0, n_list, GB):
-            gi, v = _list_entries(glist, a0, n_list, GB, HALF, L16)
-            x, pos = _list_scores(src, gi, v, length, GS, GB, HALF)
-            key = tl.where(v[:, None] & (pos < length), _to_key(x.to(tl.float32)),
-                           -2147483648)
-            gmin = tl.min(key, axis=1)
-            if HALF:   # the two half groups of a group are rows 2e and 2e + 1
-                gmin = tl.min(tl.reshape(gmin, [GB, 2]), axis=1)
-            g = tl.arange(0, GB)
-            tl.store(kp + a0 + g, gmin, mask=a0 + g < n_list)
-        tl.debug_barrier()
-        o = tl.arange(0, CT)
-        for e0 in range(0, n_e, CT):
-            mn = tl.full([CT], 2147483647, tl.int32)
-            for i in range(0, m):
-                mn = tl.minimum(mn, tl.load(kp + (e0 + o) * m + i, mask=e0 + o < n_e,
-                                            other=2147483647))
-            tl.debug_barrier()
-            tl.store(kp + e0 + o, mn, mask=e0 + o < n_e)
-        tl.debug_barrier()
-        # the search in a register tile: a search over memory is a dependent round trip a
-        # probe (H200, 4096 ramp rows: 300 us slower than the bucket passes it replaces)
-        x = tl.load(kp + tl.arange(0, MT), mask=tl.arange(0, MT) < n_e, other=-2147483648)
-        lo = tl.full([], -2147483648, tl.int64)
-        hi = tl.max(x, axis=0).to(tl.int64)
-        lb2 = tl.maximum(_kth_search_tile(x, need, lo, hi).to(tl.int32), lb)
-        tl.debug_barrier()
-    return lb2
-
-
 @triton.jit(noinline=True)
 def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist,
               GS: tl.constexpr, TGB: tl.constexpr, HALF: tl.constexpr, L16: tl.constexpr,
@@ -979,9 +927,7 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
        buffer (count c), ending once the buffer overflows.
     2. c < k: T = L, and :func:`_eq_scan` takes the first ``k - c`` keys equal to L after the
        c larger ones. k <= c <= cap: an ordinary selection over them (bound L + 1).
-    3. c > cap (rows whose scores grow with position: half the row above L): first the bound
-       of the listed entries' minima (:func:`_min_bound`); when it is above L and the keys >=
-       it fit the buffer, an ordinary selection over them. Otherwise a pass counts
+    3. c > cap (rows whose scores grow with position: half the row above L): a pass counts
        the keys in ``(L, max]`` in NB buckets; the bucket
        holding the k-th largest key is the new range; while more than ``cap`` keys reach its
        first value and it holds several values, it is split again (NB buckets a pass over the
@@ -1003,27 +949,7 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
     n_gt = run
     eq_mode = run < k
     sel_lb = lb + 1
-    fits = run <= cap
-    if not fits:
-        # First the bound from the listed entries' minima (rows that grow with position: the
-        # top k in the last entries); when the keys >= it fit the buffer, they are the
-        # candidates of an ordinary selection.
-        lb2 = _min_bound(src, glist, length, n_list, m, k, lb, kp, cap, GS, TGB, HALF, L16,
-                         CT, 4096)
-        if lb2 > lb + 1:
-            n_list2 = n_list
-            if relist:
-                n_list2, top2 = _tie_list(lvl, n_lvl, m, lb2 - 1, glist, CT, L16)
-            run2, h2 = _tie_pass(src, glist, length, lb2, lb2, lb2, s, smask, n_list2, cap, pp,
-                                 kp, False, GS, TGB, HALF, L16, NB, 1)
-            fits = run2 <= cap
-            if fits:
-                run = run2
-                eq_mode = eq_mode & (run2 < 0)   # False (at least k keys are >= lb2)
-                sel_lb = lb2
-            elif relist:   # back to the list above L for the histogram
-                n_list, top3 = _tie_list(lvl, n_lvl, m, lb, glist, CT, L16)
-    if not fits:
+    if run > cap:
         # The histogram of every key above L (a pass of its own: counting costs ~30
         # instructions a key, too much for the rows that fit the buffer).
         _, h = _tie_pass(src, glist, length, lb + 1, hi, lb + 1, s, smask, n_list, cap, pp, kp,

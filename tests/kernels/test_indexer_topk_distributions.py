@@ -114,15 +114,6 @@ GEOMS = {
                          "COMPACT_TILE": 32, "ROW_SPLIT": 1, "GMAX_BITS": 16},
     "four_launch": {"FUSED": 0, "SLICE_KEYS": 256, "GROUP": 8, "GROUP_BLOCK": 8,
                     "CAND_TILE": 32, "CAND_CAP": 64},
-    # overflowing buffers that still hold the listed groups (the entry-minimum bound runs,
-    # as at the H200 defaults: 9,216 listed groups, a buffer of 16,384)
-    "fused_minbound": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32, "CAND_TILE": 16,
-                       "CAND_CAP": 64, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 1},
-    "fused16_minbound": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32,
-                         "CAND_TILE": 16, "CAND_CAP": 64, "BOUND_SLACK": 8,
-                         "COMPACT_TILE": 32, "ROW_SPLIT": 1, "GMAX_BITS": 16},
-    "split_minbound": {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32, "CAND_TILE": 16,
-                       "CAND_CAP": 64, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": 2},
 }
 
 
@@ -234,8 +225,7 @@ def test_gpu_k2048_every_distribution(tk, name):
 
 @pytest.mark.parametrize("launch", [True, False])
 @pytest.mark.parametrize("geom", ["fused_overflow", "fused16_overflow", "four_launch",
-                                  "fused_split", "fused_minbound", "fused16_minbound",
-                                  "split_minbound"])
+                                  "fused_split"])
 def test_overflow_refinement_cases(tk, monkeypatch, geom, launch):
     """Rows with more keys above the bound than the buffer holds, for each end of the tie
     tier's refinement (buckets of the keys above the bound, split again while too many reach
@@ -265,46 +255,3 @@ def test_overflow_refinement_cases(tk, monkeypatch, geom, launch):
     got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS[geom])
     want = indexer_topk_reference(scores, lengths, k)
     assert topk_mismatches(got, want) == []
-
-
-@pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie tier's "
-                    "helpers (CPU only; the GPU tests check the same rows' results)")
-@pytest.mark.parametrize("geom", ["fused_minbound", "fused16_minbound", "split_minbound",
-                                  "four_launch"])
-def test_ramp_rows_take_the_entry_minimum_bound(tk, monkeypatch, geom):
-    """Rows whose scores grow with position overflow the buffer above L; the tie tier's bound
-    from the listed entries' minima admits about k keys, and the selection runs on them without
-    the bucket passes. A ramp with one very low key in every entry gets no better bound and
-    takes the bucket passes; exact either way."""
-    calls = {"min": [], "buckets": 0}
-    real_min, real_pick = tk._min_bound, tk._pick_bucket
-
-    def min_bound(*a, **kw):
-        got = real_min(*a, **kw)
-        calls["min"].append((int(got), int(a[6])))   # (the new bound, L)
-        return got
-
-    def pick_bucket(*a, **kw):
-        calls["buckets"] += 1
-        return real_pick(*a, **kw)
-
-    monkeypatch.setattr(tk, "_min_bound", min_bound)
-    monkeypatch.setattr(tk, "_pick_bucket", pick_bucket)
-    k, n = 16, 1200
-    ramps = torch.stack([D.make_scores("ramp", 1, n, seed=s)[0] for s in (1, 2)])
-    ramps[1, 1100:1110] = float("nan")   # NaN keys inside the top entries: their minimum drops
-    lengths = torch.tensor([n, n - 5], dtype=torch.int32)
-    got = tk.indexer_topk_triton(ramps, lengths, k, config=GEOMS[geom])
-    assert topk_mismatches(got, indexer_topk_reference(ramps, lengths, k)) == []
-    assert len(calls["min"]) == 2 and all(new > lb + 1 for new, lb in calls["min"]), calls
-    assert calls["buckets"] == 0
-    # a ramp with one very low key in every 8 (a group, or a supergroup, of each geometry):
-    # every entry's minimum is low, so no better bound; the bucket passes, exact
-    calls.update(min=[], buckets=0)
-    comb = D.make_scores("ramp", 1, n, seed=4)
-    comb[0, ::8] = -1000.0
-    one = torch.tensor([n], dtype=torch.int32)
-    got = tk.indexer_topk_triton(comb, one, k, config=GEOMS[geom])
-    assert topk_mismatches(got, indexer_topk_reference(comb, one, k)) == []
-    assert len(calls["min"]) == 1 and calls["min"][0][0] <= calls["min"][0][1] + 1, calls
-    assert calls["buckets"] >= 1
