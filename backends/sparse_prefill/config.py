@@ -98,12 +98,12 @@ UNION           0          U > 0: rows that share most of their selections are c
                            ``_UNION_SCRATCH_BYTES`` (tiles are done in chunks). Prefill, and
                            chunk with CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <=
                            65535; not batch-invariant (a tile's path depends on its rows).
-DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS[xHP]``:
-                           query lines per program (a power of two >= 16 and >= HP), slots per
-                           step, warps, stages, and
-                           optionally HP, the query heads a program takes (a power of two; 0 or
-                           absent: the group rounded up; below the group, ceil(group / HP)
-                           programs share a tile's K/V blocks through L2).
+DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
+                           query lines per program (a power of two >= 16 and >= the group
+                           rounded up to a power of two, HP: a program takes every head of
+                           its rows, padded lines masked), slots per step, warps, stages. (The
+                           ``xHP`` suffix, fewer heads a program, was removed: issue 26, last
+                           in commit 8cccc1c.)
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -306,14 +306,18 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
 
 
 def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
-    """DENSE_TILE ``BMxBNxWxS[xHP]`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
+    """DENSE_TILE ``BMxBNxWxS`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
     parts = spec.lower().split("x") if isinstance(spec, str) else []
-    if len(parts) not in (4, 5) or not all(p.isdigit() for p in parts) or \
-            not all(int(p) > 0 for p in parts[:4]):
-        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3', or "
-                          f"'BMxBNxWxSxHP' with HP query heads a program")
-    bm, bn, nw, ns = map(int, parts[:4])
-    hp = _dense_heads(spec, group_size)
+    if len(parts) == 5 and all(p.isdigit() for p in parts):
+        raise ConfigError(
+            f"DENSE_TILE={spec!r}: the HP suffix (query heads a program) was removed (issue 26; "
+            f"last in commit 8cccc1c): a program takes every head of its rows (one to four heads a "
+            f"program lost 0-8% on the H200); use {'x'.join(parts[:4])!r}")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts) or \
+            not all(int(p) > 0 for p in parts):
+        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3'")
+    bm, bn, nw, ns = map(int, parts)
+    hp = _dense_heads(group_size)
     if not _is_pow2(bm) or bm < max(16, hp):
         raise ConfigError(f"DENSE_TILE={spec!r}: BM={bm} must be a power of two >= "
                           f"{max(16, hp)} (the MMA's M side, holding whole rows of {hp} "
@@ -325,17 +329,10 @@ def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int
     return bm, bn, nw, ns
 
 
-def _dense_heads(spec: str, group_size: int) -> int:
-    """Query heads one DENSE program takes: DENSE_TILE's HP (a power of two), or, when it is
-    absent or 0, the whole group rounded up to a power of two (padded lines masked)."""
-    parts = spec.lower().split("x")
-    hp = int(parts[4]) if len(parts) == 5 else 0
-    if hp == 0:
-        return int(_next_pow2(group_size))
-    if not _is_pow2(hp):
-        raise ConfigError(f"DENSE_TILE={spec!r}: HP={hp} must be 0 (the whole group) or a "
-                          f"power of two")
-    return hp
+def _dense_heads(group_size: int) -> int:
+    """Query heads one row-tile program takes (HP): the whole group rounded up to a power of
+    two (padded lines masked)."""
+    return int(_next_pow2(group_size))
 
 
 def _variant(config: dict[str, Any]) -> dict[str, Any]:

@@ -170,12 +170,12 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
                DESC: tl.constexpr, DOT_PREC: tl.constexpr):
     """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
-    nrows``) and ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)``, its
-    ``program_id(1) % ceil(group / HP)``-th ``HP`` query heads: line m is row ``m // HP``, head
-    ``m % HP`` of those (lines of heads past the group are masked). Streams the KV blocks
-    between the least and the greatest slot the rows select, through TMA descriptors
-    ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is ``count *
-    exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0 (and V's
+    nrows``) and the query heads of KV head ``program_id(1) // ceil(group / HP)``: HP is the
+    group rounded up to a power of two (``config._dense_heads``), so ``ceil(group / HP)`` is 1
+    and line m is row ``m // HP``, head ``m % HP`` (lines of heads past the group are masked).
+    Streams the KV blocks between the least and the greatest slot the rows select, through TMA
+    descriptors ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is
+    ``count * exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0 (and V's
     NaN in the accumulator hands the tile back: ``FLAG[tile] = 0``, nothing stored). Tiles that
     ``_dense_tile`` leaves to the gathering kernel do nothing."""
     RP: tl.constexpr = BLOCK_M // HP
@@ -536,7 +536,7 @@ def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
     group, topk = q.shape[1] // k.shape[1], idx.shape[1]
     _check_counts(key, topk)
     geom = _dense_tile_geometry(var["DENSE_TILE"], group)
-    hp = _dense_heads(var["DENSE_TILE"], group)
+    hp = _dense_heads(group)
     return group, topk, geom, hp, geom[0] // hp
 
 
@@ -653,8 +653,7 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
         flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
                       span, flag)
     group = q.shape[1] // k.shape[1]
-    rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(var["DENSE_TILE"],
-                                                                            group)
+    rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(group)
     if TILE_PATHS is not None:
         TILE_PATHS.append(flag)
     return flag, rp

@@ -132,9 +132,8 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
 
 
 def _rp(tile: str, group: int) -> int:
-    parts = tile.split("x")
-    hp = int(parts[4]) if len(parts) == 5 and int(parts[4]) else triton.next_power_of_2(group)
-    return int(parts[0]) // hp
+    """Rows a tile: BM over the group rounded up to a power of two (a program's heads)."""
+    return int(tile.split("x")[0]) // triton.next_power_of_2(group)
 
 
 def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tuple[Any, Any]:
@@ -155,7 +154,6 @@ def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tu
     (6, 1, torch.float32, "32x16x4x2", 250),  # RP 4: shared blocks union, the spread one not
     (6, 1, torch.float16, "32x16x4x2", 250),
     (12, 2, torch.float16, "32x16x2x2", 150),  # RP 2, two KV heads
-    (12, 1, torch.float32, "32x16x2x2x8", 250),  # 8 heads a program: 2 programs a tile
     (3, 2, torch.float16, "16x32x2x2", 200),  # group below the tile: padded heads
 ])
 def test_union_tiles_match_the_reference_and_the_rule(group: int, hkv: int, dtype: Any,

@@ -59,10 +59,20 @@ def test_dense_tile_parsing_and_fixes_without_triton():
     from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry, validate_config
 
     assert _dense_tile_geometry("128x32x8x3", 6) == (128, 32, 8, 3)
-    assert _dense_heads("128x32x8x3", 6) == 8 and _dense_heads("128x32x8x3", 12) == 16
-    assert _dense_heads("64x32x4x2x2", 6) == 2
-    with pytest.raises(ConfigError, match="HP=3"):
-        _dense_heads("64x32x4x2x3", 6)
+    assert _dense_heads(6) == 8 and _dense_heads(12) == 16 and _dense_heads(3) == 4
+    # the removed HP suffix (fewer heads a program): named, with its last commit and the fix
+    with pytest.raises(ConfigError, match=r"HP suffix .* was removed \(issue 26; last in "
+                                          r"commit [0-9a-f]{7}\).*use '64x32x4x2'"):
+        _dense_tile_geometry("64x32x4x2x2", 6)
+    for cfg in ({"DENSE": 250, "DENSE_TILE": "128x32x8x3x4"},
+                {"UNION": 300, "DENSE_TILE": "64x32x4x2x0"}):
+        with pytest.raises(ConfigError, match="HP suffix"):
+            validate_config({"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 3,
+                             **cfg}, 6, 256)
+    with pytest.raises(ConfigError, match="expected 'BMxBNxWxS'"):
+        _dense_tile_geometry("64x32x4", 6)
+    with pytest.raises(ConfigError, match="BM=16 must be a power of two >= 32"):
+        _dense_tile_geometry("16x32x8x3", 20)   # a row's 20 heads pad to 32 lines
     # the fixes name the next power of two as triton.next_power_of_2 did
     with pytest.raises(ConfigError, match=r"use 16\)"):
         validate_config({"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}, 12, 64)
