@@ -105,30 +105,20 @@ if _IMPORT_ERROR is None:
         return ok
 
     @gluon.jit
-    def _softmax_step_t(s, okr, m_i, l_i, qk_scale):
+    def _softmax_scores(s, okr, m_i, qk_scale):
         """One online-softmax step on transposed scores ``s`` [keys, lines] (log2 domain after
         ``qk_scale``): invalid keys (``okr`` False) get -inf; returns (p, the rescale factor of
-        the old accumulator, the new running max, the new running sum). A line with nothing
-        valid so far keeps max -inf, p 0 and sum 0 (never NaN)."""
+        the old accumulator and running sums, the new running max). A line with nothing valid
+        so far keeps max -inf and p 0 (never NaN). The kernels keep their running sums their own
+        way: ``_sparse_prefill_gl`` one per line (``l * alpha + sum(p)``), ``_sparse_prefill_wg``
+        per thread in the scores' layout (``l_p * alpha + p``, summed over the keys once at the
+        end, so a tile needs no cross-warp sum)."""
         s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 0))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
         p = gl.exp2(s - m_use[None, :])
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, 0)
-
-    @gluon.jit
-    def _softmax_step_part(s, okr, m_i, l_p, qk_scale):
-        """``_softmax_step_t`` keeping the running sums per thread: ``l_p`` has the scores'
-        shape and layout, each element the sum over the keys that element held so far (its
-        lines' total is ``gl.sum(l_p, 0)``, once at the end), so a tile needs no cross-warp sum.
-        Returns (p, the rescale factor, the new running max, the new partial sums)."""
-        s = gl.where(okr[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        return p, alpha, m_new, l_p * alpha[None, :] + p
+        return p, alpha, m_new
 
     @gluon.jit
     def _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
@@ -190,7 +180,8 @@ if _IMPORT_ERROR is None:
                             offs_d, NST, OFFS32)
             st = tile % NST
             s = mma_v2(kbuf.index(st).load(a_op), qt_b, gl.zeros([BN, BM], gl.float32, mma))
-            p, alpha, m_i, l_i = _softmax_step_t(s, okr, m_i, l_i, qk_scale)
+            p, alpha, m_i = _softmax_scores(s, okr, m_i, qk_scale)
+            l_i = l_i * alpha + gl.sum(p, 0)
             pb = gl.convert_layout(p.to(K.dtype.element_ty), b_op)
             acc = mma_v2(vbuf.index(st).permute([1, 0]).load(a_op), pb, acc * alpha[None, :])
             if NST == 1:
@@ -350,7 +341,8 @@ if _IMPORT_ERROR is None:
                 s = _wg_qk(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c,
                            qbuf, s, c, NB, LA)
             # online softmax on S^T [keys, lines]; each thread keeps the sums of its own keys
-            p, alpha, m_i, l_p = _softmax_step_part(s, okr, m_i, l_p, qk_scale)
+            p, alpha, m_i = _softmax_scores(s, okr, m_i, qk_scale)
+            l_p = l_p * alpha[None, :] + p
             pbuf.store(gl.permute(p.to(dt), [1, 0]))
             pt = pbuf.permute((1, 0))
             koff_n, voff_n, okm_n, ok_n = _wg_tile(t_n, j_n, n, num_slots, offs_c, s_kt, s_vt,

@@ -53,7 +53,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
-from backends.sparse_prefill.gluon_kernels import _softmax_step_part, _softmax_step_t, _store_t
+from backends.sparse_prefill.gluon_kernels import _softmax_scores, _store_t
+
+
+@gluon.jit
+def _softmax_step_t(s, okr, m_i, l_i, qk_scale):
+    """The product's softmax step with one running sum a line (``_sparse_prefill_gl``'s)."""
+    p, alpha, m_new = _softmax_scores(s, okr, m_i, qk_scale)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 0)
+
+
+@gluon.jit
+def _softmax_step_part(s, okr, m_i, l_p, qk_scale):
+    """The product's softmax step with running sums per thread (``_sparse_prefill_wg``'s)."""
+    p, alpha, m_new = _softmax_scores(s, okr, m_i, qk_scale)
+    return p, alpha, m_new, l_p * alpha[None, :] + p
 
 
 @gluon.jit
