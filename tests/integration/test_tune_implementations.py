@@ -10,6 +10,7 @@ wins), ``fakes.slow`` (a configurable one that loses, until its config says othe
 from __future__ import annotations
 
 import functools
+import json
 import runpy
 import sys
 import time
@@ -287,6 +288,46 @@ def test_the_regret_bench_times_the_implementations_and_matches_the_routed_winne
     out = capsys.readouterr().out
     assert done.value.code == 0, out
     assert "measured fakes.fast" in out   # auto's pick, named by the candidate it equals
+
+
+def test_points_that_share_a_bucket_are_tuned_and_judged_as_one_selection(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """A grid axis the workload cannot see (indexer_topk's ``dist``): ``fakes.fast`` (1 ms, then
+    9) is fastest at one point and 4.5x the fastest at the other, ``s2`` (2 ms) 2x at worst, so
+    the one entry for the bucket is ``s2`` (minimax), and the regret bench judges that single
+    selection: 0% selection regret, though ``s2`` loses to ``fakes.fast`` at one point by far
+    more than 2%."""
+    monkeypatch.setattr(PKG, "cases", lambda grid: [
+        {"rows": 8, "dtype": "float32", "dist": d} for d in grid.get("dist", ["a"])])
+    monkeypatch.setattr(PKG, "label", lambda case: f"rows=8 {case['dist']}")
+    monkeypatch.setattr(PKG, "bucket", lambda case: {"rows": case["rows"], "dtype": "float32"})
+    real_inputs = PKG.inputs
+
+    def inputs(case: dict[str, Any]) -> Any:   # the point being timed sets fakes.fast's speed
+        STATE["fast_ms"] = 1.0 if case["dist"] == "a" else 9.0
+        return real_inputs(case)
+
+    monkeypatch.setattr(PKG, "inputs", inputs)
+    STATE["slow_ms"] = 12
+    results = tune(OP, {"dist": ["a", "b"]}, facts=registry.probe(), store=TuningStore(),
+                   warmup=1, iters=5, command="test")
+    assert [r.fastest for r in results] == ["fakes.fast", "s2"]
+    (entry,) = TuningStore().load()
+    assert (entry.family, entry.config) == ("pickop.family", {"SLEEP_MS": 2})
+    load()
+    monkeypatch.setattr(sys, "argv", ["bench_regret.py", OP, "--grid", "dist=a,b", "--warmup",
+                                      "1", "--iters", "5", "--json", str(home / "r.json")])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "benchmarks" / "bench_regret.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    assert "2 points, one selection:" in out and "selection regret 0.0%" in out
+    rows = json.loads((home / "r.json").read_text())
+    assert [r["point"] for r in rows] == ["rows=8 a", "rows=8 b"]
+    assert rows[0]["regret"] > 0.5 and rows[1]["regret"] == pytest.approx(0.0)
+    assert all(r["bucket_points"] == 2 and r["selection_regret"] == pytest.approx(0.0)
+               for r in rows)
 
 
 def test_a_candidate_that_cannot_be_captured_is_timed_plainly_in_the_same_window(
