@@ -5,7 +5,10 @@
 # usage: bash benchmarks/probes/union26.sh [STEPS]   (STEPS: tests,bench,moretests; default all;
 # confirm: the policy's union cell (chunk g6, KV 8192) against the staged family it replaces,
 # at 8192 and 4096 rows, on the walk and an overlap sweep of top-k rows, and the dispatch GPU
-# tests)
+# tests; tiles: the union path's tile height (DENSE_TILE 128/64/32 lines: 16/8/4 rows at group 6,
+# 8/4/2 at group 12) and threshold (UNION 300/200) on top-k rows, both kinds, KV 8K and 32K;
+# kv128k: the family, auto and the union configs at KV 128K on both index sets; overlap: the
+# --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -70,5 +73,47 @@ if [[ $STEPS == *confirm* ]]; then
   log "dispatch GPU tests"
   timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_dispatch_gpu.py \
     > "$OUT/tests_dispatch.log" 2>&1; log "rc=$? $(tail -1 "$OUT/tests_dispatch.log")"
+fi
+if [[ $STEPS == *tiles* ]]; then
+  for kind in prefill chunk; do
+    for g in 6 12; do
+      fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
+      pre=""; [[ $kind == chunk ]] && pre=":pre"
+      base=${fam/x2:rev/x2${pre}:rev}
+      prov="h200,auto"
+      for u in 300 200; do
+        for dt in 128x32x8x3 64x32x4x2 32x32x4x2; do
+          prov="$prov,geometry=${base}:union${u}:dt${dt}"
+        done
+      done
+      log "tiles $kind g$g"
+      timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size $g \
+        --kv-len 8192,32768 --total-q 8192 --indices topk --graphs --warmup 3 --iters 10 \
+        --providers "$prov" --baseline h200 >> "$OUT/tiles.txt" 2>&1
+      log "rc=$?"
+    done
+  done
+fi
+if [[ $STEPS == *kv128k* ]]; then
+  for kind in prefill chunk; do
+    for ix in topk walk; do
+      log "kv128k $kind $ix"
+      timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
+        --kv-len 131072 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 10 \
+        --providers "table,h200,auto" --baseline h200 >> "$OUT/kv128k.txt" 2>&1
+      log "rc=$?"
+    done
+  done
+fi
+if [[ $STEPS == *overlap* ]]; then
+  for g in 6 12; do
+    fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
+    log "overlap sweep prefill g$g"
+    timeout 200 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
+      --kv-len 8192 --total-q 8192 --indices topk --overlap 0,0.5,0.8,0.95,0.99 --graphs \
+      --warmup 3 --iters 10 --providers "table,h200,auto,geometry=${fam}:union300" \
+      --baseline h200 --plot "$OUT/overlap_g$g.png" >> "$OUT/overlap.txt" 2>&1
+    log "rc=$?"
+  done
 fi
 log done
