@@ -222,26 +222,20 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
     if var["SPLIT_V"] == 2 and var["SPLIT_QK"] != 2:
         raise ConfigError("SPLIT_V=2 gathers V in the layout of the SPLIT_QK=2 K halves: it "
                           "needs SPLIT_QK=2")
-    dense = var["DENSE"]
-    if not isinstance(dense, int) or isinstance(dense, bool) or not 0 <= dense <= _MAX_PERCENT:
-        raise ConfigError(f"DENSE={dense!r}: expected 0 (off) or a span threshold in percent "
-                          f"of the mean valid entries per row, at most {_MAX_PERCENT} (e.g. "
-                          f"300)")
-    if dense:
-        _dense_tile_geometry(var["DENSE_TILE"], group_size)
-        if var["SLOT_ORDER"]:
-            raise ConfigError("DENSE and SLOT_ORDER both reorganize the rows' entries: set "
-                              "SLOT_ORDER=0 or DENSE=0")
-    union = var["UNION"]
-    if not isinstance(union, int) or isinstance(union, bool) or not 0 <= union <= _MAX_PERCENT:
-        raise ConfigError(f"UNION={union!r}: expected 0 (off) or a union-size threshold in "
-                          f"percent of the mean valid entries per row of a tile, at most "
-                          f"{_MAX_PERCENT} (e.g. 300)")
-    if union:
-        _dense_tile_geometry(var["DENSE_TILE"], group_size)
-        if var["SLOT_ORDER"]:
-            raise ConfigError("UNION and SLOT_ORDER both reorganize the rows' entries: set "
-                              "SLOT_ORDER=0 or UNION=0")
+    # the row-tile paths' thresholds (percent), their tile geometry, no slot reordering
+    for key, what in (("DENSE", "a span threshold in percent of the mean valid entries per "
+                                "row"),
+                      ("UNION", "a union-size threshold in percent of the mean valid entries "
+                                "per row of a tile")):
+        pct = var[key]
+        if not isinstance(pct, int) or isinstance(pct, bool) or not 0 <= pct <= _MAX_PERCENT:
+            raise ConfigError(f"{key}={pct!r}: expected 0 (off) or {what}, at most "
+                              f"{_MAX_PERCENT} (e.g. 300)")
+        if pct:
+            _dense_tile_geometry(var["DENSE_TILE"], group_size)
+            if var["SLOT_ORDER"]:
+                raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
+                                  f"SLOT_ORDER=0 or {key}=0")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)

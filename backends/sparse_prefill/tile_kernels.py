@@ -164,6 +164,20 @@ def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_
 
 
 @triton.jit
+def _tile_lines(tile, nrows, group, RP: tl.constexpr, HP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """A row-tile program's query lines (``_dense_fwd``'s and ``_union_fwd``'s): its KV head
+    ``h`` (``program_id(1)``; ``ceil(group / HP)`` is 1, HP being the group rounded up), and
+    for line m the row ``ri`` (within the chunk of ``nrows``) and head ``hh`` (within the
+    group) it computes, ``m // HP`` and ``m % HP``, and whether it is a real line."""
+    chunks = tl.cdiv(group, HP)
+    h = tl.program_id(1) // chunks
+    offs_m = tl.arange(0, BLOCK_M)
+    ri = tile * RP + offs_m // HP
+    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP
+    return h, ri, hh, (hh < group) & (ri < nrows)
+
+
+@triton.jit
 def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots, group, total_q,
                row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -185,15 +199,10 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
         tile = ntiles - 1 - pid
     else:
         tile = pid
-    chunks = tl.cdiv(group, HP)
-    h = tl.program_id(1) // chunks
-    offs_m = tl.arange(0, BLOCK_M)
+    h, ri, hh, m_ok = _tile_lines(tile, nrows, group, RP, HP, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
-    ri = tile * RP + offs_m // HP  # row within the chunk
-    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP  # head within the group
-    m_ok = (hh < group) & (ri < nrows)
     rr = tile * RP + tl.arange(0, RP)
     r_ok = rr < nrows
     dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP)
@@ -459,15 +468,10 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     else:
         lt = pid
     t = tile0 + lt
-    chunks = tl.cdiv(group, HP)
-    h = tl.program_id(1) // chunks
-    offs_m = tl.arange(0, BLOCK_M)
+    h, ri, hh, m_ok = _tile_lines(t, total_q, group, RP, HP, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
-    ri = t * RP + offs_m // HP
-    hh = (tl.program_id(1) % chunks) * HP + offs_m % HP
-    m_ok = (hh < group) & (ri < total_q)
     take = tl.load(FLAG + t) == 2
     n_u = tl.where(take, tl.load(USZ + t), 0)
     r64 = ri.to(tl.int64)
