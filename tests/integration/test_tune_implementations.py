@@ -174,6 +174,42 @@ def test_a_win_that_does_not_hold_in_a_second_window_keeps_the_baseline(
     assert "kept the baseline s2" in out and "winner fakes.fast" not in out
 
 
+def test_a_winner_that_raises_in_the_second_window_is_not_stored(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's kernel that wins one window and then raises: only that candidate fails, the
+    tune goes on and stores the baseline, and the note says why."""
+    calls = {"n": 0}
+
+    def flaky(x: Any) -> Any:
+        calls["n"] += 1
+        if STATE.get("broken"):
+            raise RuntimeError("the vendor kernel fell over")
+        return _work(0.0, x)
+
+    monkeypatch.setattr(sys.modules[__name__], "fast", flaky)
+    load()
+    import registry.tuning.tune as tune_mod
+
+    real, windows = tune_mod.measure_point, []
+
+    def measure_point(*a: Any, **kw: Any) -> Any:
+        windows.append(1)
+        STATE["broken"] = len(windows) > 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tune_mod, "measure_point", measure_point)
+    try:
+        res = _tune()
+    finally:
+        STATE["broken"] = False
+    assert len(windows) == 2 and calls["n"] > 0
+    assert res.fastest == "fakes.fast" and res.unconfirmed == "fakes.fast"
+    assert res.winner == "s2" and "fakes.fast won the first window but failed in the second" \
+        in res.note
+    (entry,) = TuningStore().load()
+    assert (entry.family, entry.config) == ("pickop.family", {"SLEEP_MS": 2})
+
+
 def test_the_measured_entry_routes_dispatch_to_the_winner(home: Path) -> None:
     from registry.observe import record
 
