@@ -255,6 +255,22 @@ def list_in_place(config: dict[str, Any], max_keys: int) -> bool:
     return cfg["GMAX_BITS"] != 16 or _cdiv(max(int(max_keys), 1), cfg["GROUP"]) <= LIST16_GROUPS
 
 
+#: The fused path's supergroup minima (the tie kernel's minimum bound) for rows of at most this
+#: many supergroups: they are searched in one register tile.
+MIN_TILE = 4096
+
+
+def min_bound_tile(config: dict[str, Any], max_keys: int) -> int:
+    """The register tile of the tie kernel's supergroup-minimum bound for ``config`` (resolved)
+    at ``max_keys``, or 0 where the kernels keep no minima (the four-launch path, 16-bit
+    maxima, no supergroups, more supergroups than :data:`MIN_TILE`)."""
+    cfg = {**DEFAULT_CONFIG, **config}
+    groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
+    if not cfg["FUSED"] or cfg["GROUP2"] <= 1 or cfg["GMAX_BITS"] == 16 or groups2 > MIN_TILE:
+        return 0
+    return 1 << max(0, groups2 - 1).bit_length()
+
+
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
     """Bytes of workspace a row for ``config`` (resolved, e.g. by :func:`resolve_config`) at
     ``max_keys`` keys: what the wrapper allocates per call, divided by the rows. ``k`` is
@@ -267,7 +283,8 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         b16 = cfg["GMAX_BITS"] == 16
         return int((2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0)
                    + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0)
-                   + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"]))
+                   + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
+                   + (4 * groups2 if min_bound_tile(cfg, max_keys) else 0))
     # The list area (the tie tier's) is allocated on every call.
     return int(8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2))
 

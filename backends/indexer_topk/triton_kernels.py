@@ -164,6 +164,7 @@ from backends.indexer_topk.config import (
     check_inputs,
     default_config,
     list_in_place,
+    min_bound_tile,
     plan,
     resolve_config,
     scratch_bytes_per_row,
@@ -247,15 +248,17 @@ def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
 
 @triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
-                 off_gm2, n_groups2, off_arr,
-                 GS: tl.constexpr, GB: tl.constexpr, GS2: tl.constexpr,
-                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0):
+                 off_gm2, n_groups2, off_arr, off_min2=0,
+                 GS: tl.constexpr = 1, GB: tl.constexpr = 1, GS2: tl.constexpr = 1,
+                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, MIN2: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
     ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
     the keys (``key >> 16``, a floor), at int16 index ``row * n_groups``; the supergroup
     maxima stay exact int32, and a row without k of them gets its group maxima there too
-    (:func:`_level16`)."""
+    (:func:`_level16`). ``MIN2``: also the supergroup *minima* at ``off_min2`` (INT32_MIN for
+    a supergroup with a key past the row's length), for the tie kernel's minimum bound (rows
+    of full-size supergroups only; the others' area is left unwritten)."""
     row = tl.program_id(0)
     sl = tl.program_id(1)
     if ARRIVE:
@@ -272,16 +275,17 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
             level = _half_level(length, k, n_groups2, GS, GS2)
         _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
                    gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS, GB,
-                   GS2, B16)
+                   GS2, B16, gm_ptr + off_min2 + row.to(tl.int64) * n_groups2, MIN2)
 
 
 @triton.jit
 def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.constexpr,
-               GS2: tl.constexpr, B16: tl.constexpr = 0):
+               GS2: tl.constexpr, B16: tl.constexpr = 0, dst3=None, MIN2: tl.constexpr = 0):
     """The group maxima of keys [start, end) of one row (start a multiple of GS * GB), and with
     GS2 > 1 the supergroup maxima (of half the size when ``half``). B16: ``dst`` is int16 and
     takes each maximum's top 16 bits; ``half`` is :func:`_level16`'s level (2: the int32 group
-    maxima at ``dst2``)."""
+    maxima at ``dst2``). MIN2 (32-bit maxima, full-size supergroups): the supergroup minima at
+    ``dst3`` too (a masked key is INT32_MIN, so a supergroup past ``end`` gets INT32_MIN)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     for c0 in range(start, end, GB * GS):
@@ -312,6 +316,10 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
                 _store_level(dst2, g, c0, end, GS, GB, GS2 // 2)
             else:
                 _store_level(dst2, g, c0, end, GS, GB, GS2)
+                if MIN2:
+                    gn = tl.min(tl.reshape(tl.min(key, axis=1), [GB // GS2, GS2]), axis=1)
+                    idx = c0 // (GS * GS2) + tl.arange(0, GB // GS2)
+                    tl.store(dst3 + idx, gn, mask=idx * (GS * GS2) < end)
 
 
 @triton.jit
@@ -1456,16 +1464,35 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
 
 
 @triton.jit
+def _min_bound(mins, n, k, lb, W, MT: tl.constexpr):
+    """A row's bound raised by its ``n`` supergroup minima (of ``W`` keys each) at ``mins``:
+    a supergroup whose minimum is ``>= t`` holds W keys ``>= t``, so ``ceil(k / W)`` of them
+    prove the k-th largest key ``>= t`` (a proof, as L's). Returns the bound for the tie tier
+    (which takes the keys ``> lb``): ``t - 1`` for the largest such t when that is above
+    ``lb``, else ``lb``. On rows whose scores grow with position the top k sit in the last
+    supergroups and t is about the k-th key, where L (from maxima) admits half the row; on
+    other rows t is low and the bound stays. ``n <= MT`` (one register tile)."""
+    need = (k + W - 1) // W
+    x = tl.load(mins + tl.arange(0, MT), mask=tl.arange(0, MT) < n, other=-2147483648)
+    t = _kth_search_tile(x, need, tl.full([], -2147483648, tl.int64),
+                         tl.max(x, axis=0).to(tl.int64))
+    return tl.where(t > lb.to(tl.int64) + 1, t - 1, lb.to(tl.int64)).to(tl.int32)
+
+
+@triton.jit
 def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k, cap,
-                off_gm2, n_groups2, off_cpos, off_ckey, off_list, off_tie,
-                GS: tl.constexpr, GS2: tl.constexpr, GB: tl.constexpr, TGB: tl.constexpr,
-                CT: tl.constexpr, CAP: tl.constexpr, PCH: tl.constexpr, SPLIT: tl.constexpr,
-                HALF: tl.constexpr, B16: tl.constexpr, FUSED: tl.constexpr):
+                off_gm2, n_groups2, off_cpos, off_ckey, off_list, off_tie, off_min2=0,
+                GS: tl.constexpr = 1, GS2: tl.constexpr = 1, GB: tl.constexpr = 1,
+                TGB: tl.constexpr = 1, CT: tl.constexpr = 1, CAP: tl.constexpr = 1,
+                PCH: tl.constexpr = 1, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
+                B16: tl.constexpr = 0, FUSED: tl.constexpr = 0, MT: tl.constexpr = 0):
     """The rare tiers of a row whose candidates did not fit the buffer, or whose bound sits in
     a tie, after the kernel that found that (``TIE_LAUNCH``): the fused row kernel (count
     code and bound at ``off_tie``: cap + 1 an overflow, cap + 2 a tie, the compaction skipped)
     or the four-launch placement (count and bound at ``off_tie`` and ``off_tie + rows``).
-    Every other row returns at once. See :func:`_select_cands`."""
+    Every other row returns at once. See :func:`_select_cands`. ``MT`` (fused, > 0: the gmax
+    kernel wrote supergroup minima at ``off_min2``): an overflowing row of full-size
+    supergroups first raises its bound by them (:func:`_min_bound`)."""
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -1494,6 +1521,10 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                                                         off_gm2, n_groups2, GS, GS2, B16)
                 tie_ok = (code == cap + 2) | (exact & (sep | (SPLIT > 1) | (B16 == 1)))
                 relist = sep | (SPLIT > 1) | (B16 > 0)
+                if MT > 0:  # noqa: SIM102 (constexpr, then a runtime test)
+                    if (code == cap + 1) & sep & (w == GS * GS2) & (n_lvl <= MT):
+                        lb = _min_bound(ws_ptr + off_min2 + row.to(tl.int64) * n_groups2,
+                                        n_lvl, k, lb, GS * GS2, MT)
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, lvl, n_lvl,
                               w // GS, tie_ok, glist, relist, GS, GB, CAP, False, PCH, TGB,
                               HALF, B16 == 2, CT)
@@ -1513,6 +1544,9 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
 # The rare tiers (tie tier, refinement, row tier) in a launch of their own after the row
 # kernel / stage 3 (True), or inlined there (False). See :func:`_tie_kernel`.
 _TIE_LAUNCH = True
+#: The tie kernel's bound from supergroup minima (``_min_bound``; the gmax kernel writes them,
+#: 4 bytes a supergroup, where ``config.min_bound_tile`` says).
+_MIN_BOUND = True
 
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
@@ -1722,11 +1756,16 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     off_list = off_arr + (rows if split > 1 else 0)
     off_tie = off_list + (0 if in_place else rows * groups)
     tie_launch = int(_TIE_LAUNCH and stop == 0)
-    size = off_tie + (2 * rows if tie_launch else 0)
+    # supergroup minima for the tie kernel's minimum bound (32-bit maxima, supergroups that
+    # fit one register tile)
+    mt = min_bound_tile(cfg, n) if tie_launch and _MIN_BOUND else 0
+    off_min2 = off_tie + (2 * rows if tie_launch else 0)
+    size = off_min2 + (rows * groups2 if mt else 0)
     ws = _alloc(torch, size, scores.device)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
-                                groups2, off_arr, GS=gs, GB=gb, GS2=gs2, ARRIVE=int(split > 1),
-                                B16=b16, num_warps=cfg["num_warps"])
+                                groups2, off_arr, off_min2, GS=gs, GB=gb, GS2=gs2,
+                                ARRIVE=int(split > 1), B16=b16, MIN2=int(mt > 0),
+                                num_warps=cfg["num_warps"])
     _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                                cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                                off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
@@ -1744,7 +1783,8 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
         pk = max(1, cfg["PLACE_KEYS"] // gs)
         _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_gm2,
                              groups2 if gs2 > 1 else groups, off_cpos, off_ckey, off_list,
-                             off_tie, GS=gs, GS2=gs2, GB=max(1, min(pk, 1024 // gs)), TGB=pk,
+                             off_tie, off_min2, GS=gs, GS2=gs2, GB=max(1, min(pk, 1024 // gs)),
+                             TGB=pk, MT=mt,
                              CT=min(cfg["COMPACT_TILE"], _next_pow2(groups)),
                              CAP=cfg["CAND_TILE"],
                              PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), SPLIT=split,

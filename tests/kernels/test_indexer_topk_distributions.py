@@ -255,3 +255,51 @@ def test_overflow_refinement_cases(tk, monkeypatch, geom, launch):
     got = tk.indexer_topk_triton(scores, lengths, k, config=GEOMS[geom])
     want = indexer_topk_reference(scores, lengths, k)
     assert topk_mismatches(got, want) == []
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie kernel's "
+                    "helpers (CPU only; the GPU tests check the same rows' results)")
+@pytest.mark.parametrize("split", [1, 2])
+def test_ramp_rows_take_the_supergroup_minimum_bound(tk, monkeypatch, split):
+    """Rows whose scores grow with position overflow the buffer above L (from supergroup
+    maxima, which admit about half the row); the tie kernel's bound from the supergroup minima
+    the gmax kernel wrote admits about k keys, so the tie tier selects without its bucket
+    passes. A ramp with one very low key in every supergroup gets no better bound and takes
+    the bucket passes; exact either way (NaN keys and a row shorter than the batch's too)."""
+    calls = {"min": [], "buckets": 0}
+    real_min, real_pick = tk._min_bound, tk._pick_bucket
+
+    def min_bound(*a, **kw):
+        got = real_min(*a, **kw)
+        calls["min"].append((int(got), int(a[3])))   # (the new bound, L)
+        return got
+
+    def pick_bucket(*a, **kw):
+        calls["buckets"] += 1
+        return real_pick(*a, **kw)
+
+    monkeypatch.setattr(tk, "_min_bound", min_bound)
+    monkeypatch.setattr(tk, "_pick_bucket", pick_bucket)
+    cfg = {**GEOMS["fused_overflow"], "ROW_SPLIT": split}   # a buffer of 32: every ramp overflows
+    k, n = 16, 1200
+    ramps = torch.stack([D.make_scores("ramp", 1, n, seed=s)[0] for s in (1, 2)])
+    ramps[1, 1100:1110] = float("nan")   # NaN keys in the top supergroups: their minimum drops
+    lengths = torch.tensor([n, n - 5], dtype=torch.int32)
+    got = tk.indexer_topk_triton(ramps, lengths, k, config=cfg)
+    assert topk_mismatches(got, indexer_topk_reference(ramps, lengths, k)) == []
+    assert len(calls["min"]) == 2 and all(new > lb for new, lb in calls["min"]), calls
+    assert calls["buckets"] == 0
+    calls.update(min=[], buckets=0)
+    comb = D.make_scores("ramp", 1, n, seed=4)
+    comb[0, ::cfg["GROUP"] * cfg["GROUP2"]] = -1000.0
+    one = torch.tensor([n], dtype=torch.int32)
+    got = tk.indexer_topk_triton(comb, one, k, config=cfg)
+    assert topk_mismatches(got, indexer_topk_reference(comb, one, k)) == []
+    assert len(calls["min"]) == 1 and calls["min"][0][0] == calls["min"][0][1], calls
+    assert calls["buckets"] >= 1
+    # without the minima (the module switch off) the same ramps take the bucket passes
+    calls.update(min=[], buckets=0)
+    monkeypatch.setattr(tk, "_MIN_BOUND", False)
+    got = tk.indexer_topk_triton(ramps, lengths, k, config=cfg)
+    assert topk_mismatches(got, indexer_topk_reference(ramps, lengths, k)) == []
+    assert calls["min"] == [] and calls["buckets"] >= 2

@@ -470,8 +470,9 @@ def test_default_config_and_scratch():
     # to 65536 groups, else in an area of its own; 4-byte maxima the list overwrites.
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
         == 2 * 16384 + 4 * 4096 + 8 * 16384
+    # 4-byte maxima: the supergroup minima too (the tie kernel's minimum bound)
     assert TK.scratch_bytes_per_row(cfg, 2048, 131072) \
-        == 4 * 16384 + 4 * 4096 + 8 * 16384
+        == 4 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 4096
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16, "ROW_SPLIT": 2}, 2048, 131072) \
         == 2 * 16384 + 4 * 4096 + 8 * 16384 + 4 * 3 + 4 * 16384
     wide = {**cfg, "GMAX_BITS": 16, "GROUP": 2}
