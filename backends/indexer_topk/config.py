@@ -255,20 +255,27 @@ def list_in_place(config: dict[str, Any], max_keys: int) -> bool:
     return cfg["GMAX_BITS"] != 16 or _cdiv(max(int(max_keys), 1), cfg["GROUP"]) <= LIST16_GROUPS
 
 
-#: The fused path's supergroup minima (the tie kernel's minimum bound) for rows of at most this
-#: many supergroups: they are searched in one register tile.
+#: The minima the gmax kernel keeps for the tie kernel's minimum bound (the fused path's
+#: supergroups, the four-launch path's groups) for rows of at most this many: they are searched
+#: in one register tile.
 MIN_TILE = 4096
 
 
 def min_bound_tile(config: dict[str, Any], max_keys: int) -> int:
-    """The register tile of the tie kernel's supergroup-minimum bound for ``config`` (resolved)
-    at ``max_keys``, or 0 where the kernels keep no minima (the four-launch path, 16-bit
-    maxima, no supergroups, more supergroups than :data:`MIN_TILE`)."""
+    """The register tile of the tie kernel's minimum bound for ``config`` (resolved) at
+    ``max_keys``, or 0 where the kernels keep no minima. Fused: the minima of the supergroups
+    (``GROUP * GROUP2`` keys; none with 16-bit maxima or without supergroups); four-launch: of
+    the groups (``GROUP`` keys). None with more of them than :data:`MIN_TILE`."""
     cfg = {**DEFAULT_CONFIG, **config}
-    groups2 = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
-    if not cfg["FUSED"] or cfg["GROUP2"] <= 1 or cfg["GMAX_BITS"] == 16 or groups2 > MIN_TILE:
+    if cfg["FUSED"]:
+        if cfg["GROUP2"] <= 1 or cfg["GMAX_BITS"] == 16:
+            return 0
+        n = _cdiv(max(int(max_keys), 1), cfg["GROUP"] * cfg["GROUP2"])
+    else:
+        n = _cdiv(max(int(max_keys), 1), cfg["GROUP"])
+    if n > MIN_TILE:
         return 0
-    return 1 << max(0, groups2 - 1).bit_length()
+    return 1 << max(0, n - 1).bit_length()
 
 
 def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
@@ -285,8 +292,10 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
                    + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0)
                    + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
                    + (4 * groups2 if min_bound_tile(cfg, max_keys) else 0))
-    # The list area (the tie tier's) is allocated on every call.
-    return int(8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2))
+    # The list area (the tie tier's) is allocated on every call; the group minima where
+    # min_bound_tile says.
+    return int(8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2)
+               + (4 * p["groups"] if min_bound_tile(cfg, max_keys) else 0))
 
 
 def check_inputs(scores: Any, lengths: Any, k: Any, *, kernel: bool = False) -> None:

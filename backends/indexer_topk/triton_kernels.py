@@ -258,7 +258,8 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     maxima stay exact int32, and a row without k of them gets its group maxima there too
     (:func:`_level16`). ``MIN2``: also the supergroup *minima* at ``off_min2`` (INT32_MIN for
     a supergroup with a key past the row's length), for the tie kernel's minimum bound (rows
-    of full-size supergroups only; the others' area is left unwritten)."""
+    of full-size supergroups only; the others' area is left unwritten); with GS2 = 1 (the
+    four-launch path) the group minima, ``n_groups`` a row."""
     row = tl.program_id(0)
     sl = tl.program_id(1)
     if ARRIVE:
@@ -273,9 +274,10 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
             level, _ = _level16(length, k, n_groups2, GS, GS2)
         else:
             level = _half_level(length, k, n_groups2, GS, GS2)
+        n_min = n_groups2 if GS2 > 1 else n_groups
         _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
                    gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS, GB,
-                   GS2, B16, gm_ptr + off_min2 + row.to(tl.int64) * n_groups2, MIN2)
+                   GS2, B16, gm_ptr + off_min2 + row.to(tl.int64) * n_min, MIN2)
 
 
 @triton.jit
@@ -285,7 +287,8 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
     GS2 > 1 the supergroup maxima (of half the size when ``half``). B16: ``dst`` is int16 and
     takes each maximum's top 16 bits; ``half`` is :func:`_level16`'s level (2: the int32 group
     maxima at ``dst2``). MIN2 (32-bit maxima, full-size supergroups): the supergroup minima at
-    ``dst3`` too (a masked key is INT32_MIN, so a supergroup past ``end`` gets INT32_MIN)."""
+    ``dst3`` too, or with GS2 = 1 (the four-launch path) the group minima (a masked key is
+    INT32_MIN, so a (super)group with a key past ``end`` gets INT32_MIN)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
     for c0 in range(start, end, GB * GS):
@@ -304,6 +307,9 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
             tl.store(dst + gidx, (g >> 16).to(tl.int16), mask=gidx * GS < end)
         else:
             tl.store(dst + gidx, g, mask=gidx * GS < end)
+        if GS2 == 1:
+            if MIN2:
+                tl.store(dst3 + gidx, tl.min(key, axis=1), mask=gidx * GS < end)
         if GS2 > 1:
             if B16:
                 if half == 2:
@@ -1465,18 +1471,23 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
 
 @triton.jit
 def _min_bound(mins, n, k, lb, W, MT: tl.constexpr):
-    """A row's bound raised by its ``n`` supergroup minima (of ``W`` keys each) at ``mins``:
-    a supergroup whose minimum is ``>= t`` holds W keys ``>= t``, so ``ceil(k / W)`` of them
+    """A row's bound raised by its ``n`` (super)group minima (of ``W`` keys each) at ``mins``:
+    a (super)group whose minimum is ``>= t`` holds W keys ``>= t``, so ``ceil(k / W)`` of them
     prove the k-th largest key ``>= t`` (a proof, as L's). Returns the bound for the tie tier
     (which takes the keys ``> lb``): ``t - 1`` for the largest such t when that is above
     ``lb``, else ``lb``. On rows whose scores grow with position the top k sit in the last
     supergroups and t is about the k-th key, where L (from maxima) admits half the row; on
-    other rows t is low and the bound stays. ``n <= MT`` (one register tile)."""
+    other rows t is low and the bound stays. ``n <= MT`` (one register tile). One count first:
+    unless ``need`` minima are ``>= lb + 2`` no t can raise the bound (tie-heavy rows, whose
+    minima sit at or below their tied bound, which the four-launch path cannot tell from an
+    overflow), and the search is skipped; else it runs over ``[lb + 2, max]``."""
     need = (k + W - 1) // W
     x = tl.load(mins + tl.arange(0, MT), mask=tl.arange(0, MT) < n, other=-2147483648)
-    t = _kth_search_tile(x, need, tl.full([], -2147483648, tl.int64),
-                         tl.max(x, axis=0).to(tl.int64))
-    return tl.where(t > lb.to(tl.int64) + 1, t - 1, lb.to(tl.int64)).to(tl.int32)
+    lo = lb.to(tl.int64) + 2
+    res = lb.to(tl.int64)
+    if tl.sum((x.to(tl.int64) >= lo).to(tl.int32), axis=0) >= need:
+        res = _kth_search_tile(x, need, lo, tl.max(x, axis=0).to(tl.int64)) - 1
+    return res.to(tl.int32)
 
 
 @triton.jit
@@ -1490,9 +1501,10 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     a tie, after the kernel that found that (``TIE_LAUNCH``): the fused row kernel (count
     code and bound at ``off_tie``: cap + 1 an overflow, cap + 2 a tie, the compaction skipped)
     or the four-launch placement (count and bound at ``off_tie`` and ``off_tie + rows``).
-    Every other row returns at once. See :func:`_select_cands`. ``MT`` (fused, > 0: the gmax
-    kernel wrote supergroup minima at ``off_min2``): an overflowing row of full-size
-    supergroups first raises its bound by them (:func:`_min_bound`)."""
+    Every other row returns at once. See :func:`_select_cands`. ``MT`` (> 0: the gmax kernel
+    wrote minima at ``off_min2``): an overflowing row first raises its bound by them
+    (:func:`_min_bound`): fused, a row of full-size supergroups by the supergroup minima;
+    four-launch, any row by its group minima."""
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -1531,6 +1543,9 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             else:
                 lb = tl.load(ws_ptr + off_tie + row)
                 gsrc = ws_ptr + row.to(tl.int64) * n_groups
+                if MT > 0:
+                    lb = _min_bound(ws_ptr + off_min2 + row.to(tl.int64) * n_groups,
+                                    (length + GS - 1) // GS, k, lb, GS, MT)
                 _select_cands(src, gsrc, ckey, cpos, out, length, lb, code, k, cap, gsrc,
                               (length + GS - 1) // GS, 1, length > k,
                               ws_ptr + off_list + row.to(tl.int64) * n_groups, True, GS, GB,
@@ -1544,8 +1559,8 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
 # The rare tiers (tie tier, refinement, row tier) in a launch of their own after the row
 # kernel / stage 3 (True), or inlined there (False). See :func:`_tie_kernel`.
 _TIE_LAUNCH = True
-#: The tie kernel's bound from supergroup minima (``_min_bound``; the gmax kernel writes them,
-#: 4 bytes a supergroup, where ``config.min_bound_tile`` says).
+#: The tie kernel's bound from minima (``_min_bound``; the gmax kernel writes them, 4 bytes a
+#: supergroup (fused) or group (four-launch), where ``config.min_bound_tile`` says).
 _MIN_BOUND = True
 
 
@@ -1699,10 +1714,13 @@ def _run(scores: Any, lengths: Any, k: int, config: dict[str, Any], stop: int) -
     off_ckey = off_cpos + rows * cap
     chunked = groups > p["gt"]
     off_list = off_ckey + rows * cap
-    # The list area: the tie tier's list of the row's groups above the bound.
-    ws = _alloc(torch, off_list + rows * groups, dev)
+    # The list area: the tie tier's list of the row's groups above the bound; then the group
+    # minima for the tie kernel's minimum bound (rows of at most MIN_TILE groups).
+    mt = min_bound_tile(cfg, n) if _TIE_LAUNCH and _MIN_BOUND else 0
+    off_min = off_list + rows * groups
+    ws = _alloc(torch, off_min + (rows * groups if mt else 0), dev)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
-                                 GS=gs, GB=gb, GS2=1, num_warps=nw)
+                                 off_min, GS=gs, GB=gb, GS2=1, MIN2=int(mt > 0), num_warps=nw)
     # Several slices a row: the bound in a launch of its own, then the count pass; one slice:
     # the placement program finds the exact bound itself.
     bound_in = slices > 1
@@ -1726,7 +1744,7 @@ def _run(scores: Any, lengths: Any, k: int, config: dict[str, Any], stop: int) -
                             TIE_LAUNCH=int(_TIE_LAUNCH))
     if _TIE_LAUNCH:
         _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, 0, 1, off_cpos,
-                             off_ckey, off_list, off_bound, GS=gs, GS2=1,
+                             off_ckey, off_list, off_bound, off_min, GS=gs, GS2=1, MT=mt,
                              GB=max(1, min(gb, 1024 // gs)), TGB=max(1, min(gb, 1024 // gs)),
                              CT=min(1024, _next_pow2(groups)), CAP=cfg["CAND_TILE"],
                              PCH=cfg["CAND_TILE"], SPLIT=1, HALF=0, B16=0, FUSED=0,

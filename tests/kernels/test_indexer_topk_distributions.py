@@ -259,13 +259,15 @@ def test_overflow_refinement_cases(tk, monkeypatch, geom, launch):
 
 @pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie kernel's "
                     "helpers (CPU only; the GPU tests check the same rows' results)")
-@pytest.mark.parametrize("split", [1, 2])
-def test_ramp_rows_take_the_supergroup_minimum_bound(tk, monkeypatch, split):
-    """Rows whose scores grow with position overflow the buffer above L (from supergroup
-    maxima, which admit about half the row); the tie kernel's bound from the supergroup minima
-    the gmax kernel wrote admits about k keys, so the tie tier selects without its bucket
-    passes. A ramp with one very low key in every supergroup gets no better bound and takes
-    the bucket passes; exact either way (NaN keys and a row shorter than the batch's too)."""
+@pytest.mark.parametrize("geom,split", [("fused_overflow", 1), ("fused_overflow", 2),
+                                        ("four_launch", 1)])
+def test_ramp_rows_take_the_minimum_bound(tk, monkeypatch, geom, split):
+    """Rows whose scores grow with position overflow the buffer above L (from (super)group
+    maxima, which admit about half the row); the tie kernel's bound from the minima the gmax
+    kernel wrote (fused: of the supergroups; four-launch: of the groups) admits about k keys,
+    so the tie tier selects without its bucket passes. A ramp with one very low key in every
+    (super)group gets no better bound and takes the bucket passes; exact either way (NaN keys
+    and a row shorter than the batch's too)."""
     calls = {"min": [], "buckets": 0}
     real_min, real_pick = tk._min_bound, tk._pick_bucket
 
@@ -280,7 +282,10 @@ def test_ramp_rows_take_the_supergroup_minimum_bound(tk, monkeypatch, split):
 
     monkeypatch.setattr(tk, "_min_bound", min_bound)
     monkeypatch.setattr(tk, "_pick_bucket", pick_bucket)
-    cfg = {**GEOMS["fused_overflow"], "ROW_SPLIT": split}   # a buffer of 32: every ramp overflows
+    cfg = {**GEOMS[geom]}   # a buffer of 32 (64): every ramp overflows
+    if cfg["FUSED"]:
+        cfg["ROW_SPLIT"] = split
+    width = cfg["GROUP"] * cfg["GROUP2"] if cfg["FUSED"] else cfg["GROUP"]
     k, n = 16, 1200
     ramps = torch.stack([D.make_scores("ramp", 1, n, seed=s)[0] for s in (1, 2)])
     ramps[1, 1100:1110] = float("nan")   # NaN keys in the top supergroups: their minimum drops
@@ -291,7 +296,7 @@ def test_ramp_rows_take_the_supergroup_minimum_bound(tk, monkeypatch, split):
     assert calls["buckets"] == 0
     calls.update(min=[], buckets=0)
     comb = D.make_scores("ramp", 1, n, seed=4)
-    comb[0, ::cfg["GROUP"] * cfg["GROUP2"]] = -1000.0
+    comb[0, ::width] = -1000.0
     one = torch.tensor([n], dtype=torch.int32)
     got = tk.indexer_topk_triton(comb, one, k, config=cfg)
     assert topk_mismatches(got, indexer_topk_reference(comb, one, k)) == []

@@ -479,7 +479,12 @@ def test_default_config_and_scratch():
     assert TK.list_in_place(wide, 131072) and not TK.list_in_place(wide, 131074)
     old = TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)
     assert old["GROUP"] == 32 and old["GROUP"] * old["GROUP_BLOCK"] == 4096
-    assert TK.scratch_bytes_per_row(old, 2048, 131072) == 8 * 4096 + 8 * 16384 + 4 * 3
+    # four-launch: group maxima, the tie tier's list, the candidates, the counts, and the group
+    # minima (the tie kernel's minimum bound) where the groups fit its tile
+    assert TK.scratch_bytes_per_row(old, 2048, 131072) \
+        == 8 * 4096 + 8 * 16384 + 4 * 3 + 4 * 4096
+    assert TK.scratch_bytes_per_row({**old, "GROUP": 16}, 2048, 131072) \
+        == 8 * 8192 + 8 * 16384 + 4 * 3
 
 
 # ------------------------------------------------------------------------------------ GPU
