@@ -44,6 +44,7 @@ from typing import Any
 
 from backends.indexer_topk import EXACT, IndexerTopkWorkload
 from backends.sparse_prefill import SparsePrefillWorkload
+from backends.sparse_prefill.paged import PagedKV, paged_kv_args
 from registry import Contract, DeviceFacts, Implementation, Workload, hookimpl
 from registry.errors import KernelUnavailableError, WorkloadError
 from registry.requirements import CAPABILITY, Requirement, predicate, vendor_in
@@ -291,44 +292,6 @@ def selected_slots(indices: Any, *, kind: str, lengths: Any, num_slots: int,
     return resolve_slots(indices, kind=kind, lengths=lengths, num_slots=num_slots,
                          cu_seqlens_q=cu_seqlens_q, prefix_lens=prefix_lens,
                          page_table=page_table, page_size=page_size)
-
-
-@dataclass
-class PagedKV:
-    """FlashInfer's paged-KV arguments with ``page_size=1``: one request per query row."""
-
-    indptr: Any         # int32 [rows + 1] on the host: cumulative pages
-    indices: Any        # int32 [indptr[-1]] on the device: the pages (slots), row after row
-    last_page_len: Any  # int32 [rows] on the host: 1 (every page holds one token)
-    empty: Any          # bool [rows] on the device: rows with nothing valid (zeroed after)
-
-
-def paged_kv_args(slot: Any, valid: Any) -> PagedKV:
-    """The valid slots of each row as pages, in row order then entry order (a slot listed twice
-    is a page twice). A row with nothing valid gets one page (slot 0; its output is zeroed):
-    FlashInfer gives a request of zero pages one token (``get_seq_lens`` clamps the page count
-    at 0 before adding ``last_page_len``), which would read the next row's page. One
-    device-to-host copy (``indptr``)."""
-    import torch
-
-    rows = slot.shape[0]
-    counts = valid.sum(dim=1, dtype=torch.int32)
-    empty = counts == 0
-    per_row = torch.where(empty, torch.ones_like(counts), counts)
-    indptr_dev = torch.zeros(rows + 1, dtype=torch.int32, device=slot.device)
-    indptr_dev[1:] = torch.cumsum(per_row, dim=0, dtype=torch.int32)
-    indptr = indptr_dev.cpu()   # the call's one synchronization; plan() needs it on the host
-    total = int(indptr[-1])
-    start = indptr_dev[:-1, None]
-    rank = torch.cumsum(valid, dim=1, dtype=torch.int32) - 1
-    spill = torch.full_like(rank, total)      # invalid entries land past the end, cut off
-    dest = torch.where(valid, start + rank, spill).to(torch.int64)
-    flat = torch.empty(total + 1, dtype=torch.int32, device=slot.device)
-    flat.scatter_(0, dest.reshape(-1), slot.to(torch.int32).reshape(-1))
-    first = torch.where(empty, indptr_dev[:-1], torch.full_like(counts, total)).to(torch.int64)
-    flat.scatter_(0, first, torch.zeros_like(counts))
-    return PagedKV(indptr=indptr, indices=flat[:total],
-                   last_page_len=torch.ones(rows, dtype=torch.int32), empty=empty)
 
 
 _WORKSPACES: dict[Any, Any] = {}

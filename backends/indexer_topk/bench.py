@@ -47,6 +47,8 @@ from typing import Any
 
 import click
 
+from backends import flashinfer_for_bench
+
 __all__ = ["BenchCase", "bench_command", "make_inputs", "parse_geometry", "run_case"]
 
 
@@ -122,7 +124,7 @@ def _trial(name: str, scores: Any, lengths: Any, k: int) -> Any:
                      runs="torch.topk(sorted=False)", judged=False,
                      describe=lambda got: _anchor_report(got, scores, lengths, k))
     if name == "flashinfer-topk":
-        fi = _flashinfer_module()
+        fi = flashinfer_for_bench("flashinfer-topk")
         rows = scores.shape[0]
         offsets = torch.zeros(rows, dtype=torch.int32, device=scores.device)
         lens = lengths.to(torch.int32).contiguous()
@@ -145,19 +147,6 @@ def _trial(name: str, scores: Any, lengths: Any, k: int) -> Any:
                      runs=f"triton {format_config(full)}", config=full,
                      implementation="generic.indexer_topk_radix")
     return None
-
-
-def _flashinfer_module() -> Any:
-    """``import flashinfer`` for the ``flashinfer-topk`` provider, or a ClickException that
-    says how to get it."""
-    import importlib
-
-    try:
-        return importlib.import_module("flashinfer")
-    except Exception as exc:
-        raise click.ClickException(
-            f"--providers flashinfer-topk: flashinfer is not importable ({type(exc).__name__}: "
-            f"{exc}); install it (pip install 'kreg[flashinfer]') or drop the provider") from None
 
 
 def _set_report(got: Any, scores: Any, lengths: Any, k: int) -> str:
@@ -335,7 +324,8 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
     if not names:
         raise click.BadParameter("--providers is empty")
     if "flashinfer-topk" in names:
-        _flashinfer_module()  # before any case runs: a missing FlashInfer is a usage error
+        # before any case runs: a missing FlashInfer is a usage error
+        flashinfer_for_bench("flashinfer-topk")
     from backends.indexer_topk.distributions import DISTRIBUTIONS
 
     names_d = [d.strip() for d in dists.split(",") if d.strip()]

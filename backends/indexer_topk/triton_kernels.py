@@ -307,7 +307,7 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
             tl.store(dst + gidx, (g >> 16).to(tl.int16), mask=gidx * GS < end)
         else:
             tl.store(dst + gidx, g, mask=gidx * GS < end)
-        if GS2 == 1:
+        if GS2 == 1:  # noqa: SIM102 (constexpr tests, kept apart as in the fused branch)
             if MIN2:
                 tl.store(dst3 + gidx, tl.min(key, axis=1), mask=gidx * GS < end)
         if GS2 > 1:

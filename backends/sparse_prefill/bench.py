@@ -55,6 +55,13 @@ Providers (``--providers``, comma separated):
   3.6), forced whatever the device.
 * ``auto`` and implementation names, optionally with ``:measure``: through the registry
   (``registry.select`` for the decision, ``registry.dispatch`` under ``registry.override``).
+* ``flashinfer-paged``: FlashInfer's raw paged attention, what a framework would call instead
+  of kreg: ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`` with ``page_size`` 1,
+  each row a request whose pages are its valid slots (``backends.sparse_prefill.paged``),
+  ``plan()`` once before the window and only ``run()`` timed (captured in the CUDA graph with
+  ``--graphs`` where FlashInfer allows it); checked against the reference like every provider.
+  The registry implementation ``flashinfer.sparse_prefill`` also builds the page list and
+  copies ``indptr`` to the host on every call. Needs FlashInfer importable.
 
 Timed providers alternate in one window (``registry.tuning.timing.interleaved_median_ms``; with
 ``--graphs`` as CUDA-graph replays, a provider that cannot be captured timed plainly). Every
@@ -271,7 +278,7 @@ def parse_provider(name: str, case: BenchCase) -> tuple[str, dict[str, Any] | No
     case on this machine (asked of the registry: this module never imports a plugin);
     ``config=NAME`` a config a plugin offers (``kreg_configs``: ``registry.get_registry()
     .offered_configs("sparse_prefill")``)."""
-    if name in _UNTIMED:
+    if name in _UNTIMED or name == "flashinfer-paged":
         return name, None
     if name in _RESOLVED:
         return "triton", _resolved_config(_RESOLVED[name], case)
@@ -341,6 +348,44 @@ def _gather_sdpa(inp: dict[str, Any], rows_per_chunk: int = 512) -> Any:
     return out
 
 
+#: FlashInfer's workspace for ``flashinfer-paged`` (as the plugin's).
+_FI_WORKSPACE_BYTES = 256 << 20
+
+
+def _flashinfer_paged(inp: dict[str, Any]) -> Any:
+    """The ``flashinfer-paged`` trial: the decode wrapper planned once on the case's valid slots
+    (page_size 1), then ``run()`` alone; rows with nothing valid zeroed as kreg's contract
+    says (FlashInfer gives them one page, slot 0)."""
+    import torch
+
+    from backends import flashinfer_for_bench
+    from backends.sparse_prefill.paged import paged_kv_args
+    from backends.sparse_prefill.reference import resolve_slots
+    from registry.tuning import Trial
+
+    fi = flashinfer_for_bench("flashinfer-paged")
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    _, hq, d = q.shape
+    hkv = k.shape[1]
+    slot, valid = resolve_slots(idx, kind=kw["kind"], lengths=kw.get("lengths"),
+                                num_slots=k.shape[0], cu_seqlens_q=kw.get("cu_seqlens_q"),
+                                prefix_lens=kw.get("prefix_lens"),
+                                page_table=kw.get("page_table"),
+                                page_size=kw.get("page_size", 1))
+    pages = paged_kv_args(slot, valid)
+    del slot, valid
+    ws = torch.zeros(_FI_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+    wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
+                 pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=k.dtype,
+                 sm_scale=d ** -0.5)
+    qc, cache, empty = q.contiguous(), (k.unsqueeze(1), v.unsqueeze(1)), pages.empty
+    return Trial("flashinfer-paged",
+                 lambda: wrapper.run(qc, cache).masked_fill_(empty[:, None, None], 0),
+                 runs="flashinfer BatchDecodeWithPagedKVCacheWrapper(tensor cores, page_size "
+                      "1): run() alone, plan() once before the window")
+
+
 def _trial(provider: str, case: BenchCase, inp: dict[str, Any]) -> Any:
     """The harness trial of one provider (``auto`` and implementation names go through the
     registry as a framework calls it)."""
@@ -359,6 +404,8 @@ def _trial(provider: str, case: BenchCase, inp: dict[str, Any]) -> Any:
     if kind == "gather-sdpa":
         return Trial(provider, lambda: _gather_sdpa(inp), runs="gather + torch SDPA",
                      timed="isolated")
+    if kind == "flashinfer-paged":
+        return _flashinfer_paged(inp)
     if kind == "triton":
         geometry = dict(cfg or {})
         return Trial(provider,
@@ -489,7 +536,7 @@ def _plot(results: list[Any], path: str) -> None:
 @click.option("--iters", type=int, default=30, show_default=True)
 @click.option("--providers", default="table,h200", show_default=True,
               help="comma list: reference, gather-sdpa, table, h200, geometry=BMxBNxWxS[:opt], "
-                   "auto, <implementation>[:measure]")
+                   "auto, <implementation>[:measure], flashinfer-paged")
 @click.option("--baseline", default="table", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON records instead of a table")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
@@ -516,6 +563,10 @@ def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_
     provs = [p.strip() for p in providers.split(",") if p.strip()]
     if baseline and baseline not in provs:
         provs.insert(0, baseline)
+    if "flashinfer-paged" in provs:
+        from backends import flashinfer_for_bench
+
+        flashinfer_for_bench("flashinfer-paged")  # before any case: a usage error, not a failure
     reqs = tuple(_ints(req_lens)) or None
     tqs = [sum(reqs)] if reqs else _ints(total_q)
     overlaps = _overlaps(overlap) if index_set == "topk" else [0.95]
