@@ -77,9 +77,14 @@ tiers' launch.
    ``k - c`` keys ``== L``, and stops there; the keys ``> L`` after that point are copied from
    the buffer. So a tie costs a pass over the tied keys' positions up to the last one taken
    (2048 keys of an all-zero row), not a search pass over the row per probe. ``c`` above the
-   buffer (rows whose scores grow with position: ``ramp``): the keys above L are counted in
-   buckets and the range narrowed to the bucket of the k-th key until at most the buffer
-   reaches it (:func:`_tie_tier`); the row tier remains only where no exact level survives.
+   buffer (rows whose scores grow with position: ``ramp``): first the **minimum bound**
+   (:func:`_min_bound`): ``_gmax_kernel`` also wrote the minimum key of every supergroup
+   (fused) or group (four-launch) of W keys, and ``ceil(k / W)`` of them ``>= t`` prove the
+   k-th key ``>= t``, so the tier takes the keys ``>= t`` for the largest such t (about k on a
+   ramp, where L admits half the row); where that is not above L (tie-heavy rows), the keys
+   above L are counted in buckets and the range narrowed to the bucket of the k-th key until
+   at most the buffer reaches it (:func:`_tie_tier`); the row tier remains only where no exact
+   level survives.
    These rare tiers run in a launch of their own after stage 3 / the row kernel
    (:func:`_tie_kernel`, ``_TIE_LAUNCH``), so that the common kernels compile without them.
 
@@ -133,13 +138,15 @@ knobs".
 
 Scratch per row (:func:`scratch_bytes_per_row`), one int32 workspace tensor per call, no
 memset. Fused: ``4 * ceil(max_keys / GROUP)`` (group maxima, then the active list) ``+ 4 *
-ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates): at
-131072 keys 212,992 bytes a row (41% of an fp32 row); ``GMAX_BITS=16`` stores 2 bytes a group
-maximum, the list over them (180,224 bytes; the default from 67 rows until issue 25), or with
-more than 65536 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT``
-> 1 adds the list and the parts' counts. Four-launch: ``8 * ceil(max_keys / GROUP)`` (group
-maxima, and the tie tier's list area) ``+ 8 * CAND_CAP + 4 * (slices + 2)``:
-163,852 bytes at 131072 keys, GROUP 32, one slice.
+ceil(max_keys / (GROUP * GROUP2))`` (supergroup maxima) ``+ 8 * CAND_CAP`` (candidates) ``+ 4 *
+ceil(max_keys / (GROUP * GROUP2))`` (supergroup minima, where :func:`config.min_bound_tile`
+says): at 131072 keys 229,376 bytes a row (44% of an fp32 row); ``GMAX_BITS=16`` stores 2
+bytes a group maximum and no minima, the list over them (180,224 bytes), or with more than
+65536 groups or ``ROW_SPLIT`` > 1 a 4-byte list a group of its own; ``ROW_SPLIT`` > 1 adds the
+list and the parts' counts. Four-launch: ``8 * ceil(max_keys / GROUP)`` (group maxima, and the
+tie tier's list area) ``+ 8 * CAND_CAP + 4 * (slices + 2)`` ``+ 4 * ceil(max_keys / GROUP)``
+(group minima, where ``min_bound_tile`` says): 180,236 bytes at 131072 keys, GROUP 32, one
+slice.
 
 Public: :func:`indexer_topk_triton`, :func:`validate_config`, :func:`default_config`,
 :func:`resolve_config`, :func:`scratch_bytes_per_row`, :func:`list_in_place`, :func:`plan`,

@@ -7,7 +7,8 @@
 # at 8192 and 4096 rows, on the walk and an overlap sweep of top-k rows, and the dispatch GPU
 # tests; tiles: the union path's tile height (DENSE_TILE 128/64/32 lines: 16/8/4 rows at group 6,
 # 8/4/2 at group 12) and threshold (UNION 300/200) on top-k rows, both kinds, KV 8K and 32K;
-# kv128k: the family, auto and the union configs at KV 128K on both index sets; overlap: the
+# flashinfer: the table, the family, auto and FlashInfer's raw paged attention (flashinfer-paged, when
+# importable) at KV 8K and 32K on both index sets; kv128k: the same at KV 128K; overlap: the
 # --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png)
 set -u
 OUT=${OUT:-./union26-out}
@@ -94,13 +95,36 @@ if [[ $STEPS == *tiles* ]]; then
     done
   done
 fi
+if [[ $STEPS == *flashinfer* || $STEPS == *kv128k* ]]; then
+  # FlashInfer's built modules (.fi-ws/fiws.tgz, carried) as AOT modules, as device_run.sh's
+  # fi_restore does; without FlashInfer the flashinfer-paged column is dropped
+  export FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws
+  if [ -f .fi-ws/fiws.tgz ]; then
+    [ -d .fi-ws/.cache ] || tar xzf .fi-ws/fiws.tgz
+    site=$(python3 -c "import flashinfer, os; print(os.path.dirname(flashinfer.__file__))" 2>/dev/null)
+    [ -n "$site" ] && mkdir -p "$site/data/aot" \
+      && cp -r .fi-ws/.cache/flashinfer/*/*/cached_ops/* "$site/data/aot/"
+  fi
+  FIP=""; python3 -c "import flashinfer" 2>/dev/null && FIP=",flashinfer-paged"
+fi
+if [[ $STEPS == *flashinfer* ]]; then
+  for kind in prefill chunk; do
+    for ix in topk walk; do
+      log "flashinfer $kind $ix"
+      timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
+        --kv-len 8192,32768 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 10 \
+        --providers "table,h200,auto$FIP" --baseline h200 >> "$OUT/sparse_fi.txt" 2>&1
+      log "rc=$?"
+    done
+  done
+fi
 if [[ $STEPS == *kv128k* ]]; then
   for kind in prefill chunk; do
     for ix in topk walk; do
       log "kv128k $kind $ix"
       timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
         --kv-len 131072 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 10 \
-        --providers "table,h200,auto" --baseline h200 >> "$OUT/kv128k.txt" 2>&1
+        --providers "table,h200,auto$FIP" --baseline h200 >> "$OUT/kv128k.txt" 2>&1
       log "rc=$?"
     done
   done
