@@ -1,8 +1,10 @@
 """The ``kreg tune indexer_topk`` tuner (the protocol is in registry/tuning/tune.py).
 
 Grid axes: ``rows`` (1, 64, 1024, 4096), ``keys`` (8192, 131072, 524288), ``k`` (2048),
-``dtype`` (float32), ``dist`` (randn, ties, zeros, recent, lowbits: each candidate is measured
-on every distribution and an entry keeps the config of smallest worst ratio over them).
+``dtype`` (float32), ``dist`` (randn, ties, zeros, recent, lowbits, relu, ramp: each candidate
+is measured on every distribution and an entry keeps the config of smallest worst ratio over
+them; ``ramp`` keeps out configs without the minimum bound, 16-bit maxima, which take 2-4x the
+time there, as ``lowbits`` does for their full-row gathers).
 Candidates: the default for the shape, its gmax slices halved and doubled,
 the fused path's default and its neighbours (the other of 4 and 8 row-program warps, 1024-key
 compaction and placement steps, 96 registers and no cap, GROUP doubled with GROUP2 halved: the
@@ -33,7 +35,8 @@ PLOT_AXIS = "num_rows"
 DEFAULTS: dict[str, list[str]] = {"rows": ["1", "64", "1024", "4096"],
                                   "keys": ["8192", "131072", "524288"], "k": ["2048"],
                                   "dtype": ["float32"],
-                                  "dist": ["randn", "ties", "zeros", "recent", "lowbits"]}
+                                  "dist": ["randn", "ties", "zeros", "recent", "lowbits",
+                                           "relu", "ramp"]}
 
 
 def cases(grid: dict[str, list[str]]) -> list[Any]:
