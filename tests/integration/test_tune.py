@@ -267,7 +267,10 @@ def test_shipped_h200_table_serves_only_the_device_and_software_it_was_measured_
     path = Path(__file__).parents[2] / "docs" / "tables" / "nvidia-h200-torch2.11-triton3.6.json"
     entries = load_table(path)
     sparse = [e for e in entries if e.op == "sparse_prefill"]
-    assert len(sparse) == 108 and len(entries) == 112     # the whole grid, one entry a point
+    # the whole sparse grid, one entry a point; no indexer_topk entries: session 6's were
+    # measured on a kernel since changed (16-bit maxima at 1024-4096 rows, which take 2x the
+    # time on lowbits rows and have no minimum bound for ramp rows), so they were dropped
+    assert len(sparse) == 108 and len(entries) == 108
     assert {e.bucket["kv_len"] for e in sparse} == {8192, 32768, 131072}
     sw = entries[0].software
     facts = registry.profiles()["h200"].what_if(torch_version=sw.torch, triton_version=sw.triton,
