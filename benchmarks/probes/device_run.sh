@@ -226,10 +226,18 @@ for step in "$@"; do
         --iters 15 > "$OUT/regret_sparse_prefill.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/regret_sparse_prefill.log" ;;
     tune-indexer)
+      # Every candidate compiled first, 16 processes at once (the tuner compiles one after
+      # another: about 40 configs at this grid did not fit a call, session 17), then the tune
+      # (7 distributions a point), its entries exported to $OUT/indexer_table.json.
+      stage "precompile the indexer_topk tuner's candidates"
+      timeout ${PRECOMPILE_TIMEOUT:-240} python3 benchmarks/probes/precompile_topk.py \
+        --rows 1,64,1024,4096 --keys 131072 --workers 16 > "$OUT/precompile_indexer.log" 2>&1
+      echo "rc=$?"; tail -2 "$OUT/precompile_indexer.log"
       stage "tune indexer_topk"
-      timeout 150 python3 -m cli tune indexer_topk $IGRID --warmup 3 --iters 15 \
+      timeout ${TUNE_TIMEOUT:-300} python3 -m cli tune indexer_topk $IGRID --warmup 3 --iters 15 \
         > "$OUT/tune_indexer_topk.log" 2>&1
-      echo "rc=$?"; tail -30 "$OUT/tune_indexer_topk.log" ;;
+      echo "rc=$?"; tail -30 "$OUT/tune_indexer_topk.log"
+      python3 -m cli tuning export --op indexer_topk "$OUT/indexer_table.json" ;;
     regret-indexer)
       stage "regret indexer_topk"
       timeout 100 python3 benchmarks/bench_regret.py indexer_topk $IGRID --warmup 3 --iters 20 \

@@ -1,0 +1,101 @@
+"""Compile every candidate of ``kreg tune indexer_topk`` before the tune, in parallel.
+
+    python3 benchmarks/probes/precompile_topk.py [--rows 1,64,1024,4096] [--keys 131072]
+        [--k 2048] [--workers 16] [--list]
+
+The tuner compiles its candidates one after another (about 12 a point, three kernels each:
+gmax, the row or stage kernels, the tie kernel): at the full default grid about 40 distinct
+configs, more than a 10-minute device call holds (session 17). This runs each (shape, config)
+once, on random scores of the point's shape, in ``--workers`` processes that share
+``TRITON_CACHE_DIR``, so that the tune that follows finds every kernel compiled. Distributions
+do not change what is compiled (they are data), so one input a shape serves them all. Every
+output is checked against the exact reference (a precompile that computes a wrong answer is
+reported, the exit status 1). ``--list`` prints the (shape, config) pairs and exits (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _pairs(rows: list[int], keys: list[int], k: int) -> list[tuple[int, int, str, dict]]:
+    """(rows, keys, label, config) for every valid candidate of every point, once each."""
+    import registry
+    from backends.indexer_topk import tuning
+    from backends.indexer_topk.bench import BenchCase
+
+    facts = registry.probe()
+    out, seen = [], set()
+    for r in rows:
+        for n in keys:
+            case = BenchCase(rows=r, keys=n, k=k, dtype="float32", dist="randn")
+            for lab, cfg, _ in tuning.candidates(case, facts):
+                if cfg is None or (r, n, lab) in seen:
+                    continue
+                seen.add((r, n, lab))
+                out.append((r, n, lab, cfg))
+    return out
+
+
+def _worker(spec: str) -> int:
+    """Run the (rows, keys, label, config) pairs of ``spec`` (JSON) once each."""
+    import torch
+
+    from backends.indexer_topk import triton_kernels as tk
+    from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches
+
+    job = json.loads(spec)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # cpu: TRITON_INTERPRET=1 (tests)
+    bad = 0
+    inputs: dict[tuple[int, int], tuple] = {}
+    for r, n, lab, cfg in job["pairs"]:
+        if (r, n) not in inputs:
+            g = torch.Generator(device=dev).manual_seed(r * 7 + n)
+            s = torch.randn((r, n), generator=g, device=dev)
+            ln = torch.full((r,), n, dtype=torch.int32, device=dev)
+            inputs[(r, n)] = (s, ln, indexer_topk_reference(s, ln, job["k"]))
+        s, ln, want = inputs[(r, n)]
+        t0 = time.time()
+        mm = topk_mismatches(tk.indexer_topk_triton(s, ln, job["k"], config=cfg), want)
+        bad += bool(mm)
+        print(f"{r}x{n} {lab}: {time.time() - t0:.1f}s {'exact' if not mm else mm[0]}",
+              flush=True)
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,64,1024,4096")
+    ap.add_argument("--keys", default="131072")
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return _worker(a.worker)
+    pairs = _pairs([int(x) for x in a.rows.split(",")], [int(x) for x in a.keys.split(",")],
+                   a.k)
+    if a.list:
+        for r, n, lab, _ in pairs:
+            print(f"{r}x{n} {lab}")
+        print(f"{len(pairs)} (shape, config) pairs")
+        return 0
+    t0 = time.time()
+    w = max(1, min(a.workers, len(pairs)))
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                               json.dumps({"k": a.k, "pairs": pairs[i::w]})], env=os.environ)
+             for i in range(w)]
+    rcs = [p.wait() for p in procs]
+    print(f"precompiled {len(pairs)} (shape, config) pairs in {w} processes, "
+          f"{time.time() - t0:.0f}s; failed workers: {sum(rc != 0 for rc in rcs)}")
+    return 1 if any(rcs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
