@@ -510,4 +510,5 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
   esac
 done
 cp "$KREG_HOME/tuning.json" "$OUT/tuning.json" 2>/dev/null
+bash benchmarks/probes/pack_out.sh "$OUT"   # at most 8 files come back
 stage "done"

@@ -141,3 +141,4 @@ if [[ $STEPS == *overlap* ]]; then
   done
 fi
 log done
+bash benchmarks/probes/pack_out.sh "$OUT"   # at most 8 files come back
