@@ -36,3 +36,24 @@ def test_every_default_launch_cross_compiles(target: str, rows: str) -> None:
     if "1" in rows.split(","):   # the four-launch path
         want |= {"_bound_kernel", "_place_kernel", "_select_kernel"}
     assert want <= {ln.split()[2] for ln in lines}, lines
+
+
+def test_the_tuners_precompile_pass_runs_every_candidate() -> None:
+    """``benchmarks/probes/precompile_topk.py`` (run by ``device_run.sh tune-indexer`` before
+    the tune) enumerates the tuner's candidates and runs each once, exactly, in worker
+    processes: under the interpreter here, at a small shape, with two workers."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    probe = str(ROOT / "benchmarks/probes/precompile_topk.py")
+    args = ["--rows", "2", "--keys", "4096", "--k", "64"]
+    listed = subprocess.run([sys.executable, probe, *args, "--list"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    pairs = [ln for ln in listed.stdout.splitlines() if ln.startswith("2x4096 ")]
+    assert len(pairs) >= 8 and any("4-launch" in p for p in pairs) \
+        and any("fused" in p for p in pairs), listed.stdout
+    res = subprocess.run([sys.executable, probe, *args, "--workers", "2"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    ran = [ln for ln in res.stdout.splitlines() if ln.startswith("2x4096 ")]
+    assert res.returncode == 0 and len(ran) == len(pairs), res.stdout[-3000:] + res.stderr
+    assert all(ln.endswith(" exact") for ln in ran), ran
+    assert f"precompiled {len(pairs)} (shape, config) pairs in 2 processes" in res.stdout
