@@ -374,16 +374,25 @@ def _flashinfer_paged(inp: dict[str, Any]) -> Any:
                                 page_size=kw.get("page_size", 1))
     pages = paged_kv_args(slot, valid)
     del slot, valid
-    ws = torch.zeros(_FI_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
-    wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
-                 pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=k.dtype,
-                 sm_scale=d ** -0.5)
+    runs = ("flashinfer BatchDecodeWithPagedKVCacheWrapper(tensor cores, page_size 1): run() "
+            "alone, plan() once before the window")
+    try:
+        ws = torch.zeros(_FI_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+        wrapper.plan(pages.indptr, pages.indices, pages.last_page_len, hq, hkv, d, 1,
+                     pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=k.dtype,
+                     sm_scale=d ** -0.5)
+    except Exception as exc:   # FlashInfer refuses the case (a dtype, a head dim)
+        why = (f"FlashInfer refused the case: plan() raised {type(exc).__name__}: {exc}")
+
+        def refused() -> Any:   # provider fails, the others still run
+            raise RuntimeError(why)
+
+        return Trial("flashinfer-paged", refused, runs=runs)
     qc, cache, empty = q.contiguous(), (k.unsqueeze(1), v.unsqueeze(1)), pages.empty
     return Trial("flashinfer-paged",
                  lambda: wrapper.run(qc, cache).masked_fill_(empty[:, None, None], 0),
-                 runs="flashinfer BatchDecodeWithPagedKVCacheWrapper(tensor cores, page_size "
-                      "1): run() alone, plan() once before the window")
+                 runs=runs)
 
 
 def _trial(provider: str, case: BenchCase, inp: dict[str, Any]) -> Any:

@@ -792,3 +792,29 @@ def test_bench_raw_flashinfer_paged_missing_is_a_usage_error(
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "--providers flashinfer-paged: flashinfer is not importable" in res.output
     assert "pip install 'kreg[flashinfer]'" in res.output
+
+
+def test_bench_raw_flashinfer_paged_refusing_a_case_fails_only_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case FlashInfer's plan() refuses (fp32 attention, say) is that provider's failure,
+    named with FlashInfer's reason, not a traceback; the other providers of the case still run
+    and pass."""
+    import sys
+
+    class Refuses(BatchDecodeWithPagedKVCacheWrapper):
+        def plan(self, *a: Any, **kw: Any) -> None:
+            raise ValueError("unsupported q_data_type torch.float32")
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=Refuses))
+    res, _ = _sparse_bench(["--kind", "prefill", "--group-size", "6", "--kv-len", "96",
+                            "--total-q", "24", "--topk", "16", "--head-dim", "16", "--dtype",
+                            "float32", "--iters", "1", "--warmup", "0", "--providers",
+                            "flashinfer-paged,gather-sdpa", "--baseline", "gather-sdpa"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "FlashInfer refused the case: plan() raised ValueError: unsupported q_data_type" \
+        in res.output
+    [sdpa] = [ln for ln in res.output.splitlines() if "gather-sdpa " in ln]
+    assert " ok " in sdpa, sdpa
+    assert "failed the check against the fp32 reference or raised: [('prefill g=6 hkv=1 " \
+        "kv=96 q=24', 'flashinfer-paged')]" in res.output
