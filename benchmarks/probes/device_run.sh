@@ -47,6 +47,10 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
+# Compiled kernels: kept in the tree (reused while the machine stays warm), restored from
+# .tcarry/tcache.tgz when an earlier call packed them (PACK_TCACHE=1; benchmarks/probes/tcache.sh)
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
+bash benchmarks/probes/tcache.sh restore
 stage() { echo "=== $1 ($(date +%T))"; }
 # ab_cells NAME G6 G12 SED6 SED12: sparse_prefill provider lists G6 (group 6) and G12 (group
 # 12; empty: skipped) side by side, prefill then chunk, 8192 rows, KV 8K, graph replays, into
@@ -510,5 +514,6 @@ for _, name, vals in sorted(out, reverse=True): print(f'{name:<28}', ' '.join(f'
   esac
 done
 cp "$KREG_HOME/tuning.json" "$OUT/tuning.json" 2>/dev/null
+[ "${PACK_TCACHE:-0}" = 1 ] && bash benchmarks/probes/tcache.sh pack "$OUT"
 bash benchmarks/probes/pack_out.sh "$OUT"   # at most 8 files come back
 stage "done"

@@ -14,6 +14,8 @@ set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
 STEPS=${1:-tests,bench,moretests}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
+bash benchmarks/probes/tcache.sh restore   # kernels an earlier call packed (PACK_TCACHE=1)
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.log"; }
 {
@@ -141,4 +143,5 @@ if [[ $STEPS == *overlap* ]]; then
   done
 fi
 log done
+[ "${PACK_TCACHE:-0}" = 1 ] && bash benchmarks/probes/tcache.sh pack "$OUT"
 bash benchmarks/probes/pack_out.sh "$OUT"   # at most 8 files come back
