@@ -26,6 +26,14 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.log"; }
 cat "$OUT/env.txt"
 FAM6=8x16x1x2:rev:split2:v2:lean:o32
 FAM12=16x16x1x2:rev:split2:v2:lean:o32
+# fam_base KIND G: the family's one-warp Triton config for the kind and group (pretranslated
+# for chunk), the base of the union configs
+fam_base() {
+  local fam=$FAM6 pre=""
+  [[ $2 == 12 ]] && fam=$FAM12
+  [[ $1 == chunk ]] && pre=":pre"
+  echo "${fam/x2:rev/x2${pre}:rev}"
+}
 if [[ $STEPS == *tests* ]]; then
   log "union GPU tests"
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_union.py \
@@ -35,9 +43,7 @@ fi
 if [[ $STEPS == *bench* ]]; then
   for kind in prefill chunk; do
     for g in 6 12; do
-      fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
-      pre=""; [[ $kind == chunk ]] && pre=":pre"
-      base=${fam/x2:rev/x2${pre}:rev}
+      base=$(fam_base $kind $g)
       u1="geometry=${base}:union300"
       u2="geometry=${base}:union150"
       if [[ $kind == prefill ]]; then
@@ -80,9 +86,7 @@ fi
 if [[ $STEPS == *tiles* ]]; then
   for kind in prefill chunk; do
     for g in 6 12; do
-      fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
-      pre=""; [[ $kind == chunk ]] && pre=":pre"
-      base=${fam/x2:rev/x2${pre}:rev}
+      base=$(fam_base $kind $g)
       prov="h200,auto"
       for u in 300 200; do
         for dt in 128x32x8x3 64x32x4x2 32x32x4x2; do
