@@ -18,8 +18,8 @@ that several rows of a tile select is loaded once for all of them:
 The choice (dense / union / per-row gathering) is made on the GPU per tile, by the pre-passes
 (``_dense_tile``; ``_union_prep`` writes ``FLAG[tile]``: 0 gather, 1 dense, 2 union), never on
 the host, so a call stays CUDA-graph capturable; the gathering kernel skips the tiles taken
-here. In both kernels a line's weight of a slot is ``count * exp(score)``: the score plus
-``log2(count)``, -inf where the count is 0 (-1, out-of-range and past-length entries are never
+here. In both kernels a line's weight of a slot is ``count * exp(score)``, 0 where the count
+is 0 (-1, out-of-range and past-length entries are never
 counted). A zero weight times a non-finite V value (a slot in the span or the union that the
 line does not count) would be NaN, so a program whose accumulator holds any NaN stores nothing
 and hands its tile back (``FLAG[tile] = 0``): the gathering kernel, which runs after, then
@@ -57,6 +57,26 @@ def _check_counts(key: str, topk: int) -> None:
                           f"(got {topk}): use {key}=0")
 
 
+def _rescale_slack(dtype: Any, topk: int) -> float:
+    """``_counted_step``'s ``SLACK``: how far (log2 units) a line's block maximum may pass its
+    running maximum before the accumulator is rescaled. The weights fed to the second MMA are
+    then at most ``2**SLACK`` times a count (<= top-k), which must stay finite in the K/V dtype:
+    8 (a factor of 256) for bf16 and fp32; for fp16 (largest finite 65504) the most that keeps
+    ``topk * 2**SLACK`` in range."""
+    import torch
+
+    if dtype != torch.float16:
+        return 8.0
+    if topk > 65504:
+        raise ConfigError(f"DENSE and UNION weight a slot by its multiplicity, up to top-k = "
+                          f"{topk}, which fp16 cannot hold (largest finite 65504): use bf16 K/V, "
+                          f"or DENSE=0 and UNION=0")
+    slack = 0
+    while slack < 8 and topk << (slack + 1) <= 65504:
+        slack += 1
+    return float(slack)
+
+
 # --------------------------------------------------------------------------------------------
 # kernels: statistics and the dense span
 # --------------------------------------------------------------------------------------------
@@ -74,20 +94,29 @@ def _hand_back(FLAG, tile, acc, mine):
 
 
 @triton.jit
-def _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC: tl.constexpr):
+def _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC: tl.constexpr,
+                  SLACK: tl.constexpr):
     """One block of a row tile's slots (dense span or union): a line's weight of a slot is
-    ``count * exp(score)``, i.e. ``score + log2(count)``, and -inf where its row's count is 0;
-    the online-softmax update of ``(m_i, l_i, acc)``."""
+    ``count * exp2(score - m)``, 0 where its row's count is 0, with ``m`` the line's running
+    maximum; the online-softmax update of ``(m_i, l_i, acc)``. ``m`` moves (and the
+    accumulator is rescaled) only when some line's block maximum passes it by more than
+    ``SLACK`` (``_rescale_slack``): the result ``acc / l`` is the same for any ``m`` (both
+    carry the same factor), and the loop mostly skips the rescale's multiply of the whole
+    accumulator."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-    s = tl.where(c > 0, s * qk_scale + tl.log2(tl.maximum(c, 1).to(tl.float32)),
-                 float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
-    return m_new, l_i, acc
+    s = tl.where(c > 0, s * qk_scale, float("-inf"))
+    m_blk = tl.max(s, 1)
+    grow = m_blk > m_i + SLACK  # a line's first finite block always (m_i = -inf)
+    if tl.max(grow.to(tl.int32), 0) > 0:
+        alpha = tl.exp2(tl.where(grow, m_i, 0.0) - tl.where(grow, m_blk, 0.0))  # 1 if not grow
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = tl.where(grow, m_blk, m_i)
+    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    p = tl.exp2(s - m_use[:, None]) * c.to(tl.float32)
+    l_i += tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -182,14 +211,14 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
                row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
-               DESC: tl.constexpr, DOT_PREC: tl.constexpr):
+               DESC: tl.constexpr, DOT_PREC: tl.constexpr, SLACK: tl.constexpr):
     """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
     nrows``) and the query heads of KV head ``program_id(1) // ceil(group / HP)``: HP is the
     group rounded up to a power of two (``config._dense_heads``), so ``ceil(group / HP)`` is 1
     and line m is row ``m // HP``, head ``m % HP`` (lines of heads past the group are masked).
     Streams the KV blocks between the least and the greatest slot the rows select, through TMA
     descriptors ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is
-    ``count * exp2(score)``: its score plus ``log2(count)``, -inf where the count is 0 (and V's
+    ``count * exp2(score)``, 0 where the count is 0 (``_counted_step``; and V's
     NaN in the accumulator hands the tile back: ``FLAG[tile] = 0``, nothing stored). Tiles that
     ``_dense_tile`` leaves to the gathering kernel do nothing."""
     RP: tl.constexpr = BLOCK_M // HP
@@ -238,7 +267,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
             kv_mask = (n < num_slots)[:, None] & d_mask[None, :]
             k = tl.load(kb + offs_n[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vb + offs_n[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC)
+        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC, SLACK)
         kb += BLOCK_N * s_kt
         vb += BLOCK_N * s_vt
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -453,7 +482,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
                s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+               DOT_PREC: tl.constexpr, SLACK: tl.constexpr):
     """UNION: tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``) when its ``FLAG``
     is 2, ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)`` (lines as
     ``_dense_fwd``'s: line m is row ``m // HP``, head ``m % HP``). Gathers the union's K/V rows
@@ -498,7 +527,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
         c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
         c = tl.where(m_ok[:, None], c, 0)
-        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC)
+        m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC, SLACK)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
     keep = _hand_back(FLAG, t, acc, take)
@@ -534,14 +563,14 @@ def _desc_ok(t: Any) -> bool:
 
 
 def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
-                ) -> tuple[int, int, tuple[int, int, int, int], int, int]:
-    """(group, topk, DENSE_TILE's (BM, BN, warps, stages), HP, RP) of a ``key`` (DENSE or
-    UNION) call, after the top-k check of its 16-bit counts."""
+                ) -> tuple[int, int, tuple[int, int, int, int], int, int, float]:
+    """(group, topk, DENSE_TILE's (BM, BN, warps, stages), HP, RP, the rescale slack) of a
+    ``key`` (DENSE or UNION) call, after the top-k checks of its 16-bit counts and weights."""
     group, topk = q.shape[1] // k.shape[1], idx.shape[1]
     _check_counts(key, topk)
     geom = _dense_tile_geometry(var["DENSE_TILE"], group)
     hp = _dense_heads(group)
-    return group, topk, geom, hp, geom[0] // hp
+    return group, topk, geom, hp, geom[0] // hp, _rescale_slack(k.dtype, topk)
 
 
 def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
@@ -554,7 +583,7 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
     total_q, _, d = q.shape
     num_slots, hkv, _ = k.shape
-    group, topk, (bm, bn, nw, ns), hp, rp = _tile_shape(q, k, idx, var, "DENSE")
+    group, topk, (bm, bn, nw, ns), hp, rp, slack = _tile_shape(q, k, idx, var, "DENSE")
     span = int(var["DENSE"])
     dev = q.device
     lo, hi, nv = stats if stats is not None else row_stats(idx, lens, has_lens, num_slots)
@@ -583,7 +612,7 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
-            num_warps=nw, num_stages=ns)  # MAXNREG is the gathering kernel's, not this one's
+            SLACK=slack, num_warps=nw, num_stages=ns)  # MAXNREG: the gathering kernel's only
     return lo, hi, nv, rp, span, flag
 
 
@@ -598,7 +627,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
     total_q, _, d = q.shape
     num_slots, hkv, _ = k.shape
-    group, topk, (bm, bn, nw, ns), hp, rp = _tile_shape(q, k, idx, var, "UNION")
+    group, topk, (bm, bn, nw, ns), hp, rp, slack = _tile_shape(q, k, idx, var, "UNION")
     pct = int(var["UNION"])
     dev = q.device
     lo, hi, nv = stats
@@ -637,8 +666,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             slots.stride(0), cnt.stride(0), cnt.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
-            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec, num_warps=nw,
-            num_stages=ns)
+            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec,
+            SLACK=slack, num_warps=nw, num_stages=ns)
     return flag
 
 

@@ -266,6 +266,42 @@ def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> 
     assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("key", ["UNION", "DENSE"])
+@pytest.mark.parametrize("rising", [True, False])
+def test_row_tiles_rescale_when_a_later_block_scores_far_higher(key: str, rising: bool,
+                                                                poisoned: list[Any]) -> None:
+    # Scores spread over hundreds of log2 units, growing (or falling) with the slot: a line's
+    # running maximum moves by far more than the rescale slack after its first block, several
+    # times, and rows select the slots in shuffled order (the kernels visit them ascending).
+    # Without the rescale the weights overflow (rising) or the normalization is wrong.
+    g = torch.Generator().manual_seed(21)
+    num_slots, topk, d = 64, 40, 16
+    q = torch.randn((8, 6, d), generator=g)
+    k = torch.randn((num_slots, 1, d), generator=g)
+    v = torch.randn((num_slots, 1, d), generator=g)
+    ramp = torch.linspace(0.2, 12.0, num_slots) if rising else torch.linspace(12.0, 0.2, num_slots)
+    k = k * ramp[:, None, None]
+    q = q * 6.0
+    pool = torch.randperm(num_slots, generator=g)[:44]
+    idx = torch.stack([pool[torch.randperm(44, generator=g)[:topk]] for _ in range(8)]).to(
+        torch.int32)
+    idx[0, :3] = idx[0, 3]  # a slot counted four times
+    cfg = {**BASE, key: 10**6, "DENSE_TILE": "32x16x4x2"}
+    _run(q, k, v, idx, cfg)
+    assert poisoned[0].tolist() == [DENSE if key == "DENSE" else UNION] * 2
+
+
+def test_rescale_slack_keeps_the_weights_finite_in_the_kv_dtype() -> None:
+    slack = tile_kernels._rescale_slack
+    assert slack(torch.bfloat16, 2051) == slack(torch.float32, 2051) == 8.0
+    assert slack(torch.float16, 2051) == 4.0  # 2051 * 2**4 <= 65504 < 2051 * 2**5
+    assert slack(torch.float16, 200) == 8.0 and slack(torch.float16, 65504) == 0.0
+    for topk in (1, 255, 256, 2051, 40000):
+        assert topk * 2 ** slack(torch.float16, topk) <= 65504
+    with pytest.raises(ConfigError, match="fp16 cannot hold"):
+        slack(torch.float16, 65505)
+
+
 # ------------------------------------------------------------------ chunk (CPU)
 
 
@@ -379,6 +415,8 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
         want = {**fam, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if kind == "chunk"
                                         else {})}
         assert want in unions, unions
+        for tile in ("128x64x8x2", "64x32x4x3"):
+            assert {**want, "DENSE_TILE": tile} in unions, tile
         if kind == "chunk":
             assert H200_UNION_CONFIGS[("chunk", 6)] in unions
             assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in unions)
