@@ -165,22 +165,26 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # other tiles gather with the rest of the config). Chunk rows need CHUNK_MODE="pretranslate"
 # (the union is over slot ids). The tuner's space has UNION=300 over every family config
 # (backends/sparse_prefill/tuning.py); the policy takes the chunk group-6 one (offered as
-# `config=nvidia_hopper.union.chunk_g6`) at KV 8192 from 8192 rows
-# (UNION_POLICY, UNION_KV, UNION_MIN_TOTAL_Q), the one cell where it was measured faster on
-# top-k-shaped rows (1.382 against the staged family's 1.690 ms, 0.82x) with the bench walk
-# within 2% (1.760 against 1.745, 1.009x), CUDA-graph replays at 8192 rows
-# (docs/notes/sparse_prefill.md, "Union path (issue 26)"). Elsewhere it lost (prefill, group
-# 12, KV 32K on top-k rows: 1.02-1.62x the family) or regressed the walk (prefill g6 KV 8K:
-# 0.95x on top-k, 1.21x on the walk). Other KV lengths and row counts were not measured.
+# `config=nvidia_hopper.union.chunk_g6`: 128-line tiles of 16 rows, 64 slots a step) at KV 8192
+# to 32768 from 8192 rows (UNION_POLICY, UNION_KV, UNION_MIN_TOTAL_Q). Measured in one window
+# against the family it replaces (session 18, CUDA-graph replays at 8192 rows, after the
+# rescale-skipping softmax step; docs/notes/sparse_prefill.md, "Session 18"): top-k-shaped rows
+# 0.91x at KV 8K (1.149 against 1.258 ms) and 0.82x at 32K (1.628 against 1.995), the bench
+# walk 0.98x / 0.99x (the gate keeps its tiles on the gathering kernel). Not taken elsewhere:
+# chunk group 12 wins on top-k rows with 64-line tiles (0.93x at 8K) but loses on the walk
+# (1.25x); prefill group 6 at 8K wins on top-k rows (0.83-0.90x) but the walk then runs 4-24%
+# slower than the dense tiles (DENSE and UNION share DENSE_TILE); prefill at 32K and prefill
+# group 12 run the Gluon wgmma kernel, whose programs do not skip tiles another path took.
+# KV 16K sits between the two measured lengths; other row counts were not measured.
 H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "UNION": 300},
     ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
     ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
-                   "UNION": 300},
+                   "UNION": 300, "DENSE_TILE": "128x64x8x2"},
     ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "UNION": 300},
 }
 UNION_POLICY = frozenset({("chunk", 6)})
-UNION_KV = (8192, 8192)  # the measured KV lengths (inclusive)
+UNION_KV = (8192, 32768)  # the measured KV lengths (inclusive)
 UNION_MIN_TOTAL_Q = 8192
 
 

@@ -106,14 +106,16 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     # Every config a loaded plugin offers (hook kreg_configs: the measured families of
     # nvidia_hopper and nvidia_sm120, and any vendor's), beside the table's for this point.
     offered = list(registry.get_registry().offered_configs("sparse_prefill").values())
-    # Issue 26's union tiles (UNION=300, the default DENSE_TILE) over every plain Triton family
-    # config on offer: candidates wherever a family config runs (chunk rows need translated
-    # slots); the policy takes one of them at one measured cell only.
-    unions = [{**cfg, "UNION": 300, **({"CHUNK_MODE": "pretranslate"} if case.kind == "chunk"
-                                       else {})}
+    # Issue 26's union tiles (UNION=300) over every plain Triton family config on offer, at the
+    # tile shapes measured fastest on top-k rows (session 18: 128 lines x 64 slots for group 6,
+    # 64 x 32 for group 12, beside the default 128 x 32): candidates wherever a family config
+    # runs (chunk rows need translated slots); the policy takes one of them at measured cells.
+    unions = [{**cfg, "UNION": 300, **({"DENSE_TILE": tile} if tile else {}),
+               **({"CHUNK_MODE": "pretranslate"} if case.kind == "chunk" else {})}
               for cfg in offered if not (cfg.get("DENSE") or cfg.get("UNION")
                                          or cfg.get("SLOT_ORDER")
-                                         or cfg.get("ENGINE", "triton") != "triton")]
+                                         or cfg.get("ENGINE", "triton") != "triton")
+              for tile in ("", "128x64x8x2", "64x32x4x3")]
     base = [_table_config(case, facts), *offered, *unions]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
     # family configs on offer (not the dense, union, slot-ordered or Gluon ones).

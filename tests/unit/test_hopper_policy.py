@@ -185,7 +185,7 @@ def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> Non
 
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
 def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -> None:
-    """Union tiles for chunk group 6 at KV 8192 from 8192 rows (UNION_POLICY, UNION_KV,
+    """Union tiles for chunk group 6 at KV 8192-32768 from 8192 rows (UNION_POLICY, UNION_KV,
     UNION_MIN_TOTAL_Q), nowhere else; without them while batch invariance is required."""
     from backends.sparse_prefill import SparsePrefillWorkload
     from plugins.nvidia_hopper import (
@@ -196,9 +196,9 @@ def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -
         _invariant_config,
     )
 
-    assert frozenset({("chunk", 6)}) == UNION_POLICY and UNION_KV == (8192, 8192)
+    assert frozenset({("chunk", 6)}) == UNION_POLICY and UNION_KV == (8192, 32768)
     facts = profile("h200")
-    for kv in (None, 4096, 8191, 8192, 8193, 16384, 32768):
+    for kv in (None, 4096, 8191, 8192, 8193, 16384, 32768, 32769, 65536):
         for tq in (MIN_TOTAL_Q[(kind, group)], UNION_MIN_TOTAL_Q - 1, UNION_MIN_TOTAL_Q, 16384):
             if tq < MIN_TOTAL_Q[(kind, group)]:
                 continue
