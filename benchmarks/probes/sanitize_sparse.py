@@ -79,6 +79,9 @@ def main() -> None:
             # tiles to the gathers, and DENSE taking every tile before UNION is tried
             cfgs += [{**dense, "UNION": 10**6}, {**dense, "UNION": 700},
                      {**dense, "DENSE": 10**6, "UNION": 10**6}]
+            # the union tiles the policy and the tuner run (128 lines x 64 slots, 64 x 32)
+            cfgs += [{**dense, "UNION": 10**6, "DENSE_TILE": t} for t in ("128x64x8x2",
+                                                                          "64x32x4x3")]
             # ENGINE=gluon (chunk rows pretranslated): the shipped ring, two stages of 32
             # keys, int64 offsets, slot ordering
             gl = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 2,

@@ -9,7 +9,8 @@
 # 8/4/2 at group 12) and threshold (UNION 300/200) on top-k rows, both kinds, KV 8K and 32K;
 # flashinfer: the table, the family, auto and FlashInfer's raw paged attention (flashinfer-paged, when
 # importable) at KV 8K and 32K on both index sets; kv128k: the same at KV 128K; overlap: the
-# --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png)
+# --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png, the union path
+# at the default tile and at the one measured fastest for the group)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -137,11 +138,11 @@ if [[ $STEPS == *kv128k* ]]; then
 fi
 if [[ $STEPS == *overlap* ]]; then
   for g in 6 12; do
-    fam=$FAM6; [[ $g == 12 ]] && fam=$FAM12
+    fam=$FAM6; tile=128x64x8x2; [[ $g == 12 ]] && fam=$FAM12 && tile=64x32x4x3
     log "overlap sweep prefill g$g"
     timeout 200 python3 cli.py bench sparse_prefill --kind prefill --group-size $g \
       --kv-len 8192 --total-q 8192 --indices topk --overlap 0,0.5,0.8,0.95,0.99 --graphs \
-      --warmup 3 --iters 10 --providers "table,h200,auto,geometry=${fam}:union300" \
+      --warmup 3 --iters 10 --providers "table,h200,auto,geometry=${fam}:union300,geometry=${fam}:union300:dt$tile" \
       --baseline h200 --plot "$OUT/overlap_g$g.png" >> "$OUT/overlap.txt" 2>&1
     log "rc=$?"
   done
