@@ -8,9 +8,9 @@ gmax, the row or stage kernels, the tie kernel): at the full default grid about 
 configs, more than a 10-minute device call holds (session 17). This runs each (shape, config)
 once, on random scores of the point's shape, in ``--workers`` processes that share
 ``TRITON_CACHE_DIR``, so that the tune that follows finds every kernel compiled. Distributions
-do not change what is compiled (they are data), so one input a shape serves them all. Every
-output is checked against the exact reference (a precompile that computes a wrong answer is
-reported, the exit status 1). ``--list`` prints the (shape, config) pairs and exits (no GPU).
+do not change what is compiled (they are data), so one input a shape serves them all. Each
+output's first 64 rows are checked against the exact reference (a precompile that computes a
+wrong answer is reported, the exit status 1). ``--list`` prints the (shape, config) pairs and exits (no GPU).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ def _pairs(rows: list[int], keys: list[int], k: int) -> list[tuple[int, int, str
     return out
 
 
+CHECK_ROWS = 64  # rows a worker checks against the reference per shape
+
+
 def _worker(spec: str) -> int:
     """Run the (rows, keys, label, config) pairs of ``spec`` (JSON) once each."""
     import torch
@@ -58,10 +61,15 @@ def _worker(spec: str) -> int:
             g = torch.Generator(device=dev).manual_seed(r * 7 + n)
             s = torch.randn((r, n), generator=g, device=dev)
             ln = torch.full((r,), n, dtype=torch.int32, device=dev)
-            inputs[(r, n)] = (s, ln, indexer_topk_reference(s, ln, job["k"]))
+            # rows are independent: the reference of the first CHECK_ROWS judges the config
+            # (the reference of a whole 4096-row shape allocates ~4 GiB tensors; 16 workers
+            # at once ran the GPU out of memory, session 18)
+            c = min(r, CHECK_ROWS)
+            inputs[(r, n)] = (s, ln, indexer_topk_reference(s[:c], ln[:c], job["k"]))
         s, ln, want = inputs[(r, n)]
         t0 = time.time()
-        mm = topk_mismatches(tk.indexer_topk_triton(s, ln, job["k"], config=cfg), want)
+        got = tk.indexer_topk_triton(s, ln, job["k"], config=cfg)
+        mm = topk_mismatches(got[:want.shape[0]], want)
         bad += bool(mm)
         print(f"{r}x{n} {lab}: {time.time() - t0:.1f}s {'exact' if not mm else mm[0]}",
               flush=True)
