@@ -10,7 +10,8 @@ once, on random scores of the point's shape, in ``--workers`` processes that sha
 ``TRITON_CACHE_DIR``, so that the tune that follows finds every kernel compiled. Distributions
 do not change what is compiled (they are data), so one input a shape serves them all. Each
 output's first 64 rows are checked against the exact reference (a precompile that computes a
-wrong answer is reported, the exit status 1). ``--list`` prints the (shape, config) pairs and exits (no GPU).
+wrong answer is reported, the exit status 1). ``--list`` prints the (shape, config) pairs and
+exits (no GPU).
 """
 
 from __future__ import annotations
