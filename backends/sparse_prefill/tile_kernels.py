@@ -29,7 +29,7 @@ back too; rare inputs pay twice, every other call nothing in the loops).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import triton
 import triton.language as tl
@@ -37,7 +37,7 @@ import triton.language as tl
 from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry
 from registry.errors import ConfigError
 
-__all__ = ["row_stats", "row_tiles"]
+__all__ = ["ChunkIds", "row_stats", "row_tiles"]
 
 _DENSE_SCRATCH_BYTES = 256 << 20  # DENSE's count scratch at most (rows are done in chunks)
 _DENSE_COUNT_BLOCK = 512  # entries (and count words) a DENSE counting program handles per step
@@ -45,6 +45,26 @@ _UNION_SCRATCH_BYTES = 256 << 20  # UNION's bitmaps, slots and counts at most (t
 _UNION_BLOCK = 512  # entries a union pre-pass program handles per step
 _UNION_WORDS = 64  # bitmap words (of 32 slots) a union pre-pass program handles per step
 _UNION_WARPS = 4
+
+
+class ChunkIds(NamedTuple):
+    """Chunk rows' union ids (UNION without DENSE on ``CHUNK_MODE="pretranslate"``): the union
+    of a tile is taken over its rows' token positions, not their KV slots. An indexer emits a
+    row's positions ascending, so a warp's bitmap and count atomics fall in a few words; the
+    slots a shuffled page table maps them to scatter over the whole cache. Positions name the
+    same K/V row only within a request, so a tile whose rows span two requests is gathered;
+    ``_union_size`` translates the union's positions to slots through the page table.
+
+    ``ids``: int32 [total_q, topk], an entry's position where it is valid (the translated slot
+    is not -1), else -1; ``row_req``: int32 [total_q], each row's request; ``page_table``,
+    ``page_size``: the call's; ``num_ids``: a bound on the positions (pages x page size)."""
+
+    ids: Any
+    row_req: Any
+    page_table: Any
+    page_size: int
+    num_ids: int
+
 
 #: Tests set a list here: every call with UNION appends its ``FLAG`` tensor (per tile: 0 the
 #: gathering kernel, 1 dense, 2 union), so a test can assert which tiles took which path.
@@ -315,10 +335,10 @@ def _mark_row(IDX_row, BITS_t, n, num_slots, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, num_slots, topk, tile0, total_q,
-                dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
+def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots, topk, tile0,
+                total_q, dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
                 HAS_DENSE: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr,
-                WB: tl.constexpr):
+                WB: tl.constexpr, BY_REQ: tl.constexpr):
     """UNION's first pre-pass, tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch
     row ``program_id(0)``. A tile DENSE takes is left alone (its FLAG is DENSE's); a tile
     without valid entries goes union with U = 0 (zeros out). Otherwise: zero the bitmap words
@@ -327,7 +347,9 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, num_slots, topk, t
     union (rows whose picks beyond a shared core are independent add about what the last row
     adds each) gates the exact count: ``GATE = 1`` when it is at most twice the threshold, so
     tiles that share little (the bench walk) cost two rows, not RP. The estimate only decides
-    whether the exact union is counted; the exact union decides the path."""
+    whether the exact union is counted; the exact union decides the path. BY_REQ (ids are
+    chunk positions, ``ChunkIds``): a tile whose first and last rows are in different requests
+    is gathered."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr = t * RP + tl.arange(0, RP)
@@ -341,8 +363,13 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, num_slots, topk, t
         dense = hi < -1  # False
     go = (hi >= lo) & (dense == 0)
     gate = go & False
+    if BY_REQ:
+        r_last = tl.minimum(t * RP + RP, total_q) - 1
+        mixed = tl.load(ROWREQ + t * RP) != tl.load(ROWREQ + r_last)
+    else:
+        mixed = go & False
     BITS_t = BITS + lt.to(tl.int64) * s_bt
-    if go:
+    if go & (mixed == 0):
         w_lo = lo >> 5
         w_hi = hi >> 5
         for w0 in range(w_lo, w_hi + 1, WB):
@@ -392,14 +419,16 @@ def _union_mark(IDX, LENS, BITS, GATE, num_slots, topk, tile0, total_q, s_it, s_
 
 
 @triton.jit
-def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, tile0, total_q,
-                union_pct, s_bt, s_lt, s_ct, s_cr, RP: tl.constexpr, BLOCK: tl.constexpr,
-                WB: tl.constexpr):
+def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT, tile0,
+                total_q, union_pct, page_size, s_bt, s_lt, s_ct, s_cr, s_pb, RP: tl.constexpr,
+                BLOCK: tl.constexpr, WB: tl.constexpr, BY_REQ: tl.constexpr):
     """UNION, a gated tile: count the set bits over its span (the exact union size U). The
     tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
     rows) * union_pct``, else to the gathering kernel (0); then ``WPRE`` gets each word's
     exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
-    set bits below in the word), and the tile's ``CNT`` rows are zeroed."""
+    set bits below in the word), and the tile's ``CNT`` rows are zeroed. BY_REQ: the ids are
+    the tile's request's token positions (``ChunkIds``), written to ``SLOTS`` as their slots
+    through the request's page table row."""
     lt = tl.program_id(0)
     t = tile0 + lt
     if tl.load(GATE + lt) != 0:
@@ -434,8 +463,13 @@ def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, tile0, tota
                 sel = ((wd[:, None] >> b[None, :]) & 1) != 0
                 below = wd[:, None] & ((tl.full([1, 32], 1, tl.int64) << b[None, :]) - 1)
                 rank = ex[:, None] + _popc(below).to(tl.int32)
-                tl.store(SLOTS + lt.to(tl.int64) * s_lt + rank, w[:, None] * 32 + b[None, :],
-                         mask=sel & wm[:, None])
+                ids = w[:, None] * 32 + b[None, :]
+                if BY_REQ:
+                    # a set bit is a valid position: its page is mapped (_translate_chunk)
+                    pt_row = PT + tl.load(ROWREQ + t * RP).to(tl.int64) * s_pb
+                    page = tl.load(pt_row + ids // page_size, mask=sel & wm[:, None], other=0)
+                    ids = page * page_size + ids % page_size
+                tl.store(SLOTS + lt.to(tl.int64) * s_lt + rank, ids, mask=sel & wm[:, None])
                 base += tl.sum(pc, 0)
             CNT_t = CNT + lt.to(tl.int64) * s_ct
             half = (u + 1) >> 1
@@ -619,10 +653,12 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
-           stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None) -> Any:
+           stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None,
+           chunk_ids: ChunkIds | None = None) -> Any:
     """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
-    alone): per chunk of tiles the pre-pass and the union kernel. Returns ``FLAG`` (int32 per
-    tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
+    alone): per chunk of tiles the pre-pass and the union kernel. The union is over ``idx``'s
+    slot ids, or over ``chunk_ids``' positions (then ``stats`` are theirs). Returns ``FLAG``
+    (int32 per tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
     import torch
 
     total_q, _, d = q.shape
@@ -631,14 +667,22 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     pct = int(var["UNION"])
     dev = q.device
     lo, hi, nv = stats
+    by_req = chunk_ids is not None
+    if by_req:
+        idx, num_ids = chunk_ids.ids, chunk_ids.num_ids
+        row_req, pt, page_size = chunk_ids.row_req, chunk_ids.page_table, chunk_ids.page_size
+        s_pb = pt.stride(0)
+    else:
+        num_ids, page_size, s_pb = num_slots, 1, 0
+        row_req = pt = idx  # dummy pointers, never read
     ntiles = -(-total_q // rp)
     if flag is None:
         flag = torch.empty((ntiles,), device=dev, dtype=torch.int32)
     usz = torch.empty_like(flag)
-    words = (num_slots + 31) // 32
+    words = (num_ids + 31) // 32
     # a union tile has U * RP * 100 <= (valid entries) * pct <= RP * topk * pct, and U distinct
-    # slots: U <= umax
-    umax = max(2, min(num_slots, -(-topk * pct // 100)))
+    # ids: U <= umax
+    umax = max(2, min(num_ids, -(-topk * pct // 100)))
     umax += umax & 1
     per_tile = 4 * (2 * words + umax + rp * (umax // 2))
     chunk = max(1, min(ntiles, _UNION_SCRATCH_BYTES // per_tile))
@@ -650,15 +694,16 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     for tile0 in range(0, ntiles, chunk):
         nt = min(chunk, ntiles - tile0)
         kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
-        _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, num_slots, topk, tile0,
-                           total_q, dense_span, pct, idx.stride(0), bits.stride(0),
-                           HAS_DENSE=bool(var["DENSE"]), WB=_UNION_WORDS, **kw)
-        _union_mark[(nt * rp,)](idx, lens, bits, gate, num_slots, topk, tile0, total_q,
+        _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, row_req, num_ids, topk,
+                           tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
+                           HAS_DENSE=bool(var["DENSE"]), WB=_UNION_WORDS, BY_REQ=by_req, **kw)
+        _union_mark[(nt * rp,)](idx, lens, bits, gate, num_ids, topk, tile0, total_q,
                                 idx.stride(0), bits.stride(0), **kw)
-        _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, tile0, total_q,
-                           pct, bits.stride(0), slots.stride(0), cnt.stride(0), cnt.stride(1),
-                           RP=rp, BLOCK=_UNION_BLOCK, WB=_UNION_WORDS, num_warps=_UNION_WARPS)
-        _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_slots, topk, tile0,
+        _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, row_req, pt,
+                           tile0, total_q, pct, page_size, bits.stride(0), slots.stride(0),
+                           cnt.stride(0), cnt.stride(1), s_pb, RP=rp, BLOCK=_UNION_BLOCK,
+                           WB=_UNION_WORDS, BY_REQ=by_req, num_warps=_UNION_WARPS)
+        _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
                                  total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
                                  cnt.stride(1), **kw)
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
@@ -672,19 +717,25 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
 
 def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
-              qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int
-              ) -> tuple[Any, int]:
+              qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
+              chunk_ids: ChunkIds | None = None) -> tuple[Any, int]:
     """The row-tile part of a DENSE and/or UNION call (``idx`` holds slot ids): statistics,
-    the dense tiles, the union tiles. Returns (FLAG, RP): the gathering kernel does the rows of
-    the tiles whose FLAG is 0."""
-    stats = row_stats(idx, lens, has_lens, k.shape[0])
+    the dense tiles, the union tiles (over ``chunk_ids``' positions when given: UNION without
+    DENSE on chunk rows). Returns (FLAG, RP): the gathering kernel does the rows of the tiles
+    whose FLAG is 0."""
+    if chunk_ids is not None and var["DENSE"]:
+        raise ValueError("DENSE tiles run on slot statistics: no chunk ids with DENSE")
+    if chunk_ids is not None:
+        stats = row_stats(chunk_ids.ids, lens, has_lens, chunk_ids.num_ids)
+    else:
+        stats = row_stats(idx, lens, has_lens, k.shape[0])
     flag, span = None, 0
     if var["DENSE"]:
         *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec,
                                     d_pad, stats)
     if var["UNION"]:
         flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
-                      span, flag)
+                      span, flag, chunk_ids)
     group = q.shape[1] // k.shape[1]
     rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(group)
     if TILE_PATHS is not None:

@@ -38,7 +38,7 @@ from backends.sparse_prefill.config import (  # noqa: F401 (re-exported: importa
     _variant,
     validate_config,
 )
-from backends.sparse_prefill.tile_kernels import row_tiles
+from backends.sparse_prefill.tile_kernels import ChunkIds, row_tiles
 from registry.errors import ConfigError, WorkloadError
 
 # The configs are policy: the table lives in plugins/generic.py, the measured families in
@@ -388,9 +388,12 @@ def _sparse_prefill_fwd(Q, K, V, IDX, LENS, OUT, CU, PREFIX, PT, SCR, FLAG,
 
 
 @triton.jit
-def _translate_chunk(IDX, LENS, SLOTS, CU, PREFIX, PT, num_slots, topk, page_size, max_pages,
-                     num_req, s_it, s_st, s_pb, HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
-    """SLOTS[r, j] = KV slot of chunk entry (r, j), or -1 when the entry is invalid."""
+def _translate_chunk(IDX, LENS, SLOTS, POS, ROWREQ, CU, PREFIX, PT, num_slots, topk, page_size,
+                     max_pages, num_req, s_it, s_st, s_pb, HAS_LENS: tl.constexpr,
+                     BLOCK: tl.constexpr, WRITE_POS: tl.constexpr):
+    """SLOTS[r, j] = KV slot of chunk entry (r, j), or -1 when the entry is invalid. WRITE_POS
+    (the union tiles' ids, ``tile_kernels.ChunkIds``): also ``POS[r, j]`` = the entry's token
+    position where it is valid, else -1, and ``ROWREQ[r]`` = the row's request."""
     r = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -403,6 +406,11 @@ def _translate_chunk(IDX, LENS, SLOTS, CU, PREFIX, PT, num_slots, topk, page_siz
                            num_slots, page_size, max_pages, True)
     tl.store(SLOTS + r.to(tl.int64) * s_st + j, tl.where(ok, slot, -1).to(tl.int32),
              mask=j < topk)
+    if WRITE_POS:
+        t = _load_idx(IDX + r.to(tl.int64) * s_it, j, n)
+        tl.store(POS + r.to(tl.int64) * s_st + j, tl.where(ok, t, -1).to(tl.int32),
+                 mask=j < topk)
+        tl.store(ROWREQ + r, b, mask=tl.program_id(1) == 0)
 
 
 @triton.jit
@@ -568,17 +576,27 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
     lens = lengths if has_lens else indices  # dummy pointer when absent
     chunk = kind == "chunk"
     idx = indices
+    chunk_ids = None
     if chunk:
         nreq = cu_seqlens_q.shape[0] - 1
         max_pages = page_table.shape[1]
         pt, cu, prefix, s_pb = page_table, cu_seqlens_q, prefix_lens, page_table.stride(0)
         if var["CHUNK_MODE"] == "pretranslate":
             slots = torch.empty((total_q, topk), device=q.device, dtype=torch.int32)
+            # union tiles without dense ones run over the rows' token positions (ascending as
+            # an indexer emits them), not the slots a shuffled page table scatters
+            by_pos = bool(var["UNION"]) and not var["DENSE"]
+            if by_pos:
+                pos_ids = torch.empty_like(slots)
+                row_req = torch.empty((total_q,), device=q.device, dtype=torch.int32)
+                chunk_ids = ChunkIds(pos_ids, row_req, pt, page_size, max_pages * page_size)
+            else:
+                pos_ids = row_req = slots  # dummy pointers, never written
             tb = 256
             _translate_chunk[(total_q, triton.cdiv(topk, tb))](
-                indices, lens, slots, cu, prefix, pt, num_slots, topk, page_size, max_pages,
-                nreq, indices.stride(0), slots.stride(0), s_pb, HAS_LENS=has_lens, BLOCK=tb,
-                num_warps=4)
+                indices, lens, slots, pos_ids, row_req, cu, prefix, pt, num_slots, topk,
+                page_size, max_pages, nreq, indices.stride(0), slots.stride(0), s_pb,
+                HAS_LENS=has_lens, BLOCK=tb, WRITE_POS=by_pos, num_warps=4)
             idx, chunk = slots, False
     else:
         nreq, max_pages, s_pb = 1, 0, 0
@@ -591,7 +609,7 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                               f"positions until translated (CHUNK_MODE={var['CHUNK_MODE']!r}): "
                               f"use CHUNK_MODE='pretranslate' or {key}=0")
         flag, tile_rp = row_tiles(q, k, v, idx, lens, has_lens, out, scale * _LOG2E, var,
-                                  dot_prec, d_pad)
+                                  dot_prec, d_pad, chunk_ids)
     else:
         tile_rp = 1
     if var["SLOT_ORDER"]:

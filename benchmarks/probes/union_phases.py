@@ -6,11 +6,12 @@ excluded), beside the call's CUDA-graph replay time.
         --indices topk --configs "h200,geometry=8x16x1x2:rev:split2:v2:lean:o32:union300"
 
 Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...``,
-``config=...``); ``--old PATH`` (a copy of an earlier ``tile_kernels.py``) adds each provider
-again as ``NAME@old``, run with that module's row-tile paths. Every output is checked against
-the fp32 reference first (the bench's rule); then all providers are timed in one interleaved
-window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one line per
-(provider, kernel) with launches and GPU us per op call and its share.
+``config=...``); ``--old PATHS`` (copies of an earlier ``tile_kernels.py`` and/or
+``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
+modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles). Every output is
+checked against the fp32 reference first (the bench's rule); then all providers are timed in one
+interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
+line per (provider, kernel) with launches and GPU us per op call and its share.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main() -> int:
     ap.add_argument("--overlap", type=float, default=0.95)
     ap.add_argument("--configs", required=True, help="comma-separated bench providers")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--old", default="", help="an earlier tile_kernels.py to compare")
+    ap.add_argument("--old", default="", help="earlier kernel files to compare")
     a = ap.parse_args()
     import importlib.util
 
@@ -48,12 +49,26 @@ def main() -> int:
     from registry.tuning import Trial, measure
 
     new_rows = tk.row_tiles
-    old_rows = None
-    if a.old:
-        spec = importlib.util.spec_from_file_location("kreg_old_tile_kernels", a.old)
+    old_rows = old_entry = None
+    for n, path in enumerate(a.old.split(",") if a.old else []):
+        spec = importlib.util.spec_from_file_location(f"kreg_old_kernels{n}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        old_rows = mod.row_tiles
+        if hasattr(mod, "sparse_prefill_triton"):
+            old_entry = mod
+        else:
+            old_rows = mod.row_tiles
+    if old_entry is not None:  # the earlier entry point, on the earlier row tiles if given
+        if old_rows is not None:
+            old_entry.row_tiles = old_rows
+        old_rows = new_rows
+    elif old_rows is not None:  # the current entry point on the earlier row tiles
+        rows0 = old_rows
+
+        def old_rows(*args, chunk_ids=None, rows0=rows0):  # type: ignore[no-redef]
+            if chunk_ids is not None:
+                raise SystemExit("--old: that tile_kernels.py has no position-space union")
+            return rows0(*args)
     case = BenchCase(kind=a.kind, group_size=a.group_size, kv_len=a.kv_len, total_q=a.total_q,
                      indices=a.indices, overlap=a.overlap)
     inp = make_inputs(case, "cuda")
@@ -71,10 +86,12 @@ def main() -> int:
             print(f"{prov}: not a Triton config ({kind}), skipped")
             continue
 
-        def call(cfg=cfg, rows=old_rows if old else new_rows):
+        def call(cfg=cfg, rows=old_rows if old else new_rows,
+                 entry=old_entry.sparse_prefill_triton if old and old_entry is not None
+                 else sparse_prefill_triton):
             tk.row_tiles = rows
             try:
-                return sparse_prefill_triton(q, k, v, idx, config=dict(cfg), **kw)
+                return entry(q, k, v, idx, config=dict(cfg), **kw)
             finally:
                 tk.row_tiles = new_rows
 

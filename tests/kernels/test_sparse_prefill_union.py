@@ -266,6 +266,32 @@ def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> 
     assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("block", [8, 16])
+def test_union_marks_ascending_runs_across_blocks(monkeypatch: pytest.MonkeyPatch, block: int,
+                                                  poisoned: list[Any]) -> None:
+    # Rows ascending as an indexer emits them: runs of entries in one bitmap word (a mark pass
+    # that ORs a run's bits before one atomic, docs/notes/patches/union_mark_runs.patch, must
+    # not lose any). Runs cross the pass's block edges (8 or 16 entries), a word's run is
+    # broken by -1 and out-of-range entries and resumes, slots repeat next to each other, and
+    # one row is descending. A bit lost at a run's or block's edge drops a slot from the
+    # union: a wrong output.
+    monkeypatch.setattr(tile_kernels, "_UNION_BLOCK", block)
+    g = torch.Generator().manual_seed(31)
+    num_slots, topk = 96, 40
+    q = torch.randn((8, 6, 16), generator=g)
+    k, v = (torch.randn((num_slots, 1, 16), generator=g) for _ in range(2))
+    rows = []
+    for r in range(8):
+        keep = torch.randperm(num_slots, generator=g)[:topk - 5].sort().values
+        row = torch.cat([keep[:10], keep[9:10], keep[9:10], torch.tensor([-1]), keep[10:20],
+                         torch.tensor([num_slots + 3]), keep[20:], torch.tensor([-1])])
+        rows.append(row.flip(0) if r == 5 else row)
+    idx = torch.stack(rows).to(torch.int32)
+    assert idx.shape == (8, topk)
+    _run(q, k, v, idx, {**BASE, "UNION": 10**6, "DENSE_TILE": "32x16x4x2"})
+    assert poisoned[0].tolist() == [UNION, UNION]
+
+
 @pytest.mark.parametrize("key", ["UNION", "DENSE"])
 @pytest.mark.parametrize("rising", [True, False])
 def test_row_tiles_rescale_when_a_later_block_scores_far_higher(key: str, rising: bool,
@@ -350,6 +376,34 @@ def test_union_chunk_runs_on_pretranslated_slots(dtype: Any, poisoned: list[Any]
     _run(q, k, v, idx, cfg, **kw)
     paths = poisoned[0].tolist()
     assert paths[:2] == [UNION, UNION] and GATHER in paths[2:], paths
+
+
+def test_union_chunk_tiles_take_positions_within_one_request(poisoned: list[Any]) -> None:
+    # UNION without DENSE on chunk rows unions token positions (tile_kernels.ChunkIds): both
+    # requests' rows pick from the same positions, which their shuffled page tables map to
+    # different slots, and one page of the second request aliases a page of the first. The
+    # tile whose rows span both requests must be gathered (a union over positions would mix
+    # the two requests' K/V); the others union, and each output is the reference's.
+    g = torch.Generator().manual_seed(31)
+    reqs, prefixes, ps, topk = (6, 10), (40, 40), 2, 12
+    max_pages = 26
+    num_slots = 2 * max_pages * ps
+    q = torch.randn((16, 6, 16), generator=g)
+    k = torch.randn((num_slots, 1, 16), generator=g)
+    v = torch.randn((num_slots, 1, 16), generator=g)
+    pt = torch.randperm(2 * max_pages, generator=g).to(torch.int32).reshape(2, max_pages).clone()
+    pt[1, 3] = pt[0, 5]  # positions 6-7 of request 1 are positions 10-11 of request 0's slots
+    pool = torch.randperm(30, generator=g)[:16]
+    idx = torch.stack([pool[torch.randperm(16, generator=g)[:topk]] for _ in range(16)]).to(
+        torch.int32)
+    idx[5, 0] = 45  # past the row's causal position (40 + 5): invalid
+    idx[9, 1] = -1
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    kw = dict(kind="chunk", cu_seqlens_q=cu, prefix_lens=torch.tensor(prefixes, dtype=torch.int32),
+              page_table=pt, page_size=ps, max_q=max(reqs))
+    cfg = {**BASE, "CHUNK_MODE": "pretranslate", "UNION": 10**6, "DENSE_TILE": "32x16x4x2"}
+    _run(q, k, v, idx, cfg, **kw)
+    assert poisoned[0].tolist() == [UNION, GATHER, UNION, UNION]
 
 
 def test_union_chunk_needs_translated_entries() -> None:
