@@ -47,6 +47,11 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
+# A tuning store an earlier call brought back ($OUT/tuning.json, copied here to
+# .tcarry/tuning.json and carried): kreg tune resumes after the buckets it holds.
+if [ -f .tcarry/tuning.json ] && [ ! -f "$KREG_HOME/tuning.json" ]; then
+  mkdir -p "$KREG_HOME" && cp .tcarry/tuning.json "$KREG_HOME/tuning.json"
+fi
 # Compiled kernels: kept in the tree (reused while the machine stays warm), restored from
 # .tcarry/tcache.tgz when an earlier call packed them (PACK_TCACHE=1; benchmarks/probes/tcache.sh)
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
@@ -146,7 +151,7 @@ flashinfer_part() {
 }
 GRID="--grid kind=prefill,chunk --grid group_size=6,12 --grid kv_len=8192,32768,131072"
 GRID="$GRID --grid total_q=32,64,128,256,512,1024,2048,4096,8192 --grid space=tiny"
-IGRID="--grid rows=1,64,1024,4096 --grid keys=131072"
+IGRID="--grid rows=${IROWS:-1,64,1024,4096} --grid keys=131072"  # IROWS=1024: one row count a call
 stage "environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -60,7 +60,8 @@ def _grid(items: tuple[str, ...]) -> dict[str, list[str]]:
 @_errors
 def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup: int,
          iters: int, min_gain: float | None, plot: str | None, as_json: bool) -> None:
-    """Sweep OP's valid configs on this device; write each point's winner to the store."""
+    """Sweep OP's valid configs on this device; write each workload bucket's winner to the
+    store."""
     import registry
     from registry.tuning.tune import DEFAULT_MIN_GAIN, load_tuner
     from registry.tuning.tune import tune as run_tune

@@ -33,8 +33,10 @@ CUDA-graph replays (the one harness, :mod:`registry.tuning.measure`; one that ca
 such as FlashInfer's planned attention, is timed with plain launches in the same window), and
 returns ``{label: Measurement}``.
 
-Each point's winner is written to the tuning store as soon as it is measured, so an interrupted
-run resumes where it stopped (a resumed run skips buckets already in the store). Points of one
+A bucket's entry is written to the tuning store as soon as every point of it in the grid is
+measured, so an interrupted run resumes at the bucket where it stopped (a resumed run skips
+buckets already in the store; a bucket cut off part-way is measured again whole, never stored
+from some of its points, and one whose point measured nothing is not stored). Points of one
 run whose buckets coincide (grid axes the workload cannot see, such as sparse_prefill's
 ``space``; its KV length was one until the workload gained ``kv_len``) merge into one entry: its
 config is the candidate with the smallest worst ratio to each point's fastest (minimax regret
@@ -84,7 +86,8 @@ class PointResult:
     status: str
     candidates: list[tuple[str, dict[str, Any] | None, str]] = field(default_factory=list)
     timings: dict[str, Measurement] = field(default_factory=dict)
-    winner: str | None = None      # the config written for this point
+    # the config written for this point's bucket (set at the bucket's last point of the grid)
+    winner: str | None = None
     baseline: str | None = None
     fastest: str | None = None     # differs from winner when it beat the baseline too narrowly
     note: str = ""
@@ -247,8 +250,19 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
     results = []
     merged: dict[str, list[dict[str, float]]] = {}
     cases_of: dict[str, list[Any]] = {}
-    for case in tuner.cases(grid):
+    all_cases = list(tuner.cases(grid))
+    # A bucket's entry is written once every point of it in this grid is measured: one written
+    # after its first distribution (indexer_topk) would keep a config that wins there and loses
+    # 10x on the next if the run stopped in between, and a resumed run would skip the bucket.
+    left: dict[str, int] = {}
+    for case in all_cases:
+        key = _bucket_key(dict(tuner.bucket(case)))
+        left[key] = left.get(key, 0) + 1
+    unmeasured: dict[str, str] = {}   # a bucket's first point that measured nothing
+    for case in all_cases:
         bucket = dict(tuner.bucket(case))
+        key = _bucket_key(bucket)
+        left[key] -= 1
         others = implementation_candidates(op, bucket, facts, family=tuner.FAMILY)
         res = PointResult(label=tuner.label(case), bucket=bucket, status="measured",
                           candidates=[*tuner.candidates(case, facts), *others],
@@ -256,7 +270,7 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
                           implementations=[name for name, cfg, _ in others if cfg is not None])
         valid = {lab: cfg for lab, cfg, _ in res.candidates if cfg is not None}
         blocked = cannot_run_here(op, bucket, facts)
-        if resume and _bucket_key(bucket) in done:
+        if resume and key in done:
             res.status = "skipped (in store)"
         elif blocked:
             res.status, res.note = "cannot run here", blocked
@@ -272,37 +286,57 @@ def tune(op: str, grid: dict[str, list[str]], *, facts: DeviceFacts, store: Tuni
             ok = {lab: t.ms for lab, t in res.timings.items() if t.ok and t.ms}
             if ok:
                 res.fastest = min(ok, key=lambda lab: ok[lab])
-                res.winner = _merge([ok], res.baseline, min_gain)[0]
-                points = merged.setdefault(_bucket_key(bucket), [])
-                points.append(ok)
-                config_label, timings = _merge(points, res.baseline, min_gain)
-                cases_of.setdefault(_bucket_key(bucket), []).append(case)
-                if config_label != res.baseline and res.baseline in valid:
-                    lost = _second_window(op, tuner, cases_of[_bucket_key(bucket)],
-                                          config_label, res.baseline, valid,
-                                          res.implementations, warmup=warmup, iters=iters,
-                                          min_gain=min_gain)
-                    if lost:
-                        res.note, res.unconfirmed = lost, config_label
-                        config_label = res.winner = res.baseline
-                family, config = tuner.FAMILY, valid[config_label]
-                if config_label in res.implementations:   # the config names the winner
-                    family, config = config_label, {IMPLEMENTATION_KEY: config_label, **config}
-                # One entry a point: a winner of another implementation replaces the old one
-                # (the store keys entries by family too).
-                store.remove(functools.partial(_other_winner, op=op, device=device,
-                                               software=software, family=family,
-                                               key=_bucket_key(bucket)))
-                store.put([TuningEntry(
-                    op=op, family=family, device=device, software=software, bucket=bucket,
-                    config=config, timings_ms=timings, command=command,
-                    measured_at=utc_now())])
+                merged.setdefault(key, []).append(ok)
+                cases_of.setdefault(key, []).append(case)
             else:
                 res.status = "no candidate ran"
+        if res.status in ("no valid candidate", "no candidate ran"):
+            unmeasured.setdefault(key, res.label)
+        if key in merged:
+            if key in unmeasured:
+                if not left[key]:
+                    res.note = (f"no entry written: point {unmeasured[key]} of this bucket "
+                                f"measured nothing, and an entry must win at every point")
+            elif left[key]:
+                n = len(merged[key])
+                res.note = (f"{n} of {n + left[key]} points of this bucket measured; its entry "
+                            f"is written after the last")
+            else:
+                _write_bucket(res, store, op, tuner, device, software, command, valid,
+                              merged[key], cases_of[key], warmup=warmup, iters=iters,
+                              min_gain=min_gain)
         results.append(res)
         if on_point is not None:
             on_point(res)
     return results
+
+
+def _write_bucket(res: PointResult, store: TuningStore, op: str, tuner: Any, device: Any,
+                  software: Any, command: str, valid: dict[str, Any],
+                  points: list[dict[str, float]], cases: list[Any], *, warmup: int, iters: int,
+                  min_gain: float) -> None:
+    """The bucket of ``res`` (its last point) is measured at every point: pick its config over
+    ``points`` (minimax regret, the baseline unless beaten by more than ``min_gain``), confirm a
+    win in a second window, and write the entry. Sets ``res.winner`` (and ``unconfirmed``)."""
+    config_label, timings = _merge(points, res.baseline, min_gain)
+    if config_label != res.baseline and res.baseline in valid:
+        lost = _second_window(op, tuner, cases, config_label, res.baseline, valid,
+                              res.implementations, warmup=warmup, iters=iters,
+                              min_gain=min_gain)
+        if lost:
+            res.note, res.unconfirmed = lost, config_label
+            config_label = res.baseline
+    res.winner = config_label
+    family, config = tuner.FAMILY, valid[config_label]
+    if config_label in res.implementations:   # the config names the winner
+        family, config = config_label, {IMPLEMENTATION_KEY: config_label, **config}
+    # One entry a point: a winner of another implementation replaces the old one (the store
+    # keys entries by family too).
+    store.remove(functools.partial(_other_winner, op=op, device=device, software=software,
+                                   family=family, key=_bucket_key(res.bucket)))
+    store.put([TuningEntry(op=op, family=family, device=device, software=software,
+                           bucket=res.bucket, config=config, timings_ms=timings,
+                           command=command, measured_at=utc_now())])
 
 
 def _second_window(op: str, tuner: Any, cases: list[Any], label: str, baseline: str,

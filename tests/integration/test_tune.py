@@ -389,9 +389,68 @@ def test_indexer_tune_keeps_a_config_only_if_it_wins_on_every_distribution(
                          min_gain=0.0, command="test")
     assert [r.label for r in results] == ["64x8192 float32 k=2048",
                                           "64x8192 ties float32 k=2048"]
-    assert results[0].winner == "fast_on_randn"     # alone, randn would keep it
+    # alone, randn would keep fast_on_randn: nothing is written before the bucket's last point
+    assert results[0].fastest == "fast_on_randn" and results[0].winner is None
+    assert "1 of 2 points of this bucket measured" in results[0].note
+    assert results[1].winner == "robust"
     (entry,) = TuningStore().load()
     assert entry.config == {"FUSED": 0} and entry.bucket["num_rows"] == 64
     assert "dist" not in entry.bucket
     with pytest.raises(registry.errors.ConfigError, match="unknown dist"):
         real.cases({"dist": ["gaussian"]})
+
+
+def test_indexer_tune_cut_off_in_a_bucket_stores_nothing_and_resumes_it_whole(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped after a bucket's first distribution leaves no entry (one would hold the
+    randn winner that loses 10x on ties, and a resumed run would skip the bucket); the resumed
+    run measures the bucket again at every point. A bucket one of whose points measured
+    nothing is not stored either."""
+    from registry.tuning import Measurement
+    from registry.tuning import tune as _tune
+
+    times = {"randn": {"fast_on_randn": 0.9, "robust": 1.0},
+             "ties": {"fast_on_randn": 10.0, "robust": 1.1}}
+    seen: list[str] = []
+    stop_at: list[str] = ["ties"]
+
+    def fake(op: str, case: Any, valid: dict[str, Any], **kw: Any) -> dict[str, Measurement]:
+        seen.append(case.dist)
+        if case.dist in stop_at:
+            raise KeyboardInterrupt
+        return {lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
+                for lab in valid if lab in times[case.dist]}
+
+    from backends.indexer_topk import tuning as real
+
+    configs = {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}
+    tuner = types.SimpleNamespace(
+        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
+        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
+        baseline=lambda case, facts: "absent")
+    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
+    monkeypatch.setattr(_tune, "measure_point", fake)
+    grid = {"rows": ["64"], "keys": ["8192"], "dist": ["randn", "ties"]}
+
+    def run() -> list[Any]:
+        return _tune.tune("indexer_topk", grid, facts=registry.probe(), store=TuningStore(),
+                          min_gain=0.0, command="test")
+
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert TuningStore().load() == []
+    stop_at.clear()
+    seen.clear()
+    results = run()
+    assert seen == ["randn", "ties"] and results[1].winner == "robust"
+    (entry,) = TuningStore().load()
+    assert entry.config == {"FUSED": 0}
+    assert [r.status for r in run()] == ["skipped (in store)"] * 2   # resumed: done
+
+    # a point that measures nothing: the bucket is not stored
+    times["ties"] = {}
+    grid["rows"] = ["32"]
+    results = run()
+    assert results[1].status == "no candidate ran" and results[1].winner is None
+    assert "measured nothing" in results[1].note
+    assert [e.bucket["num_rows"] for e in TuningStore().load()] == [64]
