@@ -98,6 +98,11 @@ UNION           0          U > 0: rows that share most of their selections are c
                            ``_UNION_SCRATCH_BYTES`` (tiles are done in chunks). Prefill, and
                            chunk with CHUNK_MODE="pretranslate"; not with SLOT_ORDER; top-k <=
                            65535; not batch-invariant (a tile's path depends on its rows).
+                           Chunk without DENSE: the pre-pass runs over the rows' token
+                           positions (the translate kernel writes them beside the slots;
+                           bitmaps over pages x page size), a tile whose rows span two
+                           requests is gathered, and the union is written as slots through
+                           the request's page table.
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of
@@ -348,9 +353,13 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         parts.append(f"dense-span tiles where a tile's span is <= {var['DENSE']}% of its rows' "
                      f"mean valid entries (DENSE_TILE {tiles})")
     if var["UNION"]:
+        over = ""
+        if var["CHUNK_MODE"] == "pretranslate" and not var["DENSE"]:
+            over = ("; chunk rows: the union counted over their token positions, a tile "
+                    "spanning two requests gathered")
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
-                     f"chosen per tile on the GPU)")
+                     f"chosen per tile on the GPU{over})")
     engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "
               "per-row kernel", "gluon_wgmma": "the Gluon wgmma per-row kernel"}[var["ENGINE"]]
     rest = "the other tiles' rows" if parts else "every row"

@@ -488,6 +488,10 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
     assert describe_path(union).startswith("union tiles where a tile's union of selected slots "
                                            "is <= 300%")
     assert "dense-span tiles" in describe_path({**union, "DENSE": 250})
+    positions = "chunk rows: the union counted over their token positions"
+    assert positions in describe_path({**union, "CHUNK_MODE": "pretranslate"})
+    assert positions not in describe_path(union)
+    assert positions not in describe_path({**union, "CHUNK_MODE": "pretranslate", "DENSE": 250})
     assert describe_path(BASE) == "the Triton per-row gathering kernel for every row"
 
     class _Plugin:
