@@ -113,6 +113,9 @@ def tune(op: str, grid: tuple[str, ...], dry_run: bool, no_resume: bool, warmup:
             head = f"{r.label}: {r.status}" + (f" ({r.note})" if r.note else "")
             if r.unconfirmed:
                 head += f"; kept the baseline {r.winner}"
+            elif r.winner and r.fastest and r.winner != r.fastest and r.winner != r.baseline:
+                head += (f"; winner {r.winner} (the smallest worst ratio over the bucket's "
+                         f"points; here the fastest was {r.fastest})")
             elif r.winner and r.fastest and r.winner != r.fastest:
                 fast, kept = r.timings[r.fastest].ms or 0.0, r.timings[r.winner].ms or 0.0
                 head += (f"; kept the baseline {r.winner} {kept:.4f} ms: "

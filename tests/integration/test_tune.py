@@ -454,3 +454,35 @@ def test_indexer_tune_cut_off_in_a_bucket_stores_nothing_and_resumes_it_whole(
     assert results[1].status == "no candidate ran" and results[1].winner is None
     assert "measured nothing" in results[1].note
     assert [e.bucket["num_rows"] for e in TuningStore().load()] == [64]
+
+
+def test_tune_cli_names_a_bucket_winner_that_is_not_the_last_points_fastest(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a bucket's last point the winner is the bucket's (smallest worst ratio over its
+    points), which may not be that point's fastest: the line says so, not "kept the baseline"."""
+    from registry.tuning import Measurement
+    from registry.tuning import tune as _tune
+
+    times = {"randn": {"steady": 1.0, "tie_fast": 1.5}, "ties": {"steady": 1.2, "tie_fast": 1.1}}
+    from backends.indexer_topk import tuning as real
+
+    configs = {"steady": {"FUSED": 1}, "tie_fast": {"FUSED": 0}}
+    tuner = types.SimpleNamespace(
+        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
+        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
+        baseline=lambda case, facts: "absent")
+    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
+    monkeypatch.setattr(_tune, "measure_point", lambda op, case, valid, **kw: {
+        lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
+        for lab in valid})
+    res = CliRunner().invoke(cli.main, ["tune", "indexer_topk", "--grid", "rows=64", "--grid",
+                                        "keys=8192", "--grid", "dist=randn,ties",
+                                        "--min-gain", "0"])
+    assert res.exit_code == 0, res.output
+    assert "1 of 2 points of this bucket measured; its entry is written after the last" \
+        in res.output
+    assert ("winner steady (the smallest worst ratio over the bucket's points; here the "
+            "fastest was tie_fast)") in res.output
+    assert "kept the baseline" not in res.output
+    (entry,) = TuningStore().load()
+    assert entry.config == {"FUSED": 1}
