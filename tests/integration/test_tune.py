@@ -360,6 +360,21 @@ def load_tuner_candidates() -> list[tuple[str, Any, str]]:
     return out
 
 
+def _dist_tuner(monkeypatch: pytest.MonkeyPatch, configs: dict[str, dict[str, Any]],
+                measure: Any) -> None:
+    """indexer_topk's tuner (its cases, labels and buckets: one bucket, a point a
+    distribution) over ``configs`` with no baseline among them, timed by ``measure``."""
+    from backends.indexer_topk import tuning as real
+    from registry.tuning import tune as _tune
+
+    tuner = types.SimpleNamespace(
+        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
+        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
+        baseline=lambda case, facts: "absent")
+    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
+    monkeypatch.setattr(_tune, "measure_point", measure)
+
+
 def test_indexer_tune_keeps_a_config_only_if_it_wins_on_every_distribution(
         home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each distribution is a point of the same bucket: the entry's config minimizes the worst
@@ -377,13 +392,7 @@ def test_indexer_tune_keeps_a_config_only_if_it_wins_on_every_distribution(
 
     from backends.indexer_topk import tuning as real
 
-    configs = {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}
-    tuner = types.SimpleNamespace(
-        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
-        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
-        baseline=lambda case, facts: "absent")
-    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
-    monkeypatch.setattr(_tune, "measure_point", fake)
+    _dist_tuner(monkeypatch, {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}, fake)
     grid = {"rows": ["64"], "keys": ["8192"], "dist": ["randn", "ties"]}
     results = _tune.tune("indexer_topk", grid, facts=registry.probe(), store=TuningStore(),
                          min_gain=0.0, command="test")
@@ -421,15 +430,8 @@ def test_indexer_tune_cut_off_in_a_bucket_stores_nothing_and_resumes_it_whole(
         return {lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
                 for lab in valid if lab in times[case.dist]}
 
-    from backends.indexer_topk import tuning as real
 
-    configs = {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}
-    tuner = types.SimpleNamespace(
-        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
-        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
-        baseline=lambda case, facts: "absent")
-    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
-    monkeypatch.setattr(_tune, "measure_point", fake)
+    _dist_tuner(monkeypatch, {"fast_on_randn": {"FUSED": 1}, "robust": {"FUSED": 0}}, fake)
     grid = {"rows": ["64"], "keys": ["8192"], "dist": ["randn", "ties"]}
 
     def run() -> list[Any]:
@@ -461,20 +463,13 @@ def test_tune_cli_names_a_bucket_winner_that_is_not_the_last_points_fastest(
     """At a bucket's last point the winner is the bucket's (smallest worst ratio over its
     points), which may not be that point's fastest: the line says so, not "kept the baseline"."""
     from registry.tuning import Measurement
-    from registry.tuning import tune as _tune
 
     times = {"randn": {"steady": 1.0, "tie_fast": 1.5}, "ties": {"steady": 1.2, "tie_fast": 1.1}}
-    from backends.indexer_topk import tuning as real
 
-    configs = {"steady": {"FUSED": 1}, "tie_fast": {"FUSED": 0}}
-    tuner = types.SimpleNamespace(
-        FAMILY=real.FAMILY, cases=real.cases, label=real.label, bucket=real.bucket,
-        candidates=lambda case, facts: [(lab, cfg, "") for lab, cfg in configs.items()],
-        baseline=lambda case, facts: "absent")
-    monkeypatch.setattr(_tune, "load_tuner", lambda op: tuner)
-    monkeypatch.setattr(_tune, "measure_point", lambda op, case, valid, **kw: {
-        lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
-        for lab in valid})
+    _dist_tuner(monkeypatch, {"steady": {"FUSED": 1}, "tie_fast": {"FUSED": 0}},
+                lambda op, case, valid, **kw: {
+                    lab: Measurement(label=lab, runs=lab, status="ok", ms=times[case.dist][lab])
+                    for lab in valid})
     res = CliRunner().invoke(cli.main, ["tune", "indexer_topk", "--grid", "rows=64", "--grid",
                                         "keys=8192", "--grid", "dist=randn,ties",
                                         "--min-gain", "0"])
