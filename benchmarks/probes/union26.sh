@@ -10,9 +10,7 @@
 # flashinfer: the table, the family, auto and FlashInfer's raw paged attention (flashinfer-paged, when
 # importable) at KV 8K and 32K on both index sets; kv128k: the same at KV 128K; overlap: the
 # --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png, the union path
-# at the default tile and at the one measured fastest for the group; marks: the unmeasured
-# mark-runs patch, docs/notes/patches/union_mark_runs.patch, against the tree's kernels at
-# prefill g6 KV 8K and chunk g6 KV 8K / 32K, top-k and walk rows, per kernel)
+# at the default tile and at the one measured fastest for the group)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -148,29 +146,6 @@ if [[ $STEPS == *overlap* ]]; then
       --baseline h200 --plot "$OUT/overlap_g$g.png" >> "$OUT/overlap.txt" 2>&1
     log "rc=$?"
   done
-fi
-if [[ $STEPS == *marks* ]]; then
-  # docs/notes/patches/union_mark_runs.patch (the mark pass ORs a run's bits before one atomic)
-  # against the tree's tile_kernels.py, one window a cell, every output checked first; the tree
-  # is restored after
-  cp backends/sparse_prefill/tile_kernels.py "$OUT/tile_kernels.before.py"
-  if git apply docs/notes/patches/union_mark_runs.patch 2>/dev/null \
-      || patch -s -p1 < docs/notes/patches/union_mark_runs.patch; then
-    for cell in "prefill 8192" "chunk 8192" "chunk 32768"; do
-      set -- $cell
-      for ix in topk walk; do
-        log "marks $1 g6 KV $2 $ix"
-        timeout 120 python3 benchmarks/probes/union_phases.py --kind $1 --group-size 6 \
-          --kv-len $2 --indices $ix --configs h200,geometry=$(fam_base $1 6):union300:dt128x64x8x2 \
-          --old "$OUT/tile_kernels.before.py" >> "$OUT/marks.txt" 2>&1
-        log "rc=$?"
-      done
-    done
-    cp "$OUT/tile_kernels.before.py" backends/sparse_prefill/tile_kernels.py
-  else
-    log "marks: the patch does not apply to this tree"
-  fi
-  rm -f "$OUT/tile_kernels.before.py"
 fi
 log done
 [ "${PACK_TCACHE:-0}" = 1 ] && bash benchmarks/probes/tcache.sh pack "$OUT"

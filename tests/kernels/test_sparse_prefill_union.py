@@ -266,16 +266,19 @@ def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> 
     assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("runs", [True, False])
 @pytest.mark.parametrize("block", [8, 16])
 def test_union_marks_ascending_runs_across_blocks(monkeypatch: pytest.MonkeyPatch, block: int,
-                                                  poisoned: list[Any]) -> None:
-    # Rows ascending as an indexer emits them: runs of entries in one bitmap word (a mark pass
-    # that ORs a run's bits before one atomic, docs/notes/patches/union_mark_runs.patch, must
-    # not lose any). Runs cross the pass's block edges (8 or 16 entries), a word's run is
-    # broken by -1 and out-of-range entries and resumes, slots repeat next to each other, and
-    # one row is descending. A bit lost at a run's or block's edge drops a slot from the
-    # union: a wrong output.
+                                                  runs: bool, poisoned: list[Any]) -> None:
+    # Rows ascending as an indexer emits them: runs of entries in one bitmap word (the mark
+    # pass's RUNS ORs a run's bits before one atomic and must not lose any; without RUNS every
+    # entry has its own atomic). Runs cross the pass's block edges (8 or 16 entries), a word's
+    # run is broken by -1 and out-of-range entries and resumes, slots repeat next to each
+    # other, and one row is descending. A bit lost at a run's or block's edge drops a slot
+    # from the union: a wrong output.
     monkeypatch.setattr(tile_kernels, "_UNION_BLOCK", block)
+    monkeypatch.setattr(tile_kernels, "_MARK_RUN_ENTRIES", 0 if runs else 10**9)
+    assert tile_kernels.mark_runs(40, 96) is runs
     g = torch.Generator().manual_seed(31)
     num_slots, topk = 96, 40
     q = torch.randn((8, 6, 16), generator=g)
@@ -290,6 +293,15 @@ def test_union_marks_ascending_runs_across_blocks(monkeypatch: pytest.MonkeyPatc
     assert idx.shape == (8, topk)
     _run(q, k, v, idx, {**BASE, "UNION": 10**6, "DENSE_TILE": "32x16x4x2"})
     assert poisoned[0].tolist() == [UNION, UNION]
+
+
+def test_mark_runs_only_where_rows_fill_their_words() -> None:
+    # The seed's top-k 2051 (about 8 entries a word at KV 8K, measured faster with runs; 2 at
+    # 32K, measured slower), and the edges of the rule (4 entries a word).
+    assert tile_kernels.mark_runs(2051, 8192)
+    assert tile_kernels.mark_runs(2048, 16384)
+    assert not tile_kernels.mark_runs(2047, 16384)
+    assert not tile_kernels.mark_runs(2051, 32768)
 
 
 @pytest.mark.parametrize("key", ["UNION", "DENSE"])
