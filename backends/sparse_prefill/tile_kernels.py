@@ -261,9 +261,8 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP)
     r64 = (row0 + ri).to(tl.int64)
     heads = h * group + hh
-    # a tile left to the gathering kernel reads nothing (its loop is empty, its store masked)
     q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
-                mask=tl.where(dense != 0, m_ok, False)[:, None] & d_mask[None, :], other=0.0)
+                mask=m_ok[:, None] & d_mask[None, :], other=0.0)
     rr64 = (row0 + rr).to(tl.int64)
     lo_r = tl.load(LO + rr64, mask=r_ok, other=num_slots)
     hi_r = tl.load(HI + rr64, mask=r_ok, other=-1)
@@ -569,9 +568,8 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     n_u = tl.where(take, tl.load(USZ + t), 0)
     r64 = ri.to(tl.int64)
     heads = h * group + hh
-    # a tile another path takes reads nothing (its loop is empty, its store masked)
     q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
-                mask=tl.where(take, m_ok, False)[:, None] & d_mask[None, :], other=0.0)
+                mask=m_ok[:, None] & d_mask[None, :], other=0.0)
     SL_t = SLOTS + lt.to(tl.int64) * s_lt
     CNT_t = CNT + lt.to(tl.int64) * s_ct
     rows = tl.arange(0, RP)
