@@ -277,9 +277,15 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     start = (lo // BLOCK_N) * BLOCK_N
     kb = K_h + start.to(tl.int64) * s_kt
     vb = V_h + start.to(tl.int64) * s_vt
-    for s0 in range(start, hi + 1, BLOCK_N):
+    # at least one step (masked to nothing for a tile that is not dense): a loop that may run
+    # zero times leaves ptxas a path that defines the accumulators outside the wgmma pipeline,
+    # and it then serializes every wgmma of the loop (C7515, "non wgmma instructions defining
+    # accumulator registers")
+    for it in range(0, tl.maximum(tl.cdiv(hi + 1 - start, BLOCK_N), 1)):
+        s0 = start + it * BLOCK_N
         n = s0 + offs_n
-        inr = (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None])
+        inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None]),
+                       False)
         w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
         cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
         c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
@@ -578,7 +584,9 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for u0 in range(0, n_u, BLOCK_N):
+    # at least one step (all masked for a tile another path takes), as in _dense_fwd: a loop
+    # that may run zero times makes ptxas serialize every wgmma of the loop (C7515)
+    for u0 in range(0, tl.maximum(n_u, 1), BLOCK_N):
         u = u0 + offs_n
         u_ok = u < n_u
         slot = tl.load(SL_t + u, mask=u_ok, other=0).to(tl.int64)
