@@ -6,7 +6,12 @@ gets) and compiled; each kernel's SASS is normalized (addresses, the function na
     python3 benchmarks/probes/xcompile_sparse.py [--out digests.json] [--sass DIR]
 
 Run it on two trees and diff the JSON (``--compare A.json B.json``): equal digests mean the same
-machine code. The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, Gluon,
+machine code. ``--wgmma`` compiles only the row-tile kernels (DENSE's and UNION's) and exits 1
+when one's loop runs its wgmma serialized: ptxas then waits for every wgmma before the next
+(its warning C7515, which Triton does not show; e.g. a loop that may run zero times leaves a
+path defining the accumulators), which made those kernels 3-7% slower on the H200.
+
+The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, Gluon,
 long-KV, dense, union), the shipped tuning table (``docs/tables/*.json``), the generic table
 geometries and the sm120 plugin's, each at its bucket's kind and group; shapes at the seed's
 head dim 256 and top-k 2051 (CPU tensors, never read).
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -96,6 +102,22 @@ def compile_launch(fn: Any, args: tuple[Any, ...], kw: dict[str, Any], target: A
     return triton.compile(src, target=target, options=options.__dict__)
 
 
+def wgmma_waits(norm: str) -> tuple[int, int]:
+    """(wgmma instructions, how many of them are followed by a wait before the next one) in a
+    normalized SASS listing: a pipelined loop waits once a group (1-2 per step), a serialized
+    one after every wgmma."""
+    lines = norm.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith("HGMMA")]
+    waits = sum(1 for a, b in itertools.pairwise(at)
+                if any(line.startswith("WARPGROUP.DEPBAR") for line in lines[a:b]))
+    return len(at), waits
+
+
+#: the row-tile kernels --wgmma checks (their tables, their kernels)
+ROW_TILE_TABLES = ("H200_DENSE_CONFIGS", "H200_UNION_CONFIGS")
+ROW_TILE_KERNELS = ("_dense_fwd", "_union_fwd")
+
+
 def shipped_configs() -> list[tuple[str, str, int, int, dict[str, Any]]]:
     """(label, kind, group, kv_len, config) for every config kreg ships for sparse_prefill."""
     import glob
@@ -162,7 +184,7 @@ def inputs(kind: str, group: int, kv_len: int, rows: int = 2048, topk: int = 205
     return (q, k, v, idx), kw
 
 
-def digests(sass_dir: str = "") -> dict[str, str]:
+def digests(sass_dir: str = "", wgmma: bool = False) -> dict[str, str]:
     from triton.backends.compiler import GPUTarget
 
     from backends.sparse_prefill import gluon_kernels, triton_kernels
@@ -180,6 +202,8 @@ def digests(sass_dir: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     try:
         for lab, kind, group, kv, cfg in shipped_configs():
+            if wgmma and not lab.startswith(ROW_TILE_TABLES):
+                continue
             cap.launches.clear()
             args, kw = inputs(kind, group, kv)
             try:
@@ -190,12 +214,19 @@ def digests(sass_dir: str = "") -> dict[str, str]:
                 continue
             for i, (fn, fargs, fkw) in enumerate(cap.launches):
                 name = f"{lab} #{i} {fn.fn.__name__}"
+                if wgmma and fn.fn.__name__ not in ROW_TILE_KERNELS:
+                    continue
                 try:
                     ck = compile_launch(fn, fargs, fkw, target)
                     sass = _sass(ck.asm["cubin"])
                     norm = normalize(sass)
                     out[name] = hashlib.sha256(norm.encode()).hexdigest()[:16] + \
                         f" {norm.count(chr(10)) + 1} instr"
+                    if wgmma:
+                        n, w = wgmma_waits(norm)
+                        serial = n < 8 or w > n // 4
+                        out[name] = f"{'SERIALIZED' if serial else 'pipelined'}: {n} wgmma, " \
+                                    f"{w} followed by a wait"
                     if sass_dir:
                         os.makedirs(sass_dir, exist_ok=True)
                         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
@@ -214,6 +245,8 @@ def main() -> int:
     ap.add_argument("--out", default="", help="write the digests to this JSON file")
     ap.add_argument("--sass", default="", help="a folder for each launch's normalized SASS")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="diff two digest files")
+    ap.add_argument("--wgmma", action="store_true",
+                    help="the row-tile kernels only: exit 1 unless their wgmma run pipelined")
     a = ap.parse_args()
     if a.compare:
         with open(a.compare[0]) as f:
@@ -227,12 +260,17 @@ def main() -> int:
         print(f"{same} launches identical, {len(diff)} differ or are missing on one side")
         return 1 if diff else 0
     sys.path.insert(0, os.getcwd())
-    res = digests(a.sass)
+    res = digests(a.sass, a.wgmma)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)
     bad = [k for k, v in res.items() if v.startswith("FAILED")]
     print(f"{len(res)} launches, {len(bad)} failed to compile")
+    if a.wgmma:
+        serial = [k for k, v in res.items() if v.startswith("SERIALIZED")]
+        print(f"{len(res) - len(serial) - len(bad)} row-tile launches pipelined, "
+              f"{len(serial)} serialized")
+        bad += serial
     return 1 if bad else 0
 
 

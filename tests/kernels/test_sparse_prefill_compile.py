@@ -1,0 +1,37 @@
+"""The sparse_prefill row-tile kernels keep their wgmma pipelined, checked on a CPU.
+
+ptxas serializes a loop's wgmma (waits for each before issuing the next) when it finds a path
+that defines the accumulators between a wgmma and its wait (its warning C7515, which Triton
+does not surface): a loop that may run zero times was enough, and it cost the DENSE and UNION
+kernels 3-7% on the H200 (docs/notes/sparse_prefill.md, "Session 20"). This test cross-compiles
+every shipped DENSE and UNION launch for sm_90 in a subprocess without ``TRITON_INTERPRET``
+(``benchmarks/probes/xcompile_sparse.py --wgmma``) and reads the SASS: at most a quarter of the
+wgmma instructions may be followed by a wait before the next (a pipelined step waits once).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_row_tile_kernels_keep_their_wgmma_pipelined() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks/probes/xcompile_sparse.py"),
+                          "--wgmma"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    lines = [ln for ln in res.stdout.splitlines() if " _dense_fwd " in ln or " _union_fwd " in ln]
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {ln.split("]")[0] for ln in lines} == {
+        "H200_DENSE_CONFIGS[prefill,6", "H200_DENSE_CONFIGS[prefill,12",
+        "H200_UNION_CONFIGS[prefill,6", "H200_UNION_CONFIGS[prefill,12",
+        "H200_UNION_CONFIGS[chunk,6", "H200_UNION_CONFIGS[chunk,12"}, res.stdout
+    assert all("pipelined" in ln for ln in lines), "\n".join(lines)
