@@ -9,7 +9,7 @@ Run it on two trees and diff the JSON (``--compare A.json B.json``): equal diges
 machine code. ``--wgmma`` compiles only the row-tile kernels (DENSE's and UNION's) and exits 1
 when one's loop runs its wgmma serialized: ptxas then waits for every wgmma before the next
 (its warning C7515, which Triton does not show; e.g. a loop that may run zero times leaves a
-path defining the accumulators), which made those kernels 3-7% slower on the H200.
+path defining the accumulators), which made those kernels 2-8% slower on the H200.
 
 The configs: the H200 family (``plugins/nvidia_hopper.py``: prefill, wgmma, Gluon,
 long-KV, dense, union), the shipped tuning table (``docs/tables/*.json``), the generic table

@@ -3,7 +3,7 @@
 ptxas serializes a loop's wgmma (waits for each before issuing the next) when it finds a path
 that defines the accumulators between a wgmma and its wait (its warning C7515, which Triton
 does not surface): a loop that may run zero times was enough, and it cost the DENSE and UNION
-kernels 3-7% on the H200 (docs/notes/sparse_prefill.md, "Session 20"). This test cross-compiles
+kernels 2-8% on the H200 (docs/notes/sparse_prefill.md, "Session 20"). This test cross-compiles
 every shipped DENSE and UNION launch for sm_90 in a subprocess without ``TRITON_INTERPRET``
 (``benchmarks/probes/xcompile_sparse.py --wgmma``) and reads the SASS: at most a quarter of the
 wgmma instructions may be followed by a wait before the next (a pipelined step waits once).
