@@ -167,10 +167,10 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # (backends/sparse_prefill/tuning.py); the policy takes the chunk group-6 one (offered as
 # `config=nvidia_hopper.union.chunk_g6`: 128-line tiles of 16 rows, 64 slots a step) at KV 8192
 # to 32768 from 8192 rows (UNION_POLICY, UNION_KV, UNION_MIN_TOTAL_Q). Measured in one window
-# against the family it replaces (session 18, CUDA-graph replays at 8192 rows, after the
-# rescale-skipping softmax step; docs/notes/sparse_prefill.md, "Session 18"): top-k-shaped rows
-# 0.91x at KV 8K (1.149 against 1.258 ms) and 0.82x at 32K (1.628 against 1.995), the bench
-# walk 0.98x / 0.99x (the gate keeps its tiles on the gathering kernel). Not taken elsewhere:
+# against the staged family it replaces (session 20, CUDA-graph replays at 8192 rows, the
+# position-space pre-pass and the mark runs; docs/BENCHMARKS.md, "Session 20"): top-k-shaped
+# rows 0.59x at KV 8K (0.997 against 1.690 ms) and 0.71x at 32K (1.416 against 1.986), the
+# bench walk 0.98x / 1.00x (the gate keeps its tiles on the gathering kernel). Not taken elsewhere:
 # chunk group 12 wins on top-k rows with 64-line tiles (0.93x at 8K) but loses on the walk
 # (1.25x); prefill group 6 at 8K wins on top-k rows (0.83-0.90x) but the walk then runs 4-24%
 # slower than the dense tiles (DENSE and UNION share DENSE_TILE); prefill at 32K and prefill
