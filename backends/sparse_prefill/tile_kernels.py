@@ -551,14 +551,15 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
                s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
-               DOT_PREC: tl.constexpr, SLACK: tl.constexpr):
+               DOT_PREC: tl.constexpr, SLACK: tl.constexpr, OFFS32: tl.constexpr):
     """UNION: tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``) when its ``FLAG``
     is 2, ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)`` (lines as
     ``_dense_fwd``'s: line m is row ``m // HP``, head ``m % HP``). Gathers the union's K/V rows
     ``SLOTS[.., u]`` BLOCK_N positions a step (pointer loads) and scores them for every line at
     once; a line's weight of position u is ``count * exp2(score)`` with its row's count
     ``CNT[.., row, u]`` (-inf where 0), the dense kernel's arithmetic. Other tiles do
-    nothing."""
+    nothing. OFFS32: the gathered rows' element offsets (``slot * stride + d``) in int32, which
+    the wrapper sets only where ``_offsets_fit_int32`` holds; int64 otherwise."""
     RP: tl.constexpr = BLOCK_M // HP
     pid = tl.program_id(0)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -589,10 +590,12 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     for u0 in range(0, tl.maximum(n_u, 1), BLOCK_N):
         u = u0 + offs_n
         u_ok = u < n_u
-        slot = tl.load(SL_t + u, mask=u_ok, other=0).to(tl.int64)
+        slot = tl.load(SL_t + u, mask=u_ok, other=0)
+        if not OFFS32:
+            slot = slot.to(tl.int64)
         kv_mask = u_ok[:, None] & d_mask[None, :]
-        k = tl.load(K_h + slot[:, None] * s_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V_h + slot[:, None] * s_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(K_h + (slot[:, None] * s_kt + offs_d[None, :]), mask=kv_mask, other=0.0)
+        v = tl.load(V_h + (slot[:, None] * s_vt + offs_d[None, :]), mask=kv_mask, other=0.0)
         w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=u_ok[None, :],
                     other=0)
         cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
@@ -705,6 +708,9 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     (int32 per tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
     import torch
 
+    # here, not at the top: triton_kernels imports this module
+    from backends.sparse_prefill.triton_kernels import _offsets_fit_int32
+
     total_q, _, d = q.shape
     num_slots, hkv, _ = k.shape
     group, topk, (bm, bn, nw, ns), hp, rp, slack = _tile_shape(q, k, idx, var, "UNION")
@@ -732,6 +738,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     chunk = max(1, min(ntiles, _UNION_SCRATCH_BYTES // per_tile))
     bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
     runs = mark_runs(topk, num_ids)
+    offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0), v.stride(0),
+                                                        d_pad)
     wpre = torch.empty_like(bits)
     gate = torch.empty((chunk,), device=dev, dtype=torch.int32)
     slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
@@ -758,7 +766,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             slots.stride(0), cnt.stride(0), cnt.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec,
-            SLACK=slack, num_warps=nw, num_stages=ns)
+            SLACK=slack, OFFS32=offs32, num_warps=nw, num_stages=ns)
     return flag
 
 

@@ -10,8 +10,7 @@
 # flashinfer: the table, the family, auto and FlashInfer's raw paged attention (flashinfer-paged, when
 # importable) at KV 8K and 32K on both index sets; kv128k: the same at KV 128K; overlap: the
 # --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png, the union path
-# at the default tile and at the one measured fastest for the group; offs32: the unmeasured
-# patch docs/notes/patches/union_offs32.patch against the tree's kernels, per kernel)
+# at the default tile and at the one measured fastest for the group)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -147,29 +146,6 @@ if [[ $STEPS == *overlap* ]]; then
       --baseline h200 --plot "$OUT/overlap_g$g.png" >> "$OUT/overlap.txt" 2>&1
     log "rc=$?"
   done
-fi
-if [[ $STEPS == *offs32* ]]; then
-  # docs/notes/patches/union_offs32.patch (the union kernel's gather offsets in int32 where they
-  # fit: fewer spills at 128x64 / 64x32 tiles) against the tree's kernels, one window a cell,
-  # every output checked first; the tree is restored after
-  cp backends/sparse_prefill/tile_kernels.py "$OUT/tile_kernels.before.py"
-  if git apply docs/notes/patches/union_offs32.patch 2>/dev/null \
-      || patch -s -p1 < docs/notes/patches/union_offs32.patch; then
-    for cell in "chunk 6 8192 topk h200" "chunk 6 32768 topk h200" "chunk 6 8192 walk h200" \
-        "prefill 6 8192 topk geometry=$(fam_base prefill 6):union300:dt128x64x8x2" \
-        "chunk 12 8192 topk geometry=$(fam_base chunk 12):union300:dt64x32x4x3"; do
-      set -- $cell
-      log "offs32 $1 g$2 KV $3 $4"
-      timeout 120 python3 benchmarks/probes/union_phases.py --kind $1 --group-size $2 \
-        --kv-len $3 --indices $4 --configs $5 --old "$OUT/tile_kernels.before.py" \
-        >> "$OUT/offs32.txt" 2>&1
-      log "rc=$?"
-    done
-    cp "$OUT/tile_kernels.before.py" backends/sparse_prefill/tile_kernels.py
-  else
-    log "offs32: the patch does not apply to this tree"
-  fi
-  rm -f "$OUT/tile_kernels.before.py"
 fi
 log done
 [ "${PACK_TCACHE:-0}" = 1 ] && bash benchmarks/probes/tcache.sh pack "$OUT"

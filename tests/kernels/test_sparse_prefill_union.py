@@ -249,6 +249,42 @@ def test_union_tiles_in_chunks_of_the_scratch_budget(monkeypatch: pytest.MonkeyP
     assert poisoned[0].tolist() == want and UNION in want and GATHER in want
 
 
+@pytest.mark.parametrize("offs32,fits,want", [(1, True, True), (1, False, False),
+                                              (0, True, False)])
+def test_union_gathers_with_int32_offsets_only_where_they_fit(
+        offs32: int, fits: bool, want: bool, monkeypatch: pytest.MonkeyPatch,
+        poisoned: list[Any]) -> None:
+    # the union kernel's OFFS32 is the config's OFFS32 and _offsets_fit_int32 (of the cache's
+    # slots, K/V row strides and padded head dim); both offset widths match the reference
+    import backends.sparse_prefill.triton_kernels as tk
+
+    asked: list[tuple[int, ...]] = []
+
+    def fit(*a: int) -> bool:
+        asked.append(a)
+        return fits
+
+    monkeypatch.setattr(tk, "_offsets_fit_int32", fit)
+    launched: list[bool] = []
+    real = tile_kernels._union_fwd
+
+    class Spy:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kw: Any) -> Any:
+                launched.append(kw["OFFS32"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(tile_kernels, "_union_fwd", Spy())
+    q, k, v, idx, lengths = _shared_case(9, d=24)
+    _run(q, k, v, idx, {**BASE, "OFFS32": offs32, "UNION": 250, "DENSE_TILE": "32x16x4x2"},
+         lengths=lengths)
+    assert UNION in poisoned[0].tolist()
+    assert launched and set(launched) == {want}
+    if offs32:
+        assert (k.shape[0], k.stride(0), v.stride(0), 32) in asked
+
+
 def test_union_counts_duplicates_and_only_valid_entries(poisoned: list[Any]) -> None:
     # one tile: row 0 lists slot 9 three times, row 1 once; row 2 past its length lists NaN
     # slots; row 3 only invalid entries
