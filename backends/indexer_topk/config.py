@@ -18,7 +18,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1, "GMAX_BITS": 32, "FILTER": 0,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1, "GMAX_BITS": 32,
 }
 # Keys removed by issue 25's clean-up (no policy, default, tuner or table selected their other
 # values, and docs/notes/indexer_topk.md records those as losing or unmeasured; the knobs are
@@ -48,8 +48,6 @@ _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
                   "use 1, or 2 when rows are fewer than half the device's SMs"),
     "GMAX_BITS": ((32, 16), "32 (exact group maxima) or 16 (fused: their top 16 bits, half the "
                   "traffic)", "use 32"),
-    "FILTER": ((0, 1), "1 (fused: a sampled threshold a row, the keys above it written by the "
-               "gmax pass and selected there when they hold the top k) or 0", "use 0 or 1"),
 }
 
 
@@ -149,8 +147,6 @@ def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
     (CUs on AMD). A config that pins ``FUSED`` gets that path's defaults for the keys it
     leaves out."""
     fused = bool(config["FUSED"]) if config.get("FUSED") in (0, 1) else None
-    if fused is None and config.get("FILTER") == 1:
-        fused = True   # the filter is a fused-path option: pinning it pins the path
     base = default_config(num_rows, max_keys, k, sm_count, fused=fused)
     cfg = {**base, **config}
     if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
@@ -230,13 +226,6 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
                           "row program; use 0 or 128")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
-    if cfg["FILTER"] and not config.get("FUSED", 1):   # a partial config: resolved to fused
-        raise ConfigError("indexer_topk config FILTER=1 needs FUSED=1 (the filter runs in the "
-                          "fused path's gmax pass); set FUSED=1 or drop FILTER")
-    if cfg["FILTER"] and cfg["CAND_CAP"] // plan(cfg, max_keys)["slices"] < 16:
-        raise ConfigError(f"indexer_topk config FILTER=1: CAND_CAP ({cfg['CAND_CAP']}) over "
-                          f"{plan(cfg, max_keys)['slices']} gmax slices leaves under 16 "
-                          "candidates a slice; raise CAND_CAP or SLICE_KEYS")
 
 
 def plan(config: dict[str, Any], max_keys: int) -> dict[str, int]:
@@ -302,8 +291,7 @@ def scratch_bytes_per_row(config: dict[str, Any], k: int, max_keys: int) -> int:
         return int((2 if b16 else 4) * p["groups"] + (4 * groups2 if cfg["GROUP2"] > 1 else 0)
                    + 8 * cfg["CAND_CAP"] + (4 * (split + 1) if split > 1 else 0)
                    + (0 if list_in_place(cfg, max_keys) else 4 * p["groups"])
-                   + (4 * groups2 if min_bound_tile(cfg, max_keys) else 0)
-                   + (4 * (1 + p["slices"]) if cfg["FILTER"] else 0))
+                   + (4 * groups2 if min_bound_tile(cfg, max_keys) else 0))
     # The list area (the tie tier's) is allocated on every call; the group minima where
     # min_bound_tile says.
     return int(8 * p["groups"] + 8 * cfg["CAND_CAP"] + 4 * (p["slices"] + 2)

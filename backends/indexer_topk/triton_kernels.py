@@ -188,9 +188,6 @@ from backends.indexer_topk.config import (
 # register tiles). Small on purpose: a 4096-value chunk inside the search loop made the fused
 # row program 231 registers on sm_90 (Triton 3.6), half the programs an SM.
 MEM_CH = tl.constexpr(1024)
-# FILTER=1: the sampled threshold of a row that takes no filter (no order key equals it: the
-# largest is +inf's, 0x7F800000, and NaN's is INT32_MIN + 1).
-FILT_OFF = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -258,11 +255,9 @@ def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
 
 @triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
-                 off_gm2, n_groups2, off_arr, off_min2=0, off_ft=0, off_fc=0, off_fpos=0,
-                 off_fkey=0, cap=0, rcap=0,
+                 off_gm2, n_groups2, off_arr, off_min2=0,
                  GS: tl.constexpr = 1, GB: tl.constexpr = 1, GS2: tl.constexpr = 1,
-                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, MIN2: tl.constexpr = 0,
-                 FILT: tl.constexpr = 0):
+                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, MIN2: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
     ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
@@ -271,13 +266,7 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     (:func:`_level16`). ``MIN2``: also the supergroup *minima* at ``off_min2`` (INT32_MIN for
     a supergroup with a key past the row's length), for the tie kernel's minimum bound (rows
     of full-size supergroups only; the others' area is left unwritten); with GS2 = 1 (the
-    four-launch path) the group minima, ``n_groups`` a row.
-
-    ``FILT`` (``FILTER=1``, fused): also the keys ``>= t`` (the row's sampled threshold at
-    ``off_ft``, from :func:`_sample_kernel`; ``FILT_OFF``: none) of the slice, in position
-    order, into the slice's region of ``rcap`` entries of the row's candidate buffer (``cap``
-    entries at ``off_fpos`` / ``off_fkey``), and their number (more than ``rcap``: the region
-    overflowed) at ``off_fc``, one a (row, slice)."""
+    four-launch path) the group minima, ``n_groups`` a row."""
     row = tl.program_id(0)
     sl = tl.program_id(1)
     if ARRIVE:
@@ -293,45 +282,25 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
         else:
             level = _half_level(length, k, n_groups2, GS, GS2)
         n_min = n_groups2 if GS2 > 1 else n_groups
-        t = tl.full([], FILT_OFF, tl.int32)
-        reg = row.to(tl.int64) * cap + sl * rcap
-        if FILT:
-            t = tl.load(gm_ptr + off_ft + row)
-        run = _gmax_span(scores_ptr + row.to(tl.int64) * stride_s,
-                         gm + row.to(tl.int64) * n_groups,
-                         gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS,
-                         GB, GS2, B16, gm_ptr + off_min2 + row.to(tl.int64) * n_min, MIN2,
-                         FILT, t, gm_ptr + off_fpos + reg, gm_ptr + off_fkey + reg, rcap)
-        if FILT:
-            tl.store(gm_ptr + off_fc + row * tl.num_programs(1) + sl, run)
+        _gmax_span(scores_ptr + row.to(tl.int64) * stride_s, gm + row.to(tl.int64) * n_groups,
+                   gm_ptr + off_gm2 + row.to(tl.int64) * n_groups2, start, end, level, GS, GB,
+                   GS2, B16, gm_ptr + off_min2 + row.to(tl.int64) * n_min, MIN2)
 
 
 @triton.jit
 def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.constexpr,
-               GS2: tl.constexpr, B16: tl.constexpr = 0, dst3=None, MIN2: tl.constexpr = 0,
-               FILT: tl.constexpr = 0, t=0, fpos=None, fkey=None, rcap=0):
+               GS2: tl.constexpr, B16: tl.constexpr = 0, dst3=None, MIN2: tl.constexpr = 0):
     """The group maxima of keys [start, end) of one row (start a multiple of GS * GB), and with
     GS2 > 1 the supergroup maxima (of half the size when ``half``). B16: ``dst`` is int16 and
     takes each maximum's top 16 bits; ``half`` is :func:`_level16`'s level (2: the int32 group
     maxima at ``dst2``). MIN2 (32-bit maxima, full-size supergroups): the supergroup minima at
     ``dst3`` too, or with GS2 = 1 (the four-launch path) the group minima (a masked key is
-    INT32_MIN, so a (super)group with a key past ``end`` gets INT32_MIN). FILT: the keys
-    ``>= t`` placed in position order at ``fpos`` / ``fkey`` (at most ``rcap``); returns their
-    number (0 without FILT)."""
+    INT32_MIN, so a (super)group with a key past ``end`` gets INT32_MIN)."""
     g_off = tl.arange(0, GB)
     j = tl.arange(0, GS)
-    run = tl.full([], 0, tl.int32)
-    if FILT == 3:
-        p0 = start + g_off[:, None] * GS + j[None, :]
-        x_next = tl.load(src + p0, mask=p0 < end, other=0.0)
     for c0 in range(start, end, GB * GS):
         pos = c0 + g_off[:, None] * GS + j[None, :]
-        if FILT == 3:
-            m = pos < end
-            x = x_next
-            x_next = tl.load(src + pos + GB * GS, mask=pos + GB * GS < end, other=0.0)
-            key = tl.where(m, _to_key(x.to(tl.float32)), -2147483648)
-        elif c0 + GB * GS <= end:
+        if c0 + GB * GS <= end:
             # A whole step: unmasked, so 16-byte loads (a mask against the runtime ``end``
             # made every load 4 bytes wide).
             key = _to_key(tl.load(src + pos).to(tl.float32))
@@ -339,12 +308,6 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
             m = pos < end
             x = tl.load(src + pos, mask=m, other=0.0).to(tl.float32)
             key = tl.where(m, _to_key(x), -2147483648)
-        if FILT:  # noqa: SIM102 (constexpr, then a runtime test)
-            if t != FILT_OFF:
-                if FILT == 2:
-                    run += tl.sum(tl.sum((key >= t).to(tl.int32), axis=1), axis=0)
-                else:
-                    run = _place_keys(key, pos, t, run, fpos, fkey, rcap)
         g = tl.max(key, axis=1)
         gidx = c0 // GS + g_off
         if B16:
@@ -370,7 +333,6 @@ def _gmax_span(src, dst, dst2, start, end, half, GS: tl.constexpr, GB: tl.conste
                     gn = tl.min(tl.reshape(tl.min(key, axis=1), [GB // GS2, GS2]), axis=1)
                     idx = c0 // (GS * GS2) + tl.arange(0, GB // GS2)
                     tl.store(dst3 + idx, gn, mask=idx * (GS * GS2) < end)
-    return run
 
 
 @triton.jit
@@ -511,20 +473,6 @@ def _place_loaded(x, pos, m, lb, run, cpos, ckey, cap, NT: tl.constexpr):
     # Position order is the tile's row-major order: a key's slot is the count of the groups
     # before its group plus its offset inside the group, both computed in the tile's own layout
     # (a scan of the flattened tile costs layout conversions through shared memory).
-    before = tl.sum(tl.cumsum(ci, axis=0) - ci, axis=1)
-    dst = run + before[:, None] + tl.cumsum(ci, axis=1) - ci
-    wm = (ci != 0) & (dst < cap)
-    tl.store(cpos + dst, pos, mask=wm)
-    tl.store(ckey + dst, key, mask=wm)
-    return run + tl.sum(tl.sum(ci, axis=1), axis=0)
-
-
-@triton.jit
-def _place_keys(key, pos, lb, run, cpos, ckey, cap):
-    """:func:`_place_loaded` for a [groups, GS] tile of int32 order keys (INT32_MIN where not
-    a key, below every ``lb``): the keys ``>= lb`` placed in position order from ``run`` on
-    (at most ``cap``); returns the new count."""
-    ci = (key >= lb).to(tl.int32)
     before = tl.sum(tl.cumsum(ci, axis=0) - ci, axis=1)
     dst = run + before[:, None] + tl.cumsum(ci, axis=1) - ci
     wm = (ci != 0) & (dst < cap)
@@ -1408,7 +1356,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, PCH: tl.constexpr,
                 SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0, STOP: tl.constexpr = 0,
                 B16: tl.constexpr = 0, FALL16: tl.constexpr = 1, TIE_LAUNCH: tl.constexpr = 0,
-                off_tie=0, FILT: tl.constexpr = 0):
+                off_tie=0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     1. ``L``: a lower bound of the k-th largest maximum of the row's groups of ``GS * GS2``
@@ -1435,19 +1383,15 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     point): 1, 2 or 3 ends the program after phase 1 (the bound), 2 (compaction) or 3
     (gather), writing that phase's scalar to the row's first output entry, so that the time of
     each phase is the difference of two runs.
-    ``FILT`` (``FILTER=1``): rows ``_filter_kernel`` selected (0 at ``off_tie``) return at once.
     """
     row = tl.program_id(0)
     part = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
-    todo = True
-    if FILT:
-        todo = tl.load(ws_ptr + off_tie + 2 * row) != 0
     if length <= k:
         if part == 0:
             _short_row(out, length, k, KB)
-    elif todo:
+    else:
         ng = (length + GS - 1) // GS
         if B16:
             gsrc = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + row.to(tl.int64) * n_groups
@@ -1615,162 +1559,7 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                               CAP, True, CAP, GB, 0, 0, CT)
 
 
-# ==== 4. Sampled-threshold path (FILTER=1, fused) ===========================================
-# Before ``_gmax_kernel``, ``_sample_kernel`` picks a threshold t a row from a sample of its
-# keys; the gmax pass then also writes the keys >= t of each slice in position order into the
-# slice's region of the candidate buffer (:func:`_gmax_span`), and ``_filter_kernel`` selects
-# every row whose regions hold at least k keys and none overflowed: all
-# keys >= t with at least k of them, so the row's k-th key T >= t and the top k are among
-# them -- exact whatever the sample said. Every other row (a tie at the sampled threshold, a
-# sample that missed, rows too long for the sample to be trusted) is left to ``_row_kernel``
-# (which skips the selected rows) and ``_tie_kernel`` as without the filter: the group maxima
-# were written by the same pass. No host read, no wait on another program.
-
-# Sampled keys a row: lines of 32 consecutive keys, evenly spaced; warps of the sample and
-# filter kernels.
-SAMPLE_KEYS = 8192
-_SAMPLE_WARPS = 8
-_FILTER_WARPS = 8
-_FILT_MODE = 1   # probes: 2 counts without placing (wrong results), 3 prefetches the next step
-
-
-@triton.jit
-def _sample_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, k, off_ft,
-                   NS: tl.constexpr, CAND2: tl.constexpr, JMIN: tl.constexpr):
-    """A row's threshold t for the filter (``FILT_OFF``: none): from ``NS`` keys read as lines
-    of 32 evenly spaced over the row (a fraction f of it), the value whose sample count is
-    about 1.45 k f, so that the row holds about 1.45 k keys >= t: at least k and at most
-    ``CAND2`` (the buffer) with a margin of 4.5-5 standard deviations of the sampling (independent keys),
-    or the value just above a tie there when that still leaves that margin; none when the
-    sample is too small a fraction of the row for such margins (fewer than ``JMIN`` sampled
-    keys above t), or a tie spans them."""
-    row = tl.program_id(0)
-    length = _row_len(lengths_ptr, row, n_keys)
-    t = tl.full([], FILT_OFF, tl.int32)
-    if length > k:
-        per: tl.constexpr = NS // 32
-        nl = length // 32
-        ss = tl.maximum((nl + per - 1) // per, 1)
-        n_lines = (nl + ss - 1) // ss
-        i = tl.arange(0, NS)
-        line = i // 32
-        m = line < n_lines
-        pos = line * (ss * 32) + i % 32
-        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + pos, mask=m, other=0.0)
-        key = tl.where(m, _to_key(x.to(tl.float32)), -2147483648)
-        n_s = n_lines * 32
-        fs = n_s.to(tl.float32) / length.to(tl.float32)
-        kf = k * fs
-        cf = CAND2 * fs
-        j_min = tl.ceil(kf + 4.5 * tl.sqrt(kf)).to(tl.int32)
-        j_t = tl.maximum(tl.ceil(1.45 * kf).to(tl.int32), j_min)
-        j_max = tl.floor(cf - 5.0 * tl.sqrt(cf)).to(tl.int32)
-        if (j_t >= JMIN) & (j_t <= j_max) & (j_t <= n_s):
-            hi = tl.max(key, axis=0).to(tl.int64)
-            lo = tl.min(tl.where(m, key, 2147483647), axis=0).to(tl.int64)
-            lb64, cnt = _loose_kth_tile(key, j_t, lo, hi, n_s.to(tl.int64), j_t // 16)
-            lb = lb64.to(tl.int32)
-            if cnt <= j_max:
-                t = lb
-            elif tl.sum((key > lb).to(tl.int32), axis=0) >= j_min:
-                t = lb + 1   # a tie at lb spans the window; the keys above it still fit
-    tl.store(ws_ptr + off_ft + row, t)
-
-
-@triton.jit
-def _filter_select(kp, pp, fc, nsl, rcap, total, t, k, out, CAP: tl.constexpr):
-    """The top k of a row's ``total <= CAP`` filtered keys (all >= t, in position order across the
-    ``nsl`` slice regions of ``rcap`` entries at ``kp`` / ``pp``, counts at ``fc``) in one
-    register tile of CAP: T = the k-th largest, then the keys > T and the first ``k - #(> T)``
-    keys == T, written in position order."""
-    o = tl.arange(0, CAP)
-    keys = tl.load(kp + _region_src(o, fc, nsl, rcap), mask=o < total, other=-2147483648)
-    hi = tl.max(keys, axis=0).to(tl.int64)
-    kt = _kth_search_tile(keys, k, t.to(tl.int64), hi).to(tl.int32)
-    gt = keys > kt
-    need = k - tl.sum(gt.to(tl.int32), axis=0)
-    eq = (keys == kt).to(tl.int32)
-    sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
-    si = sel.to(tl.int32)
-    dst = tl.cumsum(si, axis=0) - si
-    # The sources again rather than kept live through the search (registers).
-    p = tl.load(pp + _region_src(o, fc, nsl, rcap), mask=sel, other=0)
-    tl.store(out + dst, p, mask=sel)
-
-
-@triton.jit
-def _region_src(o, fc, nsl, rcap):
-    """Buffer index of entry ``o`` of the joined regions: region s holds entries [P_s, P_s +
-    c_s) (P the prefix of the counts at ``fc``) at ``s * rcap`` on."""
-    src = o
-    acc = tl.full([], 0, tl.int32)
-    for s in range(0, nsl):
-        c = tl.load(fc + s)
-        src = tl.where(o >= acc, o - acc + s * rcap, src)
-        acc += c
-    return src
-
-
-@triton.jit
-def _join_regions(fc, nsl, cpos, ckey, rcap):
-    """The filtered keys of slices 1.. (each in its ``rcap`` region of the row's buffer) moved
-    down after those of the slices before, so that the buffer holds all of them in position
-    order (as :func:`_join_parts`, over a runtime number of regions)."""
-    total = tl.load(fc)
-    offs = tl.arange(0, MEM_CH)
-    for s in range(1, nsl):
-        n_s = tl.load(fc + s)
-        for c0 in range(0, n_s, MEM_CH):
-            m = c0 + offs < n_s
-            src = s * rcap + c0 + offs
-            vp = tl.load(cpos + src, mask=m, other=0)
-            vk = tl.load(ckey + src, mask=m, other=0)
-            # The destination lies below the source and may overlap this chunk's source:
-            # every thread's loads first.
-            tl.debug_barrier()
-            tl.store(cpos + total + c0 + offs, vp, mask=m)
-            tl.store(ckey + total + c0 + offs, vk, mask=m)
-            tl.debug_barrier()
-        total += n_s
-    return total
-
-
-@triton.jit
-def _filter_kernel(lengths_ptr, ws_ptr, out_ptr, n_keys, k, cap, off_ft, off_fc, off_cpos,
-                   off_ckey, off_tie, nsl, rcap, SP: tl.constexpr, CAP: tl.constexpr,
-                   PCH: tl.constexpr):
-    """After the filtering gmax pass: a row whose slice regions hold all its keys >= t (none
-    overflowed) and at least k of them is selected here -- from the regions in one register
-    tile of CAP when they fit it (:func:`_filter_select`), else after joining them in the
-    buffer (:func:`_select_buffered`) -- and marked done (0 at ``off_tie``, which
-    ``_row_kernel`` and ``_tie_kernel`` then skip); every other row gets -1 there and the rest
-    of the path."""
-    row = tl.program_id(0)
-    length = _row_len(lengths_ptr, row, n_keys)
-    code = tl.full([], -1, tl.int32)
-    if length > k:
-        t = tl.load(ws_ptr + off_ft + row)
-        if t != FILT_OFF:
-            so = tl.arange(0, SP)
-            fc = ws_ptr + off_fc + row * nsl
-            cnt = tl.load(fc + so, mask=so < nsl, other=0)
-            total = tl.sum(cnt, axis=0)
-            over = tl.max(cnt, axis=0) > rcap
-            if (over == 0) & (total >= k):
-                row_c = row.to(tl.int64) * cap
-                kp = ws_ptr + off_ckey + row_c
-                pp = ws_ptr + off_cpos + row_c
-                out = out_ptr + row.to(tl.int64) * k
-                if total <= CAP:
-                    _filter_select(kp, pp, fc, nsl, rcap, total, t, k, out, CAP)
-                else:
-                    n = _join_regions(fc, nsl, pp, kp, rcap)
-                    _select_buffered(kp, pp, out, n, t, k, CAP, PCH)
-                code = tl.full([], 0, tl.int32)
-    tl.store(ws_ptr + off_tie + 2 * row, code)
-
-
-# ==== 5. Wrapper ============================================================================
+# ==== 4. Wrapper ============================================================================
 # Config resolution, workspace layout and the launches of each path; the product entry point
 # ``indexer_topk_triton`` and the probes' ``_indexer_topk_stopped``.
 
@@ -1780,12 +1569,6 @@ _TIE_LAUNCH = True
 #: The tie kernel's bound from minima (``_min_bound``; the gmax kernel writes them, 4 bytes a
 #: supergroup (fused) or group (four-launch), where ``config.min_bound_tile`` says).
 _MIN_BOUND = True
-#: FILTER=1: the fewest sampled keys above the threshold (the row's count is estimated from
-#: them; fewer: no filter for the row). Tests lower it to exercise the path at small k.
-FILTER_MIN_SAMPLE = 64
-#: Tests only: skip the launches after ``_filter_kernel`` (rows it did not select keep the
-#: poisoned output), to see which rows the filter selected.
-_FILTER_ONLY = False
 
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
@@ -1998,33 +1781,16 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
     off_list = off_arr + (rows if split > 1 else 0)
     off_tie = off_list + (0 if in_place else rows * groups)
     tie_launch = int(_TIE_LAUNCH and stop == 0)
-    filt = int(bool(cfg["FILTER"]) and stop == 0)
     # supergroup minima for the tie kernel's minimum bound (32-bit maxima, supergroups that
     # fit one register tile)
     mt = min_bound_tile(cfg, n) if tie_launch and _MIN_BOUND else 0
-    off_min2 = off_tie + (2 * rows if tie_launch or filt else 0)
-    off_ft = off_min2 + (rows * groups2 if mt else 0)
-    off_fc = off_ft + (rows if filt else 0)
-    size = off_fc + (rows * slices if filt else 0)
+    off_min2 = off_tie + (2 * rows if tie_launch else 0)
+    size = off_min2 + (rows * groups2 if mt else 0)
     ws = _alloc(torch, size, scores.device)
-    rcap = cap // slices
-    if filt:
-        _sample_kernel[(rows,)](scores, lengths, ws, n, stride, k, off_ft, NS=SAMPLE_KEYS,
-                                CAND2=cap, JMIN=FILTER_MIN_SAMPLE, num_warps=_SAMPLE_WARPS)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, off_gm2,
-                                groups2, off_arr, off_min2, off_ft, off_fc, off_cpos, off_ckey,
-                                cap, rcap, GS=gs, GB=gb, GS2=gs2,
+                                groups2, off_arr, off_min2, GS=gs, GB=gb, GS2=gs2,
                                 ARRIVE=int(split > 1), B16=b16, MIN2=int(mt > 0),
-                                FILT=filt * _FILT_MODE,
                                 num_warps=cfg["num_warps"])
-    if filt:
-        _filter_kernel[(rows,)](lengths, ws, out, n, k, cap, off_ft, off_fc, off_cpos,
-                                off_ckey, off_tie, slices, rcap, SP=_next_pow2(slices),
-                                CAP=cfg["CAND_TILE"],
-                                PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]),
-                                num_warps=_FILTER_WARPS)
-        if _FILTER_ONLY:
-            return
     _row_kernel[(rows, split)](scores, lengths, ws, out, n, stride, groups, k, cap,
                                cfg["BOUND_SLACK"], off_gm2, groups2 if gs2 > 1 else groups,
                                off_cpos, off_ckey, off_cnt, off_arr, off_list, SPLIT=split,
@@ -2036,7 +1802,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                PCH=min(cfg["CAND_TILE"], cfg["PLACE_KEYS"]), STOP=stop,
                                B16=2 if b16 and in_place else b16,
                                FALL16=int(b16 and _fall16(n, k, gs, gs2)),
-                               TIE_LAUNCH=tie_launch, off_tie=off_tie, FILT=filt,
+                               TIE_LAUNCH=tie_launch, off_tie=off_tie,
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg))
     if tie_launch:
         pk = max(1, cfg["PLACE_KEYS"] // gs)
