@@ -20,9 +20,10 @@ a scan across threads.
    SASS with 384 barriers, so it went). ``done[row]`` says which rows it took; the product would
    send the others down the default path.
 
-Measured: nothing yet. The session's one GPU run of an earlier form had an empty sample window
-(docs/notes/indexer_topk.md, v44). CPU: ``tests/kernels/test_indexer_topk_lane_filter.py``
-(interpreter). Commands:
+Measured (session 22, H200, docs/notes/indexer_topk.md v44): rejected, 2.3-3.3x the default
+kernels on every distribution it takes (1024 random rows: sample 113.5 us, stream 391.4, select
+533.5 against the default's 340 in all). Kept as the record of the design and its SASS counts.
+CPU: ``tests/kernels/test_indexer_topk_lane_filter.py`` (interpreter). Commands:
 
     PYTHONPATH=/tmp/tri36:$PWD python3 benchmarks/probes/lane_filter_topk.py --xcompile 1024
     python3 benchmarks/probes/lane_filter_topk.py            # on a GPU: the A/B table
@@ -216,9 +217,10 @@ def select_k(lengths_ptr, T, FP, FK, FC, OUT, DONE, n_keys, k, SV: tl.constexpr,
 
 
 def lane_topk(scores, lengths, k, *, S=8, NW=4, LCAP=16, CAP=4096, NS=16384, SW=8, FW=8,
-              LCH=256, JMIN=64, poison=None):
+              LCH=256, JMIN=64, poison=None, only=None):
     """(out, done): ``out[row]`` the exact top-k positions (ascending) where ``done[row]``;
-    other rows are left as allocated (``poison`` fills everything first)."""
+    other rows are left as allocated (``poison`` fills everything first). ``only`` (any value):
+    return the three launches as closures over one set of buffers instead, for timing apart."""
     import torch
 
     rows, n = scores.shape
@@ -235,12 +237,24 @@ def lane_topk(scores, lengths, k, *, S=8, NW=4, LCAP=16, CAP=4096, NS=16384, SW=
     FP, FK = e((rows * SV * LCAP,)), e((rows * SV * LCAP,))
     out = e((rows, k))
     vec = 16 // scores.element_size()
-    sample_k[(rows,)](scores, lengths, T, n, scores.stride(0), k, NS=NS, CAP=CAP, JMIN=JMIN,
-                      num_warps=SW)
-    stream_k[(rows, S)](scores, lengths, T, FP, FK, FC, n, scores.stride(0), k, S=S, V=V,
-                        VEC=vec, LCAP=LCAP, num_warps=NW)
-    select_k[(rows,)](lengths, T, FP, FK, FC, out, done, n, k, SV=SV, LCAP=LCAP, CAP=CAP,
-                      LCH=min(LCH, SV), num_warps=FW)
+
+    def sample():
+        sample_k[(rows,)](scores, lengths, T, n, scores.stride(0), k, NS=NS, CAP=CAP,
+                          JMIN=JMIN, num_warps=SW)
+
+    def stream():
+        stream_k[(rows, S)](scores, lengths, T, FP, FK, FC, n, scores.stride(0), k, S=S, V=V,
+                            VEC=vec, LCAP=LCAP, num_warps=NW)
+
+    def select():
+        select_k[(rows,)](lengths, T, FP, FK, FC, out, done, n, k, SV=SV, LCAP=LCAP, CAP=CAP,
+                          LCH=min(LCH, SV), num_warps=FW)
+
+    phases = {"sample": sample, "stream": stream, "select": select}
+    if only is not None:
+        return phases
+    for fn in phases.values():
+        fn()
     return out, done
 
 
@@ -323,6 +337,11 @@ def main() -> int:
                 notes.append(f"{name}: {int(done.sum())}/{rows} taken, {bad} wrong")
                 if not bad:
                     fns[name] = lambda s=s, lens=lens, kw=kw: lane_topk(s, lens, k, **kw)
+            if dist in ("randn", "ties") and rows == 1024:
+                ph = lane_topk(s, lens, k, only=True)
+                for fn in ph.values():
+                    fn()
+                fns.update({f"lane.{n}": fn for n, fn in ph.items()})
             ms = interleaved_median_ms(fns, warmup=3, iters=20, graphs=True)
             line = f"{dist:9s} {rows:5d} " + "  ".join(
                 f"{n} {1000 * v:7.1f} us ({v / ms['default']:.3f}x)" for n, v in ms.items())
