@@ -18,7 +18,7 @@ DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
     "SEARCH_WARPS": 4, "BOUND_TILE": 4096, "CAND_TILE": 4096, "CAND_CAP": 16384,
     "FUSED": 0, "BOUND_SLACK": 256, "PLACE_KEYS": 2048, "GROUP2": 1,
-    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1, "GMAX_BITS": 32,
+    "COMPACT_TILE": 2048, "MAX_REGS": 0, "ROW_SPLIT": 1, "GMAX_BITS": 32, "ONE_PASS": 0,
 }
 # Keys removed by issue 25's clean-up (no policy, default, tuner or table selected their other
 # values, and docs/notes/indexer_topk.md records those as losing or unmeasured; the knobs are
@@ -48,6 +48,8 @@ _CHOICES: dict[str, tuple[tuple[int, ...], str, str]] = {
                   "use 1, or 2 when rows are fewer than half the device's SMs"),
     "GMAX_BITS": ((32, 16), "32 (exact group maxima) or 16 (fused: their top 16 bits, half the "
                   "traffic)", "use 32"),
+    "ONE_PASS": ((0, 1), "0 (a gmax launch, then the row programs) or 1 (fused: each row "
+                 "program reads its own row for the group maxima first, one launch)", "use 0"),
 }
 
 
@@ -101,6 +103,12 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
         while split < 8 and num_rows * split * 2 <= sm_count:
             split *= 2
         cfg["ROW_SPLIT"] = split
+        # ONE_PASS from ~30 rows an SM (4096 rows on the H200): no gmax launch, each row
+        # program reads its own row for the maxima first. 4096 x 131072: 0.93-0.98x the
+        # two-launch time on all ten distributions (randn 1175 against 1255 us); 2048 rows
+        # 0.96-1.02x (ties and zeros 1-2% behind), 1024 rows 0.99-1.03x (session 23,
+        # docs/notes/indexer_topk.md v45).
+        cfg["ONE_PASS"] = int(num_rows >= 30 * sm_count)
     per_slice = _cdiv(n, slices)
     cfg["GROUP2"] = max(1, min(64, _next_pow2(_cdiv(n, 2 * k)) // cfg["GROUP"]))
     cfg["GROUP_BLOCK"] = max(cfg["GROUP2"], min(step, _next_pow2(per_slice)) // cfg["GROUP"])
@@ -147,8 +155,19 @@ def resolve_config(config: dict[str, Any], num_rows: int, max_keys: int,
     (CUs on AMD). A config that pins ``FUSED`` gets that path's defaults for the keys it
     leaves out."""
     fused = bool(config["FUSED"]) if config.get("FUSED") in (0, 1) else None
+    one = config.get("ONE_PASS") == 1
+    if one:
+        fused = True
     base = default_config(num_rows, max_keys, k, sm_count, fused=fused)
     cfg = {**base, **config}
+    if one:
+        # ONE_PASS: one program a row, exact maxima (validate_config rejects a config
+        # pinning anything else)
+        cfg["ROW_SPLIT"] = config.get("ROW_SPLIT", 1)
+        cfg["GMAX_BITS"] = config.get("GMAX_BITS", 32)
+    elif "ONE_PASS" not in config and cfg.get("ONE_PASS") == 1 and (
+            config.get("ROW_SPLIT", 1) != 1 or config.get("GMAX_BITS", 32) != 32):
+        cfg["ONE_PASS"] = 0     # the default's ONE_PASS gives way to what the config pinned
     if "GROUP_BLOCK" not in config and isinstance(cfg["GROUP2"], int):
         cfg["GROUP_BLOCK"] = max(cfg["GROUP_BLOCK"], cfg["GROUP2"])   # whole supergroups a step
     if "GMAX_BITS" not in config and cfg["FUSED"] == 1 and all(
@@ -224,6 +243,12 @@ def validate_config(config: dict[str, Any], k: int, max_keys: int) -> None:
         raise ConfigError(f"indexer_topk config MAX_REGS={cfg['MAX_REGS']}: must be 0 (the "
                           "compiler's choice) or a register cap per thread in [32, 255] for the "
                           "row program; use 0 or 128")
+    clash = {key: config[key] for key, want in (("FUSED", 1), ("ROW_SPLIT", 1), ("GMAX_BITS", 32))
+             if key in config and config[key] != want}
+    if cfg["ONE_PASS"] and clash:
+        raise ConfigError(f"indexer_topk config ONE_PASS=1 (one row program a row reading its "
+                          f"own row) needs FUSED=1, ROW_SPLIT=1 and GMAX_BITS=32; got "
+                          f"{clash}; drop those keys or use ONE_PASS=0")
     if max_keys < 0:
         raise ConfigError(f"indexer_topk max_keys={max_keys}: must be >= 0")
 

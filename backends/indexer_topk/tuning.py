@@ -80,7 +80,7 @@ def _fmt(cfg: dict[str, Any]) -> str:
     return (f"fused s{cfg['SLICE_KEYS']} g{cfg['GROUP']}x{cfg['GROUP2']} "
             f"w{cfg['SEARCH_WARPS']} p{cfg['PLACE_KEYS']} c{cfg['COMPACT_TILE']} "
             f"r{cfg.get('MAX_REGS', 0)}{f' x{split}' if split != 1 else ''}"
-            f"{f' b{bits}' if bits != 32 else ''}")
+            f"{f' b{bits}' if bits != 32 else ''}{' one' if cfg.get('ONE_PASS') else ''}")
 
 
 def baseline(case: Any, facts: Any) -> str:
@@ -108,7 +108,10 @@ def candidates(case: Any, facts: Any) -> list[tuple[str, dict[str, Any] | None, 
     if fused["GROUP2"] > 1:
         space.append({**fused, "GROUP": fused["GROUP"] * 2, "GROUP2": fused["GROUP2"] // 2,
                       "PLACE_KEYS": max(fused["PLACE_KEYS"], fused["GROUP"] * 2)})
-    space.append({**fused, "GMAX_BITS": 48 - fused["GMAX_BITS"]})   # the other of 32, 16
+    # the other of 32, 16 (16-bit maxima need the gmax launch)
+    space.append({**fused, "GMAX_BITS": 48 - fused["GMAX_BITS"], "ONE_PASS": 0})
+    if fused["ROW_SPLIT"] == 1:     # the other of one launch and two
+        space.append({**fused, "ONE_PASS": 1 - fused["ONE_PASS"], "GMAX_BITS": 32})
     if fused["ROW_SPLIT"] > 1:
         space.append({**fused, "ROW_SPLIT": fused["ROW_SPLIT"] // 2})   # fewer programs a row
     space.append(default_config(case.rows, case.keys, case.k, facts.sm_count, fused=False))

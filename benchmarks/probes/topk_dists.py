@@ -1,16 +1,18 @@
 """Probe: indexer_topk (default config) against torch.topk on every score distribution.
 
     python3 benchmarks/probes/topk_dists.py --rows 1,64,1024,4096 --dtypes float32 \
-        [--dists randn,ties,...] [--old PATH] [--out FILE]
+        [--dists randn,ties,...] [--old PATH] [--alt NAME=JSON ...] [--out FILE]
 
 For each dtype, distribution and row count (x 131072 keys, k = 2048, full rows): kreg's output
 (and ``--old``'s: another copy of triton_kernels.py, loaded from PATH, e.g. the previous commit
-for a before/after in one window) is checked entry by entry against the torch reference; then
+for a before/after in one window; ``--alt``: kreg with another config, e.g.
+``--alt 'one={"ONE_PASS": 1}'``, for a config A/B in one window) is checked entry by entry
+against the torch reference; then
 kreg, torch.topk (and old) are timed in one interleaved window of CUDA-graph replays
 (``registry._timing.interleaved_median_ms``). Prints one line per point and a table last:
 microseconds, the ratio to kreg's randn time at the same shape, and kreg / torch.topk.
 Scores come from a CPU generator (``distributions.make_scores``) once per distribution at the
-largest row count; fewer rows are its first rows.
+largest row count (or ``--gen-rows`` rows repeated up to it); fewer rows are its first rows.
 """
 
 from __future__ import annotations
@@ -38,10 +40,21 @@ def main() -> int:
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
     ap.add_argument("--dtypes", default="float32")
     ap.add_argument("--old", default="")
+    ap.add_argument("--alt", action="append", default=[],
+                    help='NAME=JSON: also time kreg with this config, e.g. one={"ONE_PASS": 1}')
+    ap.add_argument("--gen-rows", type=int, default=0,
+                    help="generate this many rows and repeat them up to the largest row count "
+                         "(0: generate every row; the CPU generator takes ~10 s a 4096-row cache)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     rows_list = [int(x) for x in a.rows.split(",")]
+    alts = {}
+    for item in a.alt:
+        name, sep, blob = item.partition("=")
+        if not sep:
+            ap.error(f"--alt {item!r}: write NAME=JSON, e.g. one={{\"ONE_PASS\": 1}}")
+        alts[name] = json.loads(blob)
     n, k = a.keys, a.k
     old = None
     if a.old:
@@ -57,7 +70,11 @@ def main() -> int:
         dtype = getattr(torch, dt)
         for name in a.dists.split(","):
             t0 = time.time()
-            full = make_scores(name, max(rows_list), n, seed=1).to(dtype).to(dev)
+            top = max(rows_list)
+            gen = min(top, a.gen_rows) if a.gen_rows > 0 else top
+            full = make_scores(name, gen, n, seed=1).to(dtype).to(dev)
+            if gen < top:
+                full = full.repeat(-(-top // gen), 1)[:top].contiguous()
             for rows in rows_list:
                 scores = full[:rows]
                 lengths = torch.full((rows,), n, dtype=torch.int32, device=dev)
@@ -68,8 +85,11 @@ def main() -> int:
                 if old is not None:
                     fns["old"] = lambda s=scores, ln=lengths: old.indexer_topk_triton(
                         s, ln, k, config={})
+                for name_, acfg in alts.items():
+                    fns[name_] = lambda s=scores, ln=lengths, c=acfg: tk.indexer_topk_triton(
+                        s, ln, k, config=dict(c))
                 checks = {}
-                for p in ("kreg", "old"):
+                for p in ("kreg", "old", *alts):
                     if p in fns:
                         mm = topk_mismatches(fns[p](), want)
                         checks[p] = "exact" if not mm else mm[0]
@@ -88,12 +108,14 @@ def main() -> int:
             print(f"# {dt} {name} {time.time() - t0:.1f}s", flush=True)
     base = {(r["dtype"], r["rows"]): r["kreg"] for r in results if r["dist"] == "randn"}
     print("\n| dtype | dist | rows | kreg us | x randn | torch.topk us | kreg/torch |"
-          + (" old us |" if old else "") + " exact |")
+          + (" old us |" if old else "") + "".join(f" {n} us | {n}/kreg |" for n in alts)
+          + " exact |")
     for r in results:
         b = base.get((r["dtype"], r["rows"]))
         xr = f"{r['kreg'] / b:.2f}" if b else "-"
         print(f"| {r['dtype']} | {r['dist']} | {r['rows']} | {r['kreg']} | {xr} | {r['torch']} | "
               f"{r['kreg'] / r['torch']:.2f} |" + (f" {r['old']} |" if old else "")
+              + "".join(f" {r[n]} | {r[n] / r['kreg']:.3f} |" for n in alts)
               + f" {'yes' if all(v == 'exact' for v in r['checks'].values()) else 'NO'} |")
     if a.out:
         with open(a.out, "w") as f:

@@ -213,7 +213,7 @@ def test_gpu_k2048_every_distribution(tk, name):
     want = indexer_topk_reference(scores, lengths, k)
     for cfg in ({}, {"FUSED": 0}, {"FUSED": 1}, {"FUSED": 1, "ROW_SPLIT": 1},
                 {"FUSED": 1, "ROW_SPLIT": 2}, {"FUSED": 1, "ROW_SPLIT": 1, "GMAX_BITS": 16},
-                {"FUSED": 1, "ROW_SPLIT": 1, "GMAX_BITS": 32}):
+                {"FUSED": 1, "ROW_SPLIT": 1, "GMAX_BITS": 32}, {"ONE_PASS": 1}):
         got = tk.indexer_topk_triton(scores, lengths, k, config=cfg)
         assert topk_mismatches(got, want) == [], cfg
     for rows in (1, 64, 1024):

@@ -70,6 +70,13 @@ SMALL = {
                      "GMAX_BITS": 16, "ROW_SPLIT": 1},
     "fused_gmax16_two_parts": {"GROUP": 8, "GROUP2": 1, "PLACE_KEYS": 64, "CAND_TILE": 64,
                                "CAND_CAP": 256, "ROW_SPLIT": 2, "GMAX_BITS": 16},
+    # ONE_PASS: no gmax launch; each row program writes its own row's maxima first (two and
+    # one levels; the poisoned workspace fails any maximum it forgets).
+    "fused_one_pass": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
+                       "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32,
+                       "ONE_PASS": 1},
+    "fused_one_pass_row_tier": {"GROUP": 8, "GROUP2": 1, "GROUP_BLOCK": 8, "PLACE_KEYS": 64,
+                                "CAND_TILE": 64, "CAND_CAP": 64, "ONE_PASS": 1},
     # Half groups read whole (max_keys 1200 is a multiple of GROUP; the gather does it then).
     "fused_half": {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64,
                    "CAND_TILE": 256, "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32},
@@ -368,7 +375,10 @@ def test_input_validation():
     ({"GROUP2": 128}, "GROUP2"), ({"COMPACT_TILE": 100}, "COMPACT_TILE"),
     ({"MAX_REGS": 16}, "MAX_REGS"), ({"MAX_REGS": 300}, "MAX_REGS"),
     ({"FUSED": 1, "GROUP2": 8, "GROUP_BLOCK": 4}, "GROUP2"),
-    ({"GMAX_BITS": 8}, "GMAX_BITS"),
+    ({"GMAX_BITS": 8}, "GMAX_BITS"), ({"ONE_PASS": 2}, "ONE_PASS"),
+    ({"ONE_PASS": 1, "ROW_SPLIT": 2}, "ONE_PASS=1 .*ROW_SPLIT"),
+    ({"ONE_PASS": 1, "FUSED": 0}, "ONE_PASS=1 .*FUSED"),
+    ({"ONE_PASS": 1, "GMAX_BITS": 16}, "ONE_PASS=1 .*GMAX_BITS"),
 ])
 def test_validate_config(bad, key):
     with pytest.raises(ConfigError, match=key):
@@ -466,6 +476,16 @@ def test_default_config_and_scratch():
     assert TK.resolve_config({"GROUP": 2}, 4096, 2**17, 2048)["GMAX_BITS"] == 32
     assert TK.resolve_config({"ROW_SPLIT": 2, "GMAX_BITS": 16}, 4096, 131072)["GMAX_BITS"] == 16
     assert TK.resolve_config({"FUSED": 0}, 4096, 131072, 2048)["GMAX_BITS"] == 32
+    # ONE_PASS (no gmax launch) from 30 rows an SM: 4096 rows on the H200's 132 SMs, not 2048,
+    # nor on a 256-CU MI355X; a config pinning two programs a row or 16-bit maxima, or the
+    # four-launch path, takes the gmax launch without naming ONE_PASS.
+    assert [TK.default_config(r, 131072, 2048)["ONE_PASS"] for r in (1, 64, 2048, 3959, 3960)] \
+        == [0, 0, 0, 0, 1]
+    assert TK.default_config(4096, 131072, 2048, sm_count=256)["ONE_PASS"] == 0
+    assert [TK.resolve_config(c, 4096, 131072)["ONE_PASS"] for c in (
+        {}, {"ROW_SPLIT": 2}, {"GMAX_BITS": 16}, {"FUSED": 0}, {"ROW_SPLIT": 1})] == [1, 0, 0, 0, 1]
+    for c in ({"ROW_SPLIT": 2}, {"GMAX_BITS": 16}, {"FUSED": 0}, {}):
+        TK.validate_config(TK.resolve_config(c, 4096, 131072), 2048, 131072)
     # Scratch: 2-byte group maxima, the active list in their place with one part a row and up
     # to 65536 groups, else in an area of its own; 4-byte maxima the list overwrites.
     assert TK.scratch_bytes_per_row({**cfg, "GMAX_BITS": 16}, 2048, 131072) \
@@ -485,6 +505,47 @@ def test_default_config_and_scratch():
         == 8 * 4096 + 8 * 16384 + 4 * 3 + 4 * 4096
     assert TK.scratch_bytes_per_row({**old, "GROUP": 16}, 2048, 131072) \
         == 8 * 8192 + 8 * 16384 + 4 * 3
+
+
+def test_one_pass_launches_no_gmax_kernel(monkeypatch):
+    """ONE_PASS=1 is one launch (two with the rare tiers'): the row programs compute the group
+    maxima the gmax launch would have (the workspace starts poisoned), and the defaults it
+    resolves to are the fused path's with one program a row and exact maxima, whatever the
+    row count would pick."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ONE_PASS launched _gmax_kernel")
+
+    cfg = TK.resolve_config({"ONE_PASS": 1}, 4, 1200, 16)
+    assert (cfg["FUSED"], cfg["ROW_SPLIT"], cfg["GMAX_BITS"]) == (1, 1, 32)
+    assert TK.resolve_config({"FUSED": 1}, 4, 1200, 16)["ROW_SPLIT"] > 1    # what it overrides
+    scores = make_scores("random", 4, 1200, seed=5)
+    lengths = torch.tensor([1200, 700, 17, 40], dtype=torch.int32, device=DEV)
+    want = indexer_topk_reference(scores, lengths, 16)
+    monkeypatch.setattr(TK._gmax_kernel, "run", refuse, raising=False)
+    got = TK.indexer_topk_triton(scores, lengths, 16, config={"ONE_PASS": 1})
+    assert topk_mismatches(got, want) == []
+    with pytest.raises(AssertionError, match="launched _gmax_kernel"):   # the control
+        TK.indexer_topk_triton(scores, lengths, 16, config={"FUSED": 1})
+
+def test_tuner_space_has_both_sides_of_one_pass():
+    """The tuner measures the default against the other side of ONE_PASS where one program a
+    row runs (and 16-bit maxima only with the gmax launch): every candidate valid, labels
+    distinct."""
+    import types
+
+    from backends.indexer_topk import tuning
+    from backends.indexer_topk.bench import BenchCase
+
+    facts = types.SimpleNamespace(sm_count=132)
+    for rows, want_base in ((4096, True), (1024, False)):
+        case = BenchCase(rows=rows, keys=131072, k=2048, dtype="float32", dist="randn")
+        assert tuning.baseline(case, facts).endswith(" one") is want_base
+        cands = tuning.candidates(case, facts)
+        assert all(cfg is not None for _lab, cfg, _why in cands), cands
+        fused = [cfg for _lab, cfg, _why in cands if cfg.get("FUSED") == 1]
+        assert {cfg["ONE_PASS"] for cfg in fused} == {0, 1}
+        assert all(cfg["GMAX_BITS"] == 32 for cfg in fused if cfg["ONE_PASS"])
+        assert len({lab for lab, _c, _w in cands}) == len(cands)
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -511,7 +572,12 @@ def test_gpu_k2048(n, kind):
                 # list in place (entries past 32767 at 524288 keys). GROUP 4: 32768 (in place)
                 # or 131072 (more than uint16 entries hold: the list's own area).
                 {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 1, "GROUP": 8},
-                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 1, "GROUP": 4}):
+                {"FUSED": 1, "GMAX_BITS": 16, "ROW_SPLIT": 1, "GROUP": 4},
+                # ONE_PASS: the row programs write their own maxima (4 warps, 128 / 96
+                # registers as at 1024 / 4096 rows)
+                {"ONE_PASS": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024},
+                {"ONE_PASS": 1, "SEARCH_WARPS": 4, "COMPACT_TILE": 1024, "PLACE_KEYS": 1024,
+                 "MAX_REGS": 96}):
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], cfg
 
