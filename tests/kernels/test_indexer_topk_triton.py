@@ -216,6 +216,55 @@ def _keys(x):
     return torch.where(torch.isnan(x), torch.full_like(b, -(2**31) + 1), b)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_maxima_and_minima_exact_on_every_bit_class(seed):
+    """``_gmax_kernel``'s stored group maxima, supergroup maxima and minima equal the Python
+    twin's (max / min of :func:`_keys`, INT32_MIN past the length), on rows mixing the bit
+    patterns the shortcut of ``_group_max_min`` must fix: -0.0 beside +0.0 (alone, as a
+    group's maximum, as its minimum), negative NaNs of several payloads (groups of nothing
+    else, beside numbers), +/-inf, the smallest denormals of both signs, and a positive NaN in
+    some steps only (those take the exact transform); a full row and a ragged one (the masked
+    last step). The workspace starts poisoned."""
+    gs, gb, gs2, k, n, rows = 8, 16, 4, 16, 1024, 4
+    g = torch.Generator().manual_seed(seed)
+    pats = torch.tensor([0x80000000, 0x00000000, 0xFFC00000, 0xFFFFFFFF, 0xFF800001,
+                         0xFF800000, 0x7F800000, 0x80000001, 0x00000001, 0x3F800000,
+                         0xBF800000], dtype=torch.int64)
+    bits = pats[torch.randint(0, len(pats), (rows, n), generator=g)]
+    bits = torch.where(torch.rand(rows, n, generator=g) < 0.3,
+                       torch.randn(rows, n, generator=g).view(torch.int32).to(torch.int64)
+                       & 0xFFFFFFFF, bits)
+    bits[:, 64:96] = 0xFFC00001                   # a supergroup of negative NaNs only
+    bits[:, 200:208] = 0x80000000                 # a group of -0.0 only
+    bits[:, 208:216] = torch.tensor([0x80000000, 0] * 4)
+    bits[1:3, 300] = 0x7FC00000                   # positive NaNs: rows 1 and 2, one step
+    bits[3, :] = 0xFFC00000                       # a row of negative NaNs only
+    scores = (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32).to(DEV)
+    lengths = torch.tensor([n, n, 1000, n], dtype=torch.int32, device=DEV)
+    groups, groups2 = n // gs, n // (gs * gs2)
+    off_gm2 = rows * groups
+    off_arr = off_gm2 + rows * groups2
+    off_min2 = off_arr + rows
+    ws = torch.full((off_min2 + rows * groups2,), 12345, dtype=torch.int32, device=DEV)
+    TK._gmax_kernel[(rows, 1)](scores, lengths, ws, n, n, groups, n, k, off_gm2, groups2,
+                               off_arr, off_min2, GS=gs, GB=gb, GS2=gs2, ARRIVE=0, B16=0,
+                               MIN2=1, num_warps=4)
+    ws = ws.cpu()
+    for r in range(rows):
+        ln = int(lengths[r])
+        key = torch.full((n,), -(2**31), dtype=torch.int32)
+        key[:ln] = _keys(scores[r, :ln].cpu())
+        full = torch.where(torch.arange(n) < ln, key, torch.tensor(2**31 - 1, dtype=torch.int32))
+        ng, ng2 = -(-ln // gs), -(-ln // (gs * gs2))
+        assert torch.equal(ws[r * groups:r * groups + ng], key.view(groups, gs).amax(1)[:ng]), r
+        sup = ws[off_gm2 + r * groups2:off_gm2 + r * groups2 + ng2]
+        assert torch.equal(sup, key.view(groups2, -1).amax(1)[:ng2]), r
+        mins = ws[off_min2 + r * groups2:off_min2 + r * groups2 + ng2]
+        want = torch.where(full.view(groups2, -1).amax(1) == 2**31 - 1, -(2**31),
+                           key.view(groups2, -1).amin(1))[:ng2]
+        assert torch.equal(mins, want), r
+
+
 def _levels16(length, n, k, gs, gs2):
     """Python twin of _level16 (count of the int32 level a row's bound searches) for a row."""
     ng, ng2, n2 = -(-length // gs), -(-length // (gs * gs2)), -(-n // (gs * gs2))
