@@ -6,6 +6,7 @@ Every row selects on up to 64 slices, a slice per 1,024 keys; measured for k = 2
 from __future__ import annotations
 
 from backends.indexer_topk import EXACT
+from backends.indexer_topk.config import describe_path
 from backends.indexer_topk.conformance import Case, topk_call
 from registry import Implementation, hookimpl
 from registry.requirements import arch_in, device_in, field_eq, triton_runtime, vendor_in
@@ -47,7 +48,7 @@ def kreg_implementations() -> list[Implementation]:
     return [
         Implementation(op="indexer_topk", name="amd_mi355x.indexer_topk_sliced",
                        priority=PRIORITY, requirements=REQUIREMENTS, config=MI355X_TOPK_CONFIG,
-                       contract=EXACT,
+                       contract=EXACT, describe_config=describe_path,
                        kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
                        description="MI355X sliced radix select: 1,024-key slices, up to 64",
                        conformance_profiles=("mi355x",),

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from backends.indexer_topk import EXACT, IndexerTopkWorkload
+from backends.indexer_topk.config import describe_path
 from backends.sparse_prefill import SparsePrefillWorkload
 from backends.sparse_prefill.guarantees import kernel_contract as sparse_kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
@@ -60,6 +61,7 @@ def kreg_implementations() -> list[Implementation]:
                        description="portable Triton kernel, geometry from the total_q table"),
         Implementation(op="indexer_topk", name="generic.indexer_topk_radix", priority=PRIORITY,
                        requirements=(triton_runtime(),), config=_radix, contract=EXACT,
+                       describe_config=describe_path,
                        kernel="backends.indexer_topk.triton_kernels:indexer_topk_triton",
                        description="portable sliced radix select, exact"),
     ]

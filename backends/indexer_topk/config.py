@@ -7,12 +7,13 @@ removed (rejected by name) in :data:`REMOVED_KEYS`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from registry.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG", "REMOVED_KEYS", "check_inputs", "default_config", "list_in_place",
-           "plan", "resolve_config", "scratch_bytes_per_row", "validate_config"]
+__all__ = ["DEFAULT_CONFIG", "REMOVED_KEYS", "check_inputs", "default_config", "describe_path",
+           "list_in_place", "plan", "resolve_config", "scratch_bytes_per_row", "validate_config"]
 
 DEFAULT_CONFIG: dict[str, int] = {
     "SLICE_KEYS": 1024, "MAX_SLICES": 64, "num_warps": 4, "GROUP": 16, "GROUP_BLOCK": 64,
@@ -137,6 +138,37 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     else:
         cfg["GMAX_BITS"] = _gmax_bits(cfg, n)
     return cfg
+
+
+_TIERS = ("rows whose k-th key sits in a tie larger than the buffer, or whose candidates "
+          "overflow it, finish in the rare tiers' launch")
+
+
+def describe_path(config: Mapping[str, Any] | None) -> str:
+    """Which launches a config makes, in words (``kreg explain``'s ``path:`` note). A config
+    that leaves ``FUSED`` out (a vendor geometry such as the MI355X's slices) takes the
+    default's path for the shape, which the kernel completes on the device."""
+    if not config:
+        return ("the default config for the shape (backends/indexer_topk/config.py "
+                "default_config), completed on the device")
+    cfg = {**DEFAULT_CONFIG, **config}
+    if "FUSED" not in config:
+        pinned = " ".join(f"{key}={config[key]}" for key in sorted(config))
+        return (f"the default path for the shape (four launches below 32 rows, two from 32, "
+                f"one from 30 rows an SM), completed on the device around {pinned}; {_TIERS}")
+    slices = (f"group maxima of {cfg['GROUP']} keys ({cfg['GMAX_BITS']}-bit) in slices of "
+              f"{cfg['SLICE_KEYS']} keys, at most {cfg['MAX_SLICES']} a row")
+    if not cfg["FUSED"]:
+        return (f"four launches: {slices}; the bound; the placement of the candidates; the "
+                f"selection; {_TIERS}")
+    if cfg["ONE_PASS"]:
+        return (f"one launch (ONE_PASS=1), one program a row: its own row's group maxima of "
+                f"{cfg['GROUP']} keys (32-bit) first, then the bound, the gather of the active "
+                f"groups and the selection; {_TIERS}")
+    split = cfg["ROW_SPLIT"]
+    progs = "one row program a row" if split == 1 else f"{split} row programs a row"
+    return (f"two launches: {slices}; then {progs} (the bound, the gather of the active "
+            f"groups, the selection); {_TIERS}")
 
 
 def _gmax_bits(cfg: dict[str, Any], max_keys: int) -> int:

@@ -317,3 +317,25 @@ def test_load_custom_ops_registers_every_ops_torch_op() -> None:
             registry.load_custom_ops()
     finally:
         registry.reset_registry()
+
+
+def test_explain_names_the_indexer_path_for_each_shape() -> None:
+    """``kreg explain indexer_topk`` says which launches the chosen config makes: four below
+    32 rows, two (with two row programs a row at 64 rows) from 32, one (ONE_PASS) from 30 rows
+    an SM on the H200; the MI355X geometry, which pins only its slices, the default's path."""
+    reg = registry.get_registry()
+
+    def path(rows: int, device: str = "h200") -> str:
+        d = reg.select("indexer_topk", {"k": 2048, "num_rows": rows, "max_keys": 131072,
+                                        "dtype": "float32"}, device)
+        notes = [n for n in d.notes if n.startswith("path: ")]
+        assert len(notes) == 1, d.notes
+        return notes[0]
+
+    assert path(1).startswith("path: four launches: group maxima of 32 keys")
+    assert "then 2 row programs a row" in path(64)
+    assert path(1024).startswith("path: two launches") and "one row program a row" in path(1024)
+    assert path(4096).startswith("path: one launch (ONE_PASS=1)")
+    assert "two launches" in path(3959) and "rare tiers' launch" in path(4096)
+    mi = path(4096, "mi355x")
+    assert mi.startswith("path: the default path for the shape") and "SLICE_KEYS=1024" in mi
