@@ -1,14 +1,16 @@
 """GPU time per kernel of one indexer_topk call (torch.profiler), to split a total.
 
     python benchmarks/probes/profile_indexer.py [--rows 1,64,1024,4096] [--keys 131072]
-        [--config KEY=VAL:KEY=VAL] [--ragged] [--phases]
+        [--config KEY=VAL:KEY=VAL] [--ragged] [--phases] [--dist randn,recent,...]
 
 Prints, per shape, each Triton kernel's mean device time per call over ``--iters`` calls (after
 a warm-up), and their sum. ``--phases`` (fused path) also times the row kernel stopped after its
 bound, its compaction and its gather, and prints each phase's share as the differences (the
-outputs of those runs are not the top-k). Needs a CUDA GPU. For hardware counters on the
-lent H200: ``ncu --clock-control none -k regex:_row_kernel --set full python
-benchmarks/probes/profile_indexer.py --rows 1024 --iters 1``.
+outputs of those runs are not the top-k). ``--dist``: the score distributions
+(``backends/indexer_topk/distributions.py``) to profile, each at every row count. Needs a
+CUDA GPU. For hardware counters on the lent H200: ``ncu --clock-control none -k
+regex:_row_kernel --set full python benchmarks/probes/profile_indexer.py --rows 1024 --iters
+1``.
 """
 
 from __future__ import annotations
@@ -32,17 +34,21 @@ def main() -> None:
     ap.add_argument("--ragged", action="store_true",
                     help="causal batch: row r has (r + 1) * keys / rows valid keys")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--dist", default="randn",
+                    help="comma-separated score distributions (distributions.DISTRIBUTIONS)")
     ap.add_argument("--phases", action="store_true",
                     help="time the fused row kernel phase by phase (differences of stopped runs)")
     args = ap.parse_args()
     cfg = parse_geometry(args.config) if args.config else {}
-    for rows in (int(r) for r in args.rows.split(",")):
-        scores, lengths = make_inputs(BenchCase(rows=rows, keys=args.keys, ragged=args.ragged))
+    for dist, rows in itertools.product(args.dist.split(","),
+                                        (int(r) for r in args.rows.split(","))):
+        scores, lengths = make_inputs(BenchCase(rows=rows, keys=args.keys, ragged=args.ragged,
+                                                dist=dist))
         per = _kernel_us(scores, lengths, cfg, args.iters)
         total = sum(per.values())
         parts = "  ".join(f"{name[:24]} {us:8.1f} us" for name, us in
                           sorted(per.items(), key=lambda kv: -kv[1]))
-        shape = f"{rows}x{args.keys}{' causal' if args.ragged else ''}"
+        shape = f"{rows}x{args.keys} {dist}{' causal' if args.ragged else ''}"
         print(f"{shape} {args.config or 'default'}: {total:8.1f} us  ({parts})",
               flush=True)
         if args.phases:
