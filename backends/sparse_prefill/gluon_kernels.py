@@ -51,7 +51,8 @@ from typing import Any
 from backends.sparse_prefill.config import GLUON_HEAD_DIMS, WGMMA_HEAD_DIM
 from registry.errors import ConfigError, KernelUnavailableError
 
-__all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_gluon"]
+__all__ = ["GLUON_HEAD_DIMS", "WGMMA_HEAD_DIM", "check_gluon", "sparse_prefill_gluon",
+           "union_gluon"]
 
 # ENGINE="gluon_wgmma": [64 keys, 64 head_dim] ring buffers and the chunks in flight (each issued
 # WG_AHEAD steps before its use; at most WG_RING - 1). Measured on the H200
@@ -121,27 +122,31 @@ if _IMPORT_ERROR is None:
         return p, alpha, m_new
 
     @gluon.jit
-    def _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D: gl.constexpr, BM: gl.constexpr,
-                 mma: gl.constexpr):
+    def _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, keep, D: gl.constexpr,
+                 BM: gl.constexpr, mma: gl.constexpr):
         """O = (O^T / l)^T into row ``r``'s lines of KV head ``h`` (the ``group`` real ones of
-        ``BM``); a line with nothing valid (l = 0) stores zeros."""
+        ``BM``); a line with nothing valid (l = 0) stores zeros; nothing where ``keep`` is
+        False."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_safe[None, :]
         od = gl.arange(0, D, layout=gl.SliceLayout(1, mma))
         om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + od[:, None]
         gl.store(optr, o.to(OUT.dtype.element_ty),
-                 mask=(om < group)[None, :] & (od >= 0)[:, None])
+                 mask=((om < group) & keep)[None, :] & (od >= 0)[:, None])
 
     @gluon.jit
-    def _sparse_prefill_gl(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
-                           s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, D: gl.constexpr,
-                           BM: gl.constexpr, BN: gl.constexpr, NST: gl.constexpr,
-                           HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+    def _sparse_prefill_gl(Q, K, V, IDX, LENS, OUT, FLAG, qk_scale, num_slots, topk, group,
+                           s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh,
+                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                           NST: gl.constexpr, HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+                           SKIP_TILES: gl.constexpr, TILE_RP: gl.constexpr,
                            num_warps: gl.constexpr):
-        """One program a (query row, KV head): the module doc's schedule."""
+        """One program a (query row, KV head): the module doc's schedule (SKIP_TILES as the
+        wgmma kernel's)."""
         r = gl.program_id(0).to(gl.int64)
         h = gl.program_id(1)
+        keep = _wg_keep(FLAG, r, SKIP_TILES, TILE_RP)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
                                                       warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, 8])
@@ -156,6 +161,7 @@ if _IMPORT_ERROR is None:
         kbuf = gl.allocate_shared_memory(K.dtype.element_ty, [NST, BN, D], sw)
         vbuf = gl.allocate_shared_memory(K.dtype.element_ty, [NST, BN, D], sw)
         n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk) if HAS_LENS else topk
+        n = gl.where(keep, n, 0)
         IDX_row = IDX + r * s_it
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
@@ -192,10 +198,20 @@ if _IMPORT_ERROR is None:
                 ok = _issue(K_h, V_h, kbuf, vbuf, t_n, j_n, tile + 1, n, num_slots, s_kt, s_vt,
                             offs_d, NST, OFFS32)
         cp.wait_group(0)
-        _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, D, BM, mma)
+        _store_t(OUT, acc, l_i, r, h, group, s_ot, s_oh, keep, D, BM, mma)
 
 
 if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _wg_keep(FLAG, r, SKIP_TILES: gl.constexpr, TILE_RP: gl.constexpr):
+        """Whether a per-row program computes row ``r``: not when SKIP_TILES and its tile's
+        ``FLAG`` is not 0 (the dense or union kernel stored the tile's rows)."""
+        if SKIP_TILES:
+            keep = gl.load(FLAG + r // TILE_RP) == 0
+        else:
+            keep = r >= 0
+        return keep
 
     @gluon.jit
     def _wg_tile(t, j, n, num_slots, offs_c, s_kt, s_vt, OFFS32: gl.constexpr,
@@ -264,23 +280,26 @@ if _IMPORT_ERROR is None:
                              acc * alpha[None, :])
 
     @gluon.jit
-    def _wg_store(OUT, acc, l_i, r, h, group, s_ot, s_oh, C0: gl.constexpr, BM: gl.constexpr,
-                  mma: gl.constexpr):
+    def _wg_store(OUT, acc, l_i, r, h, group, s_ot, s_oh, keep, C0: gl.constexpr,
+                  BM: gl.constexpr, mma: gl.constexpr):
         """O^T's head_dim chunk C0..C0+63, divided by the sums, into row ``r``'s ``group``
-        lines of KV head ``h`` (evict-first: written once); zeros where nothing was valid."""
+        lines of KV head ``h`` (evict-first: written once); zeros where nothing was valid.
+        Nothing where ``keep`` is False (a row another path computed)."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_safe[None, :]
         od = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
         om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         optr = OUT + r * s_ot + (h * group + om)[None, :] * s_oh + (C0 + od)[:, None]
         gl.store(optr, o.to(OUT.dtype.element_ty),
-                 mask=(om < group)[None, :] & (od >= 0)[:, None], eviction_policy="evict_first")
+                 mask=((om < group) & keep)[None, :] & (od >= 0)[:, None],
+                 eviction_policy="evict_first")
 
     @gluon.jit
-    def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, qk_scale, num_slots, topk, group, s_qt,
-                           s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh, BM: gl.constexpr,
-                           HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
+    def _sparse_prefill_wg(Q, K, V, IDX, LENS, OUT, FLAG, qk_scale, num_slots, topk, group,
+                           s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_it, s_ot, s_oh,
+                           BM: gl.constexpr, HAS_LENS: gl.constexpr, OFFS32: gl.constexpr,
                            SAME_STRIDE: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr,
+                           SKIP_TILES: gl.constexpr, TILE_RP: gl.constexpr,
                            num_warps: gl.constexpr):
         """ENGINE="gluon_wgmma": one warpgroup a (query row, KV head), head_dim 256. A tile of
         64 keys moves through a ring of NB [64 keys, 64 head_dim] shared buffers as eight
@@ -288,11 +307,14 @@ if _IMPORT_ERROR is None:
         across tiles, so a program always has LA gathers in flight (8 KB each). S^T = K Q^T
         accumulates over K's chunks on wgmma (Q^T in shared memory), then the online softmax
         (the running sums stay per thread and are reduced once at the end), then O^T's four
-        [64, BM] chunks += V_c^T P^T (P^T through shared memory)."""
+        [64, BM] chunks += V_c^T P^T (P^T through shared memory). SKIP_TILES: rows of the
+        tiles (``TILE_RP`` rows) whose ``FLAG`` is not 0 (a dense or union program stored
+        them) stream nothing and store nothing."""
         BN: gl.constexpr = 64
         r = gl.program_id(0).to(gl.int64)
         h = gl.program_id(1)
         dt: gl.constexpr = K.dtype.element_ty
+        keep = _wg_keep(FLAG, r, SKIP_TILES, TILE_RP)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
                                                       warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BM, 16])
@@ -306,6 +328,7 @@ if _IMPORT_ERROR is None:
         offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
         offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
         n = gl.minimum(gl.maximum(gl.load(LENS + r), 0), topk) if HAS_LENS else topk
+        n = gl.where(keep, n, 0)
         IDX_row = IDX + r * s_it
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
@@ -358,10 +381,168 @@ if _IMPORT_ERROR is None:
             ok = ok_n
         cp.wait_group(0)
         l_i = gl.sum(l_p, 0)
-        _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, 0, BM, mma)
-        _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, 64, BM, mma)
-        _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, 128, BM, mma)
-        _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, 192, BM, mma)
+        _wg_store(OUT, a0, l_i, r, h, group, s_ot, s_oh, keep, 0, BM, mma)
+        _wg_store(OUT, a1, l_i, r, h, group, s_ot, s_oh, keep, 64, BM, mma)
+        _wg_store(OUT, a2, l_i, r, h, group, s_ot, s_oh, keep, 128, BM, mma)
+        _wg_store(OUT, a3, l_i, r, h, group, s_ot, s_oh, keep, 192, BM, mma)
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _uw_counts(CNT_t, tile, n_u, rows, m_ok, s_cr, mma: gl.constexpr):
+        """The lines' multiplicities [64 positions, BM lines] of union positions ``tile * 64
+        ..`` (16-bit fields, two a word: position u of row i is ``CNT_t[i, u >> 1] >> (16 * (u
+        & 1)) & 0xFFFF``), as float32; 0 past ``n_u`` and on padded lines."""
+        u = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+        w = gl.load(CNT_t + rows[None, :] * s_cr + (u >> 1)[:, None],
+                    mask=(u < n_u)[:, None] & m_ok[None, :], other=0)
+        return ((w >> ((u & 1) * 16)[:, None]) & 0xFFFF).to(gl.float32)
+
+    @gluon.jit
+    def _uw_store(OUT, acc, l_i, ri, heads, m_ok, s_ot, s_oh, C0: gl.constexpr,
+                  mma: gl.constexpr):
+        """O^T's head_dim chunk C0..C0+63 divided by the sums into the tile's lines (line m:
+        row ``ri[m]``, head ``heads[m]``) where ``m_ok``; zeros where a line counted nothing."""
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[None, :]
+        od = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+        optr = OUT + ri[None, :] * s_ot + heads[None, :] * s_oh + (C0 + od)[:, None]
+        gl.store(optr, o.to(OUT.dtype.element_ty), mask=m_ok[None, :] & (od >= 0)[:, None],
+                 eviction_policy="evict_first")
+
+    @gluon.jit
+    def _union_wg(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, num_slots, group, total_q,
+                  tile0, ntiles, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot,
+                  s_oh, BM: gl.constexpr, HP: gl.constexpr, OFFS32: gl.constexpr,
+                  SAME_STRIDE: gl.constexpr, NB: gl.constexpr, LA: gl.constexpr,
+                  REVERSE_ROWS: gl.constexpr, num_warps: gl.constexpr):
+        """UNION_ENGINE="gluon_wgmma": tile ``tile0 + program_id(0)`` of ``RP = BM // HP``
+        rows (scratch row ``program_id(0)``) when its ``FLAG`` is 2, KV head ``program_id(1)``
+        (HP is the group rounded up to a power of two: line m is row ``m // HP``, head ``m %
+        HP``). ``_sparse_prefill_wg``'s schedule with the union's slots ``SLOTS[.., u]`` as
+        the entries and the tile's BM lines on wgmma's n side: the K/V rows of 64 union
+        positions move through the ring of NB [64, 64] buffers as eight cp.async chunks, LA in
+        flight; S^T = K Q^T for all lines at once; a line's weight of position u is ``count *
+        exp2(score - m)`` with its row's multiplicity (0 where its row does not select the
+        slot: the score is -inf there); O^T += V^T P^T. A NaN in the accumulators (a zero
+        weight times a non-finite V row another line selects, or a NaN its own rows select)
+        stores nothing and hands the tile back (``FLAG[tile] = 0``) to the per-row kernel,
+        which runs after. Other tiles do nothing (the loop runs over no positions)."""
+        BN: gl.constexpr = 64
+        RP: gl.constexpr = BM // HP
+        pid = gl.program_id(0)
+        if REVERSE_ROWS:
+            lt = ntiles - 1 - pid
+        else:
+            lt = pid
+        t = tile0 + lt
+        h = gl.program_id(1)
+        dt: gl.constexpr = K.dtype.element_ty
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BM, 16])
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)
+        ring = gl.allocate_shared_memory(dt, [NB, BN, 64], sw)
+        qbuf = gl.allocate_shared_memory(dt, [4, BM, 64], sw)
+        pbuf = gl.allocate_shared_memory(dt, [BM, BN], sw)
+        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+        offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        take = gl.load(FLAG + t) == 2
+        n_u = gl.where(take, gl.load(USZ + t), 0)
+        SL_t = SLOTS + lt.to(gl.int64) * s_lt
+        CNT_t = CNT + lt.to(gl.int64) * s_ct
+        K_h = K + h.to(gl.int64) * s_kh
+        V_h = V + h.to(gl.int64) * s_vh
+        e, j = _wg_entries(SL_t, 0, n_u, offs_n, BN)
+        koff, voff, okm, ok = _wg_tile(e, j, n_u, num_slots, offs_c, s_kt, s_vt, OFFS32,
+                                       SAME_STRIDE)
+        for c in gl.static_range(LA):
+            _wg_issue(K_h, V_h, koff, voff, okm, ring, c % NB, offs_c, c)
+        # the tile's lines in the load layout (Q) and in the MMA's (counts, stores)
+        offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+        ri_q = t * RP + offs_m // HP
+        hh_q = offs_m % HP
+        mq = (hh_q < group) & (ri_q < total_q)
+        for c in gl.static_range(4):  # the tile's lines of Q, read once: evict-first
+            qc = gl.load(Q + ri_q.to(gl.int64)[:, None] * s_qt + (h * group + hh_q)[:, None] * s_qh
+                         + c * 64 + offs_c[None, :],
+                         mask=mq[:, None] & (offs_c >= 0)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+            qbuf.index(c).store(qc)
+        om = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        rows = om // HP
+        ri = t * RP + rows
+        hh = om % HP
+        m_ok = (hh < group) & (ri < total_q)
+        a0 = gl.zeros([64, BM], gl.float32, mma)
+        a1 = gl.zeros([64, BM], gl.float32, mma)
+        a2 = gl.zeros([64, BM], gl.float32, mma)
+        a3 = gl.zeros([64, BM], gl.float32, mma)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+        l_p = gl.zeros([BN, BM], gl.float32, mma)
+        for tile in range(gl.cdiv(n_u, BN)):
+            g0 = (tile * 8) % NB  # the buffer of this tile's first chunk
+            e_n, j_n = _wg_entries(SL_t, tile + 1, n_u, offs_n, BN)
+            koff_n = koff  # placeholders until the softmax is done
+            voff_n = voff
+            okm_n = okm
+            s = gl.zeros([BN, BM], gl.float32, mma)
+            for c in gl.static_range(4):  # S^T over K's four chunks
+                s = _wg_qk(K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c,
+                           qbuf, s, c, NB, LA)
+            # online softmax on S^T [positions, lines], weighted by the lines' counts
+            cnt = _uw_counts(CNT_t, tile, n_u, rows, m_ok, s_cr, mma)
+            s = gl.where(cnt > 0.0, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :]) * cnt
+            m_i = m_new
+            l_p = l_p * alpha[None, :] + p
+            pbuf.store(gl.permute(p.to(dt), [1, 0]))
+            pt = pbuf.permute((1, 0))
+            koff_n, voff_n, okm_n, ok_n = _wg_tile(e_n, j_n, n_u, num_slots, offs_c, s_kt,
+                                                   s_vt, OFFS32, SAME_STRIDE)
+            args = (K_h, V_h, koff, voff, okm, koff_n, voff_n, okm_n, ring, g0, offs_c, pt)
+            a0 = _wg_pv(*args, a0, alpha, 4, NB, LA)
+            a1 = _wg_pv(*args, a1, alpha, 5, NB, LA)
+            a2 = _wg_pv(*args, a2, alpha, 6, NB, LA)
+            a3 = _wg_pv(*args, a3, alpha, 7, NB, LA)
+            koff = koff_n
+            voff = voff_n
+            okm = okm_n
+        cp.wait_group(0)
+        l_i = gl.sum(l_p, 0)
+        bad = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3)
+        nan = gl.max(gl.max(bad.to(gl.int32), 1), 0) > 0
+        gl.store(FLAG + t, 0, mask=take & nan)
+        keep = m_ok & take & (nan == 0)
+        ri64 = ri.to(gl.int64)
+        heads = h * group + hh
+        _uw_store(OUT, a0, l_i, ri64, heads, keep, s_ot, s_oh, 0, mma)
+        _uw_store(OUT, a1, l_i, ri64, heads, keep, s_ot, s_oh, 64, mma)
+        _uw_store(OUT, a2, l_i, ri64, heads, keep, s_ot, s_oh, 128, mma)
+        _uw_store(OUT, a3, l_i, ri64, heads, keep, s_ot, s_oh, 192, mma)
+
+
+def union_gluon(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, out: Any,
+                qk_scale: float, tile0: int, ntiles: int, bm: int, hp: int, offs32: bool,
+                reverse: bool) -> None:
+    """Launch :func:`_union_wg` (``UNION_ENGINE="gluon_wgmma"``) on ``ntiles`` tiles from
+    ``tile0`` (``tile_kernels._union``'s chunk of tiles; ``qk_scale`` already in log2 units)."""
+    check_gluon(q, "gluon_wgmma")
+    _check_aligned(k, v, "gluon_wgmma")
+    total_q, hq, _ = q.shape
+    num_slots, hkv, _ = k.shape
+    _union_wg[(ntiles, hkv)](
+        q, k, v, flag, usz, slots, cnt, out, qk_scale, num_slots, hq // hkv, total_q, tile0,
+        ntiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        slots.stride(0), cnt.stride(0), cnt.stride(1), out.stride(0), out.stride(1), BM=bm,
+        HP=hp, OFFS32=offs32, SAME_STRIDE=k.stride(0) == v.stride(0), NB=WG_RING, LA=WG_AHEAD,
+        REVERSE_ROWS=reverse, num_warps=4)
 
 
 def check_gluon(q: Any, engine: str = "gluon") -> None:
@@ -412,32 +593,37 @@ def _check_aligned(k: Any, v: Any, engine: str) -> None:
 
 
 def sparse_prefill_gluon(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
-                         scale: float, config: dict[str, Any], offs32: bool) -> Any:
+                         scale: float, config: dict[str, Any], offs32: bool, flag: Any = None,
+                         tile_rp: int = 1) -> Any:
     """Launch the ``ENGINE`` kernel of ``config`` ("gluon": the mma_v2 kernel; "gluon_wgmma":
     the wgmma kernel) on prefill rows (``idx`` slot ids); ``out`` is written in place.
 
     Reached only through ``sparse_prefill_triton``, which runs the op's input check
     (``backends.sparse_prefill.check_inputs``) first: the last axis of q, k, v and ``idx`` has
     unit stride, their other strides are passed to the kernels, and ``lens`` (1-D, read at unit
-    stride) is contiguous (the wrapper copies a strided ``lengths`` view)."""
+    stride) is contiguous (the wrapper copies a strided ``lengths`` view). ``flag`` (int32
+    per tile of ``tile_rp`` rows; DENSE / UNION): the rows of tiles whose flag is not 0 are
+    another path's and are left alone."""
     engine = config.get("ENGINE", "gluon")
     check_gluon(q, engine)
     _check_aligned(k, v, engine)
     total_q, hq, d = q.shape
     num_slots, hkv, _ = k.shape
     extra = {"maxnreg": config["MAXNREG"]} if config.get("MAXNREG") else {}
+    skip = {"SKIP_TILES": flag is not None, "TILE_RP": tile_rp}
+    flag = flag if flag is not None else idx  # dummy pointer, never read
     if engine == "gluon_wgmma":
         _sparse_prefill_wg[(total_q, hkv)](
-            q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
+            q, k, v, idx, lens, out, flag, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             idx.stride(0), out.stride(0), out.stride(1), BM=config["BLOCK_M"],
             HAS_LENS=has_lens, OFFS32=offs32, SAME_STRIDE=k.stride(0) == v.stride(0),
-            NB=WG_RING, LA=WG_AHEAD, num_warps=4, **extra)
+            NB=WG_RING, LA=WG_AHEAD, num_warps=4, **skip, **extra)
         return out
     _sparse_prefill_gl[(total_q, hkv)](
-        q, k, v, idx, lens, out, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
+        q, k, v, idx, lens, out, flag, scale * _LOG2E, num_slots, idx.shape[1], hq // hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         idx.stride(0), out.stride(0), out.stride(1), D=d, BM=config["BLOCK_M"],
         BN=config["BLOCK_N"], NST=config["num_stages"], HAS_LENS=has_lens, OFFS32=offs32,
-        num_warps=config["num_warps"], **extra)
+        num_warps=config["num_warps"], **skip, **extra)
     return out

@@ -628,7 +628,8 @@ def sparse_prefill_triton(q: Any, k: Any, v: Any, indices: Any, *, config: dict[
                               f"CHUNK_MODE='pretranslate' (got {var['CHUNK_MODE']!r})")
         offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0),
                                                             v.stride(0), d)
-        return sparse_prefill_gluon(q, k, v, idx, lens, has_lens, out, scale, config, offs32)
+        return sparse_prefill_gluon(q, k, v, idx, lens, has_lens, out, scale, config, offs32,
+                                    flag, tile_rp)
     split_qk = 2 if (var["SPLIT_QK"] == 2 and d_pad >= 32) else 1
     split_v = 2 if (var["SPLIT_V"] == 2 and split_qk == 2) else 1
     offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0), v.stride(0),
