@@ -46,9 +46,8 @@ Providers (``--providers``, comma separated):
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``dtBMxBNxWxS`` (DENSE_TILE),
   ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
-  stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2), ``uwg``
-  (UNION_ENGINE=gluon_wgmma: the union tiles on the Gluon wgmma union kernel, DENSE_TILE
-  BMx64x4x2), e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
+  stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
+  e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
   ``geometry=16x64x4x2:wg:o32:r96``.
 * ``h200``: the measured H200 family for (kind, group) as its policy configures it at the
   case's KV length and rows (``plugins.nvidia_hopper.family_config``: slot ordering from KV 64K,
@@ -207,7 +206,7 @@ _OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"
          "fused": ("CHUNK_MODE", "fused"), "rev": ("REVERSE_ROWS", 1),
          "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2), "lean": ("LEAN", 1),
          "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
-         "wg": ("ENGINE", "gluon_wgmma"), "uwg": ("UNION_ENGINE", "gluon_wgmma")}
+         "wg": ("ENGINE", "gluon_wgmma")}
 
 
 def probe_header(timing: str) -> str:
@@ -257,7 +256,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k != "fused"}
     for key in ("CHUNK_MODE", "REVERSE_ROWS", "SPLIT_QK", "SPLIT_V", "LEAN", "OFFS32",
-                "SLOT_ORDER", "ENGINE", "UNION_ENGINE"):
+                "SLOT_ORDER", "ENGINE"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):

@@ -127,11 +127,6 @@ ENGINE          "triton"   "gluon": the hand-scheduled Gluon kernel (``gluon_ker
                            CHUNK_MODE="pretranslate", and DENSE / UNION (their tiles first, the
                            per-row Gluon kernel skipping them); float16 / bfloat16; not under
                            the interpreter.
-UNION_ENGINE    "triton"   the union tiles' kernel: "triton" (``tile_kernels._union_fwd``) or
-                           "gluon_wgmma" (``gluon_kernels._union_wg``: the wgmma kernel's
-                           cp.async ring and transposed products with a tile's RP x HP lines
-                           on wgmma's n side; DENSE_TILE "BMx64x4x2", BM 16..64; head_dim 256,
-                           16-bit K/V, NVIDIA sm_90, not under the interpreter). Needs UNION.
 ==============  =========  ==================================================================
 """
 
@@ -149,13 +144,12 @@ REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
-                                   "UNION": 0, "ENGINE": "triton", "UNION_ENGINE": "triton"}
+                                   "UNION": 0, "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
                                         "SLOT_ORDER": (0, 1),
-                                        "ENGINE": ("triton", "gluon", "gluon_wgmma"),
-                                        "UNION_ENGINE": ("triton", "gluon_wgmma")}
+                                        "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # Keys (and one value) removed by issue 26's clean-up: no policy, default, tuner or table
 # selected them, docs/notes/sparse_prefill.md records them as losing, and every shipped config
 # compiles to the same sm_90 SASS without them (benchmarks/probes/xcompile_sparse.py); the
@@ -182,10 +176,7 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "DENSE_TILE", "UNION_ENGINE"})
-#: UNION_ENGINE="gluon_wgmma": DENSE_TILE's BM (the tile's query lines, wgmma's n side) at most
-#: this (the four [64, BM] fp32 accumulators of O^T take 2 x BM registers a thread)
-UNION_WG_MAX_LINES = 64
+                         "UNION", "DENSE_TILE"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -252,8 +243,6 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
             if var["SLOT_ORDER"]:
                 raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
                                   f"SLOT_ORDER=0 or {key}=0")
-    if var["UNION_ENGINE"] != "triton":
-        _validate_union_engine(var, group_size, head_dim)
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
@@ -273,27 +262,6 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         raise ConfigError(f"num_warps={nw}: expected a power of two <= 32")
     if head_dim < 1 or head_dim > _MAX_HEAD_DIM:
         raise ConfigError(f"head_dim={head_dim}: the sparse_prefill kernels support 1..256")
-
-
-def _validate_union_engine(var: dict[str, Any], group_size: int, head_dim: int) -> None:
-    """UNION_ENGINE="gluon_wgmma": the union tiles on the Gluon wgmma kernel
-    (``gluon_kernels._union_wg``): DENSE_TILE ``BMx64x4x2`` (BM query lines of whole rows, a
-    power of two from the group rounded up to 64; 64 positions a step on one warpgroup, two
-    head_dim chunks in flight), head_dim 256, with UNION on."""
-    e = f"UNION_ENGINE={var['UNION_ENGINE']!r}"
-    if not var["UNION"]:
-        raise ConfigError(f"{e} runs the union tiles, but UNION=0: set UNION (e.g. 300) or "
-                          f"drop UNION_ENGINE")
-    bm, bn, nw, ns = _dense_tile_geometry(var["DENSE_TILE"], group_size)
-    if bm > UNION_WG_MAX_LINES or (bn, nw, ns) != (64, 4, 2):
-        hp = _dense_heads(group_size)
-        raise ConfigError(f"{e}: DENSE_TILE={var['DENSE_TILE']!r} must be 'BMx64x4x2' with BM "
-                          f"a power of two from {max(16, hp)} to {UNION_WG_MAX_LINES} query "
-                          f"lines (64 union positions a step on one warpgroup); e.g. "
-                          f"'{max(32, hp)}x64x4x2'")
-    if head_dim != WGMMA_HEAD_DIM:
-        raise ConfigError(f"{e} takes head_dim {WGMMA_HEAD_DIM} only (got {head_dim}): use "
-                          f"UNION_ENGINE='triton'")
 
 
 def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int,
@@ -391,8 +359,7 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         if var["CHUNK_MODE"] == "pretranslate" and not var["DENSE"]:
             over = ("; chunk rows: the union counted over their token positions, a tile "
                     "spanning two requests gathered")
-        on = " on the Gluon wgmma union kernel" if var["UNION_ENGINE"] == "gluon_wgmma" else ""
-        parts.append(f"union tiles{on} where a tile's union of selected slots is <= "
+        parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
                      f"chosen per tile on the GPU{over})")
     engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "

@@ -760,12 +760,6 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
                                  total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
                                  cnt.stride(1), **kw)
-        if var["UNION_ENGINE"] == "gluon_wgmma":
-            from backends.sparse_prefill.gluon_kernels import union_gluon
-
-            union_gluon(q, k, v, flag, usz, slots, cnt, out, qk_scale, tile0, nt, bm, hp,
-                        offs32, bool(var["REVERSE_ROWS"]))
-            continue
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -271,9 +271,9 @@ def test_gpu_gluon_refuses_unaligned_rows_with_the_fix():
 
 
 # ("gl", head_dim, BM, BN, warps, stages) for ENGINE="gluon"; ("wg", BM, maxnreg) for
-# ENGINE="gluon_wgmma"; ("uw", BM, HP) for UNION_ENGINE="gluon_wgmma" (the union kernel)
+# ENGINE="gluon_wgmma"
 _CROSS = [("gl", 256, 8, 16, 2, 1), ("gl", 256, 16, 32, 4, 2), ("gl", 64, 8, 64, 1, 1),
-          ("wg", 16, 96), ("wg", 8, 0), ("uw", 32, 8), ("uw", 64, 16)]
+          ("wg", 16, 96), ("wg", 8, 0)]
 _CROSS_SCRIPT = """
 import inspect, json, sys
 import triton
@@ -287,18 +287,14 @@ for case in json.loads(sys.argv[1]):
         kernel, (d, bm, bn, w, nst), opts = gk._sparse_prefill_gl, case[1:], {}
         const = {"D": d, "BM": bm, "BN": bn, "NST": nst, "HAS_LENS": 1, "OFFS32": 1,
                  "SKIP_TILES": 1, "TILE_RP": 4, "num_warps": w}
-    elif case[0] == "wg":
+    else:
         kernel, (bm, mr), w = gk._sparse_prefill_wg, case[1:], 4
         opts = {"maxnreg": mr} if mr else {}
         const = {"BM": bm, "HAS_LENS": 1, "OFFS32": 1, "SAME_STRIDE": 1, "num_warps": w,
                  "NB": gk.WG_RING, "LA": gk.WG_AHEAD, "SKIP_TILES": 1, "TILE_RP": 4}
-    else:
-        kernel, (bm, hp), w, opts = gk._union_wg, case[1:], 4, {}
-        const = {"BM": bm, "HP": hp, "OFFS32": 1, "SAME_STRIDE": 1, "num_warps": w,
-                 "NB": gk.WG_RING, "LA": gk.WG_AHEAD, "REVERSE_ROWS": 0}
     names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: ("constexpr" if n in const else "*bf16" if n in ("Q", "K", "V", "OUT")
-               else "*i32" if n in ("IDX", "LENS", "FLAG", "USZ", "SLOTS", "CNT")
+               else "*i32" if n in ("IDX", "LENS", "FLAG")
                else "fp32" if n == "qk_scale" else "i32")
            for n in names}
     # what the launcher specializes for contiguous tensors: 16-aligned pointers and strides
@@ -367,17 +363,3 @@ def test_gluon_wgmma_kernel_cross_compiles_for_sm90_on_the_installed_triton(case
     # the ring (three 64 x 64 chunks), Q's four [BM, 64] chunks and P^T [BM, 64], bf16
     assert got["shared"] >= 3 * 64 * 64 * 2 + 4 * bm * 64 * 2 + bm * 64 * 2
 
-
-@pytest.mark.parametrize("case", [c for c in _CROSS if c[0] == "uw"])
-def test_gluon_union_kernel_cross_compiles_for_sm90_on_the_installed_triton(case,
-                                                                            cross_compiled):
-    # the union kernel: the wgmma kernel's schedule with a tile's BM lines on wgmma's n side
-    _, bm, _ = case
-    ptx = cross_compiled[repr(tuple(case))]["ptx"]
-    assert ".reqntid 128" in ptx
-    assert "cp.async.cg.shared.global" in ptx
-    assert ptx.count("wgmma.mma_async") == 32
-    assert re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx).count("1") == 8
-    assert f"wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16" in ptx
-    # the NaN hand-back: the tile's FLAG is written by the kernel (st.global of a 0)
-    assert "st.global" in ptx

@@ -627,51 +627,23 @@ def test_gpu_union_through_dispatch(kind: str, group: int, indices: str) -> None
     assert err <= 2e-2, f"max abs err {err} (union tiles {flags.count(UNION)}/{len(flags)})"
 
 
-# ------------------------------------------------------------------ the Gluon union kernel
+# ------------------------------------------------------------------ the Gluon per-row kernels
 
 
-WG_UNION = {"BLOCK_M": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-            "ENGINE": "gluon_wgmma", "OFFS32": 1, "UNION_ENGINE": "gluon_wgmma"}
-
-
-@pytest.mark.parametrize("cfg,group,d,match", [
-    ({**WG_UNION, "DENSE_TILE": "32x64x4x2"}, 6, 256, r"UNION=0: set UNION"),
-    ({**WG_UNION, "UNION": 300, "DENSE_TILE": "128x64x8x2"}, 6, 256,
-     r"must be 'BMx64x4x2' with BM a power of two from 16 to 64 .*e\.g\. '32x64x4x2'"),
-    ({**WG_UNION, "UNION": 300, "DENSE_TILE": "32x32x4x2"}, 6, 256, r"'BMx64x4x2'"),
-    ({**WG_UNION, "UNION": 300, "DENSE_TILE": "32x64x4x2"}, 6, 128,
-     r"head_dim 256 only \(got 128\): use UNION_ENGINE='triton'"),
-    ({**BASE, "BLOCK_M": 32, "UNION": 300, "DENSE_TILE": "16x64x4x2",
-      "UNION_ENGINE": "gluon_wgmma"}, 24, 256, r"BM=16 must be a power of two >= 32"),
-    ({**WG_UNION, "UNION": 300, "UNION_ENGINE": "cuda"}, 6, 256, r"UNION_ENGINE='cuda': expected"),
-])
-def test_gluon_union_config_errors(cfg: dict[str, Any], group: int, d: int, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
-        validate_config(cfg, group, d)
-
-
-def test_gluon_union_configs_that_validate_and_explain() -> None:
+def test_gluon_engines_take_row_tiles_and_explain_says_so() -> None:
     from backends.sparse_prefill.config import describe_path
 
-    for group, tile in ((6, "32x64x4x2"), (6, "64x64x4x2"), (6, "16x64x4x2"), (12, "32x64x4x2")):
-        for engine in ("gluon_wgmma", "triton"):   # the per-row kernel Gluon or Triton
-            base = WG_UNION if engine != "triton" else {**BASE, "UNION_ENGINE": "gluon_wgmma"}
-            cfg = {**base, "BLOCK_M": 8 if group <= 8 else 16, "UNION": 300,
-                   "DENSE_TILE": tile}
-            validate_config(cfg, group, 256)
-            text = describe_path(cfg)
-            assert "union tiles on the Gluon wgmma union kernel" in text, text
-    # the Gluon per-row engines take DENSE and UNION (their tiles first) and say so
-    cfg = {**WG_UNION, "UNION": 300, "DENSE": 250, "DENSE_TILE": "32x64x4x2"}
-    validate_config(cfg, 6, 256)
-    assert describe_path(cfg).endswith("the Gluon wgmma per-row kernel for the other tiles' rows")
-
-
-def test_gluon_union_refuses_the_interpreter_with_the_fix() -> None:
-    q, k, v, idx, lengths = _shared_case(3, d=256, dtype=torch.float16)
-    cfg = {**BASE, "UNION": 250, "DENSE_TILE": "32x64x4x2", "UNION_ENGINE": "gluon_wgmma"}
-    with pytest.raises(Exception, match=r"use ENGINE='triton'|TRITON_INTERPRET|NVIDIA"):
-        sparse_prefill_triton(q, k, v, idx, config=cfg, lengths=lengths)
+    wg = {"BLOCK_M": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ENGINE": "gluon_wgmma",
+          "OFFS32": 1, "MAXNREG": 96}
+    for extra in ({"UNION": 300, "DENSE_TILE": "128x64x8x2"},
+                  {"UNION": 300, "DENSE": 250, "DENSE_TILE": "32x64x4x2"}):
+        cfg = {**wg, **extra}
+        validate_config(cfg, 6, 256)
+        text = describe_path(cfg)
+        assert text.startswith("dense-span tiles" if "DENSE" in extra else "union tiles"), text
+        assert text.endswith("the Gluon wgmma per-row kernel for the other tiles' rows"), text
+    with pytest.raises(ConfigError, match=r"BM=96 must be a power of two"):
+        validate_config({**wg, "UNION": 300, "DENSE_TILE": "96x32x8x3"}, 6, 256)
 
 
 def _wgmma_gpu() -> bool:
@@ -679,96 +651,76 @@ def _wgmma_gpu() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _wgmma_gpu(), reason="UNION_ENGINE='gluon_wgmma' needs an sm_90 GPU")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("group,hkv,tile", [(6, 1, "32x64x4x2"), (6, 2, "64x64x4x2"),
-                                            (12, 1, "32x64x4x2"), (3, 2, "16x64x4x2")])
-@pytest.mark.parametrize("engine", ["gluon_wgmma", "triton"])
-def test_gpu_gluon_union_nasty_rows(group: int, hkv: int, tile: str, dtype: Any,
-                                    engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # _shared_case's hazards at head_dim 256 on the GPU: duplicates, -1 / out-of-range /
-    # int32-max / past-length entries (at NaN slots), an empty and an all-invalid row, NaN and
-    # inf K/V at slots no row selects; the union tiles on the Gluon kernel, the other tiles on
-    # the Gluon (or Triton) per-row kernel; outputs poisoned first
+@pytest.mark.skipif(not _wgmma_gpu(), reason="ENGINE='gluon_wgmma' needs an sm_90 GPU")
+@pytest.mark.parametrize("engine,bm", [("gluon_wgmma", 8), ("gluon", 8)])
+@pytest.mark.parametrize("dense", [0, 200])
+def test_gpu_row_tiles_before_the_gluon_per_row_kernels(engine: str, bm: int, dense: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # DENSE / UNION tiles (the Triton row-tile kernels) first, then a Gluon per-row kernel
+    # that must skip exactly those tiles' rows (FLAG != 0) and compute every other row:
+    # _shared_case's hazards at head_dim 256, outputs poisoned first
     poison_empty(monkeypatch)
     paths: list[Any] = []
     monkeypatch.setattr(tile_kernels, "TILE_PATHS", paths)
-    q, k, v, idx, lengths = _shared_case(3 + group, total_q=24, group=group, hkv=hkv, d=256,
-                                         num_slots=160, topk=40, pool=48, spread=(2,),
-                                         dtype=dtype)
-    rp = _rp(tile, group)
-    want = _tile_paths(idx, lengths, k.shape[0], rp, 250)
-    assert UNION in want and GATHER in want, want
-    base = WG_UNION if engine != "triton" else {**BASE, "UNION_ENGINE": "gluon_wgmma"}
-    cfg = {**base, "BLOCK_M": 8 if group <= 8 else 16, "UNION": 250, "DENSE_TILE": tile}
-    args = [x.cuda() for x in (q, k, v, idx)]
-    out = sparse_prefill_triton(*args, config=cfg, lengths=lengths.cuda())
+    q, k, v, idx, lengths = _shared_case(11, total_q=24, group=6, hkv=1, d=256, num_slots=160,
+                                         topk=40, pool=48, spread=(2,), dtype=torch.bfloat16)
+    if dense:   # the first tile's rows select all of a narrow span, which is finite
+        idx[:4] = torch.arange(10, 50, dtype=torch.int32)[torch.randperm(40)][None, :]
+        lengths[:4] = 40
+        k[:64], v[:64] = torch.randn(k[:64].shape).bfloat16(), torch.randn(v[:64].shape).bfloat16()
+    want = _tile_paths(idx, lengths, k.shape[0], 4, 250, dense=dense)
+    assert UNION in want and GATHER in want and (DENSE in want) == bool(dense), want
+    geo = {"BLOCK_M": bm, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2} \
+        if engine == "gluon_wgmma" else {"BLOCK_M": bm, "BLOCK_N": 16, "num_warps": 2,
+                                         "num_stages": 1}
+    cfg = {**geo, "ENGINE": engine, "OFFS32": 1, "UNION": 250, "DENSE": dense,
+           "DENSE_TILE": "32x64x4x2"}
+    out = sparse_prefill_triton(*[x.cuda() for x in (q, k, v, idx)], config=cfg,
+                                lengths=lengths.cuda())
     ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
     assert compare(out.cpu(), ref) is None, compare(out.cpu(), ref)
     assert torch.isfinite(out).all(), "unwritten or leaked non-finite output elements"
     err = (out.double().cpu() - ref).abs().max().item()
-    assert err <= error_bound(dtype), f"max abs err {err}"
+    assert err <= error_bound(torch.bfloat16), f"max abs err {err}"
     got = paths[0].tolist()
-    # a union tile whose rows' union holds the inf/NaN K/V row of a slot some of its rows
-    # do not select is handed back (FLAG 0); every other tile follows the rule
-    assert all(g == w or (w == UNION and g == GATHER) for g, w in zip(got, want, strict=True))
+    assert all(g == w or (w != GATHER and g == GATHER) for g, w in zip(got, want, strict=True))
     assert got.count(UNION) > 0, got
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _wgmma_gpu(), reason="UNION_ENGINE='gluon_wgmma' needs an sm_90 GPU")
-def test_gpu_gluon_union_hands_back_a_tile_whose_union_holds_nan_v() -> None:
-    q, k, v, idx, lengths = _shared_case(7, total_q=16, d=256, num_slots=160, topk=40, pool=48,
-                                         spread=(), dtype=torch.bfloat16)
-    paths: list[Any] = []
-    tile_kernels.TILE_PATHS = paths
-    try:
-        # a slot the second row of the first tile selects and the others do not: NaN V there
-        s = int(idx[1, 0])
-        for r in (0, 2, 3):
-            idx[r][idx[r] == s] = int(idx[r, 1])
-        v[s] = NAN
-        cfg = {**WG_UNION, "UNION": 10**6, "DENSE_TILE": "32x64x4x2"}
-        out = sparse_prefill_triton(*[x.cuda() for x in (q, k, v, idx)], config=cfg,
-                                    lengths=lengths.cuda())
-    finally:
-        tile_kernels.TILE_PATHS = None
-    ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
-    assert compare(out.cpu(), ref) is None, compare(out.cpu(), ref)
-    assert paths[0].tolist()[0] == GATHER, paths[0].tolist()   # handed back
-    assert UNION in paths[0].tolist()[1:], paths[0].tolist()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _wgmma_gpu(), reason="UNION_ENGINE='gluon_wgmma' needs an sm_90 GPU")
+@pytest.mark.skipif(not _wgmma_gpu(), reason="ENGINE='gluon_wgmma' needs an sm_90 GPU")
+@pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("kind", ["prefill", "chunk"])
 @pytest.mark.parametrize("group", [6, 12])
-def test_gpu_gluon_union_on_top_k_rows(kind: str, group: int) -> None:
-    # the seed's shapes (bf16, top-k 2051, head_dim 256) on top-k shaped selections, 1024 rows;
-    # both per-row engines beside the Gluon union kernel; union tiles must be taken
+def test_gpu_union_tiles_with_the_wgmma_per_row_kernel(kind: str, group: int,
+                                                       indices: str) -> None:
+    # the seed's shapes (bf16, top-k 2051, head_dim 256), 1024 rows: union tiles (Triton) and
+    # the Gluon wgmma kernel for the rest, against the fp32 reference
     from backends.sparse_prefill.bench import BenchCase, make_inputs
 
     case = BenchCase(kind=kind, group_size=group, kv_heads=1, total_q=1024,
-                     kv_len=4096 if kind == "prefill" else 16384, indices="topk")
+                     kv_len=4096 if kind == "prefill" else 16384, indices=indices)
     inp = make_inputs(case, "cuda")
     ref = sparse_prefill_reference(inp["q"], inp["k"], inp["v"], inp["indices"],
                                    out_dtype=torch.float32, **inp["kwargs"])
-    bm = 8 if group <= 8 else 16
-    for base in (WG_UNION, {**BASE, "UNION_ENGINE": "gluon_wgmma"}):
-        for tile in ("32x64x4x2", "64x64x4x2"):
-            cfg = {**base, "BLOCK_M": bm, "UNION": 300, "DENSE_TILE": tile}
-            if kind == "chunk":
-                cfg["CHUNK_MODE"] = "pretranslate"
-            paths: list[Any] = []
-            tile_kernels.TILE_PATHS = paths
-            try:
-                out = sparse_prefill_triton(inp["q"], inp["k"], inp["v"], inp["indices"],
-                                            config=cfg, **inp["kwargs"])
-                torch.cuda.synchronize()
-            finally:
-                tile_kernels.TILE_PATHS = None
-            assert compare(out, ref) is None
-            err = (out.float() - ref).abs().max().item()
-            flags = paths[0].tolist()
-            assert err <= 2e-2, f"{cfg}: max abs err {err}"
-            assert flags.count(UNION) > len(flags) // 2, f"{cfg}: {flags.count(UNION)} union tiles"
+    cfg = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+           "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96 if group <= 8 else 128,
+           "UNION": 300, "DENSE_TILE": "128x64x8x2" if group <= 8 else "64x32x4x3"}
+    if kind == "chunk":
+        cfg["CHUNK_MODE"] = "pretranslate"
+    paths: list[Any] = []
+    tile_kernels.TILE_PATHS = paths
+    try:
+        out = sparse_prefill_triton(inp["q"], inp["k"], inp["v"], inp["indices"], config=cfg,
+                                    **inp["kwargs"])
+        torch.cuda.synchronize()
+    finally:
+        tile_kernels.TILE_PATHS = None
+    assert compare(out, ref) is None
+    err = (out.float() - ref).abs().max().item()
+    flags = paths[0].tolist()
+    assert err <= 2e-2, f"max abs err {err} (union tiles {flags.count(UNION)}/{len(flags)})"
+    if indices == "topk":
+        assert flags.count(UNION) > 0, flags
+    elif kind == "chunk":   # the walk at KV 16K: rows share few slots, the per-row kernel
+        assert flags.count(GATHER) > 0, flags
