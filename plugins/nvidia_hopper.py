@@ -11,7 +11,7 @@ bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
 densely in their span by streaming K/V blocks (DENSE); prefill from ``GLUON_MIN_KV`` to below
 ``LONG_KV_FROM`` slots on Triton 3.6 runs the Gluon kernels: the wgmma one
 (ENGINE="gluon_wgmma") for groups 6 and 12 from ``WGMMA_MIN_TOTAL_Q`` rows (after DENSE,
-except for ``WGMMA_OVER_DENSE``), else the mma_v2 one (ENGINE="gluon") for group 6 from
+except for ``WGMMA_OVER_DENSE``; chunk group 12 too, on pretranslated rows), else the mma_v2 one (ENGINE="gluon") for group 6 from
 ``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 at ``UNION_KV`` slots from ``UNION_MIN_TOTAL_Q`` rows
 runs union tiles (UNION) over the one-warp pretranslated family (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
@@ -224,11 +224,17 @@ H200_GLUON_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # kernel at 8192 rows (1.34x) and slower at 1024-4096 (5 programs an SM quantize worse), so from
 # 8192 rows, after the dense tiles (at KV 8K 1.38 against 1.48 ms). H200 (sm_90) only: wgmma
 # does not exist elsewhere; same Triton pin as the other Gluon config.
-WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 1024}
+# Chunk group 12 (session 24, issue 26): the same kernel on pretranslated rows, 0.87-0.92x the
+# pretranslated Triton family on top-k rows and 0.92-0.94x on the walk at KV 8K / 16K / 32K and
+# 2048 / 4096 / 8192 rows (docs/notes/sparse_prefill.md, "Session 24"); chunk group 6 keeps the
+# union tiles (the wgmma kernel is 1.50x slower there on top-k rows).
+WGMMA_MIN_TOTAL_Q: dict[tuple[str, int], int] = {("prefill", 6): 8192, ("prefill", 12): 1024,
+                                                 ("chunk", 12): 2048}
 WGMMA_OVER_DENSE = frozenset({("prefill", 12)})
 H200_WGMMA_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     (kind, g): {"BLOCK_M": 8 if g <= 8 else 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96 if g <= 8 else 128}
+                "ENGINE": "gluon_wgmma", "OFFS32": 1, "MAXNREG": 96 if g <= 8 else 128,
+                **({"CHUNK_MODE": "pretranslate"} if kind == "chunk" else {})}
     for kind, g in WGMMA_MIN_TOTAL_Q
 }
 

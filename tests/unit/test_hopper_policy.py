@@ -134,7 +134,7 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
 def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -> None:
     """From GLUON_MIN_KV to below LONG_KV_FROM slots, on the Triton release they were measured
     on and where the dense tiles do not apply: the wgmma kernel for prefill groups 6 and 12
-    from WGMMA_MIN_TOTAL_Q rows, else the mma_v2 Gluon kernel for prefill group 6 from
+    and chunk group 12 (pretranslated) from WGMMA_MIN_TOTAL_Q rows, else the mma_v2 Gluon kernel for prefill group 6 from
     GLUON_MIN_TOTAL_Q rows; every other cell, fewer rows, an unknown KV length and any other
     Triton keep the Triton configs."""
     gl = H200_GLUON_CONFIGS.get((kind, group))
@@ -168,10 +168,12 @@ def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -
                 assert (d.config == want) if want else (d.config.get("ENGINE") is None), \
                     (triton, kv, tq, d.config)
     assert sorted(H200_GLUON_CONFIGS) == [("prefill", 6)]
-    assert sorted(H200_WGMMA_CONFIGS) == [("prefill", 6), ("prefill", 12)]
-    for (_, g), cfg in H200_WGMMA_CONFIGS.items():
+    assert sorted(H200_WGMMA_CONFIGS) == [("chunk", 12), ("prefill", 6), ("prefill", 12)]
+    for (k, g), cfg in H200_WGMMA_CONFIGS.items():
         validate_config(cfg, g, 256)
         assert cfg["ENGINE"] == "gluon_wgmma" and cfg["BLOCK_M"] >= g
+        # chunk rows reach the Gluon kernel as slots: pretranslated
+        assert cfg.get("CHUNK_MODE", "fused") == ("pretranslate" if k == "chunk" else "fused")
 
 
 def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> None:
