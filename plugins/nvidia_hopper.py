@@ -11,9 +11,10 @@ bound. The config depends on the KV length: from ``LONG_KV_FROM`` slots and
 densely in their span by streaming K/V blocks (DENSE); prefill from ``GLUON_MIN_KV`` to below
 ``LONG_KV_FROM`` slots on Triton 3.6 runs the Gluon kernels: the wgmma one
 (ENGINE="gluon_wgmma") for groups 6 and 12 from ``WGMMA_MIN_TOTAL_Q`` rows (after DENSE,
-except for ``WGMMA_OVER_DENSE``; chunk group 12 too, on pretranslated rows), else the mma_v2 one (ENGINE="gluon") for group 6 from
-``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 at ``UNION_KV`` slots from ``UNION_MIN_TOTAL_Q`` rows
-runs union tiles (UNION) over the one-warp pretranslated family (``family_config``).
+except for ``WGMMA_OVER_DENSE``; chunk group 12 too, on pretranslated rows), else the mma_v2
+one (ENGINE="gluon") for group 6 from ``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 at
+``UNION_KV`` slots from ``UNION_MIN_TOTAL_Q`` rows runs union tiles (UNION) over the one-warp
+pretranslated family (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 """

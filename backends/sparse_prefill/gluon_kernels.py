@@ -206,7 +206,7 @@ if _IMPORT_ERROR is None:
     def _wg_keep(FLAG, r, SKIP_TILES: gl.constexpr, TILE_RP: gl.constexpr):
         """Whether a per-row program computes row ``r``: not when SKIP_TILES and its tile's
         ``FLAG`` is not 0 (the dense or union kernel stored the tile's rows)."""
-        if SKIP_TILES:
+        if SKIP_TILES:  # noqa: SIM108 (constexpr branch in a kernel)
             keep = gl.load(FLAG + r // TILE_RP) == 0
         else:
             keep = r >= 0

@@ -134,9 +134,9 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
 def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -> None:
     """From GLUON_MIN_KV to below LONG_KV_FROM slots, on the Triton release they were measured
     on and where the dense tiles do not apply: the wgmma kernel for prefill groups 6 and 12
-    and chunk group 12 (pretranslated) from WGMMA_MIN_TOTAL_Q rows, else the mma_v2 Gluon kernel for prefill group 6 from
-    GLUON_MIN_TOTAL_Q rows; every other cell, fewer rows, an unknown KV length and any other
-    Triton keep the Triton configs."""
+    and chunk group 12 (pretranslated) from WGMMA_MIN_TOTAL_Q rows, else the mma_v2 Gluon
+    kernel for prefill group 6 from GLUON_MIN_TOTAL_Q rows; every other cell, fewer rows, an
+    unknown KV length and any other Triton keep the Triton configs."""
     gl = H200_GLUON_CONFIGS.get((kind, group))
     wg = H200_WGMMA_CONFIGS.get((kind, group))
     for triton in ("3.6.0", "3.6.1", "3.7.1", "3.5.1"):
