@@ -276,8 +276,8 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
                    and config[k] != DEFAULT_VARIANT[k])
     if other:
         raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
-                          f"OFFS32, SLOT_ORDER, MAXNREG and CHUNK_MODE='pretranslate'): drop "
-                          f"them, or use ENGINE='triton'")
+                          f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, UNION "
+                          f"and DENSE_TILE): drop them, or use ENGINE='triton'")
     if var["CHUNK_MODE"] == "staged":
         raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
                           f"(got 'staged')")
