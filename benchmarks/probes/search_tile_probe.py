@@ -10,8 +10,6 @@ can be hoisted). Variants (every one checked equal to the halving search's t on 
 
 * ``halve``: the halving search ``_kth_search_tile`` was until session 25 (one probe a step,
   one tl.sum, int64 state); ``halve32`` the same with int32 state;
-* ``four``: three probes a step, counts packed 21 bits apart in one int64 tl.sum (the removed
-  SEARCH_BITS=2 form, never measured on the tile);
 * ``hist16`` / ``hist32``: NB buckets of ``(x - lo) >> s`` a step, counted by tl.histogram
   (the tie tier's ``_bucket_shift`` / ``_pick_bucket``);
 * ``pack8``: 8 buckets a step, their counts in 16-bit fields of two int64 sums;
@@ -44,22 +42,6 @@ def _search_halve(x, k, lo, hi):
         ge = c >= k
         lo = tl.where(ge, mid, lo)
         hi = tl.where(ge, hi, mid - 1)
-    return lo
-
-
-@triton.jit
-def _search_four(x, k, lo, hi):
-    while lo < hi:
-        step = (hi - lo + 4) // 4
-        p1 = tl.minimum(lo + step, hi + 1).to(tl.int32)
-        p2 = tl.minimum(lo + 2 * step, hi + 1).to(tl.int32)
-        p3 = tl.minimum(lo + 3 * step, hi + 1).to(tl.int32)
-        tot = tl.sum((x >= p1).to(tl.int64) + ((x >= p2).to(tl.int64) << 21)
-                     + ((x >= p3).to(tl.int64) << 42), axis=0)
-        js = ((tot & 0x1FFFFF) >= k).to(tl.int64) \
-            + (((tot >> 21) & 0x1FFFFF) >= k).to(tl.int64) + ((tot >> 42) >= k).to(tl.int64)
-        lo = lo + js * step
-        hi = tl.minimum(hi, lo + step - 1)
     return lo
 
 
@@ -133,8 +115,6 @@ def _probe_kernel(xp, lop, outp, k, REPS: tl.constexpr, CAP: tl.constexpr, V: tl
         kr = k - (r % 2)
         if V == 0:
             t = _search_halve(x, kr, lo0, hi0)
-        elif V == 1:
-            t = _search_four(x, kr, lo0, hi0)
         elif V == 2:
             t = _search_hist(x, kr, lo0, hi0, 16)
         elif V == 3:
@@ -148,7 +128,7 @@ def _probe_kernel(xp, lop, outp, k, REPS: tl.constexpr, CAP: tl.constexpr, V: tl
     tl.store(outp + row, t.to(tl.int32))
 
 
-VARIANTS = {"halve": 0, "four": 1, "hist16": 2, "hist32": 3, "pack8": 4, "halve32": 5,
+VARIANTS = {"halve": 0, "hist16": 2, "hist32": 3, "pack8": 4, "halve32": 5,
             "interp": 6}
 
 
