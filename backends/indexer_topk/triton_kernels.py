@@ -825,32 +825,60 @@ def _refine_cands(kp, pp, n, k, lb, CAP: tl.constexpr):
 
 
 @triton.jit
-def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr):
+def _select_tile(kp, pp, out, n, lb, k, T: tl.constexpr, PCH: tl.constexpr):
+    """Stage 3 of ``n <= T`` buffered candidates (keys >= ``lb``) in a register tile of T: T by
+    :func:`_kth_search_tile`, then the keys > T and the first ``k - #(> T)`` keys == T written
+    in position order (from the tile, or from memory PCH at a time when ``PCH < T``)."""
+    offs = tl.arange(0, T)
+    cm = offs < n
+    keys = tl.load(kp + offs, mask=cm, other=-2147483648)
+    hi = tl.max(keys, axis=0).to(tl.int64)
+    t = _kth_search_tile(keys, k, lb, hi, n, 0)
+    gt = keys > t
+    need = k - tl.sum(gt.to(tl.int32), axis=0)
+    if PCH >= T:
+        eq = (keys == t).to(tl.int32)
+        sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
+        si = sel.to(tl.int32)
+        dst = tl.cumsum(si, axis=0) - si
+        p = tl.load(pp + offs, mask=sel, other=0)
+        tl.store(out + dst, p, mask=sel)
+    else:
+        # Place from memory, PCH at a time (fewer live registers than the whole tile).
+        _place_selected(kp, pp, out, n, t, need, PCH)
+
+
+@triton.jit
+def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr,
+                     DBL: tl.constexpr):
     """Stage 3 when the buffer (keys at ``kp``, positions at ``pp``, position order) holds all
-    ``n`` candidates (keys >= ``lb``) of a row: in the register tile of CAP (after a refinement
-    when there are a few times more), else searched and placed over the buffer."""
+    ``n`` candidates (keys >= ``lb``) of a row: in the register tile of CAP; up to twice that in
+    a tile of 2 * CAP, searched as one (a `recent` row's ~4,200 candidates at 131,072 keys took
+    a refinement and two searches before; tiles up to 16,384 entries); a few times more after a
+    refinement; else searched and placed over the buffer. The double tile only in the fused
+    row kernel (DBL) and where its placement steps (PCH, sized to the row program's registers)
+    are at least a quarter of it: 8-warp row programs (PLACE_KEYS 2048, up to 256 rows); the
+    4-warp programs of 96 registers at 4096 rows would spill 280 bytes (sm_90 cross-compile).
+    Not in the four-launch selection nor the tie tier: there it cost one row 3 us on every
+    distribution (H200, session 26) for 1.8 us on `recent`."""
+    if DBL & (2 * CAP <= 16384) & (2 * CAP <= 4 * PCH):
+        if (n > CAP) & (n <= 2 * CAP):
+            _select_tile(kp, pp, out, n, lb, k, 2 * CAP, PCH)
+        else:
+            _select_refined(kp, pp, out, n, lb, k, CAP, PCH)
+    else:
+        _select_refined(kp, pp, out, n, lb, k, CAP, PCH)
+
+
+@triton.jit
+def _select_refined(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr):
+    """:func:`_select_buffered` without the double tile: the register tile of CAP (after a
+    refinement when there are a few times more), else searched and placed over the buffer."""
     if (n > CAP) & (n <= 4 * CAP):
         # A few times too many for the tile (a row with fewer than k groups).
         n, lb = _refine_cands(kp, pp, n, k, lb, CAP)
     if n <= CAP:
-        # The candidates fit the register tile.
-        offs = tl.arange(0, CAP)
-        cm = offs < n
-        keys = tl.load(kp + offs, mask=cm, other=-2147483648)
-        hi = tl.max(keys, axis=0).to(tl.int64)
-        t = _kth_search_tile(keys, k, lb, hi, n, 0)
-        gt = keys > t
-        need = k - tl.sum(gt.to(tl.int32), axis=0)
-        if PCH >= CAP:
-            eq = (keys == t).to(tl.int32)
-            sel = gt | ((eq != 0) & ((tl.cumsum(eq, axis=0) - eq) < need))
-            si = sel.to(tl.int32)
-            dst = tl.cumsum(si, axis=0) - si
-            p = tl.load(pp + offs, mask=sel, other=0)
-            tl.store(out + dst, p, mask=sel)
-        else:
-            # Place from memory, PCH at a time (fewer live registers than the whole tile).
-            _place_selected(kp, pp, out, n, t, need, PCH)
+        _select_tile(kp, pp, out, n, lb, k, CAP, PCH)
     else:
         # Search and place over the buffer, MEM_CH at a time (four-way: a register tile of
         # the buffer here would cost every row registers for a rare tier).
@@ -1128,7 +1156,7 @@ def _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist
     if eq_mode:
         _eq_scan(src, out, length, t, need, n_gt, pp, 2048)
     else:
-        _select_buffered(kp, pp, out, run, sel_lb, k, CAP, PCH)
+        _select_buffered(kp, pp, out, run, sel_lb, k, CAP, PCH, False)
 
 
 @triton.jit
@@ -1182,7 +1210,7 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
     pruning). PCH: keys a step of the placement (``>= CAP``: placed from the register tile).
     TGB, HALF, L16: the tie gather's groups a step, half groups, uint16 list entries."""
     if n <= cap:
-        _select_buffered(kp, pp, out, n, lb, k, CAP, PCH)
+        _select_buffered(kp, pp, out, n, lb, k, CAP, PCH, False)
     elif tie_ok:
         _tie_tier(src, out, length, lb, k, cap, kp, pp, lvl, n_lvl, m, glist, relist, GS, TGB,
                   HALF, L16, CT, CAP, PCH, TIE_NB)
@@ -1212,7 +1240,7 @@ def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n
         if TIE_LAUNCH:
             if n <= cap:
                 _select_buffered(ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out, n,
-                                 lb, k, CAP, CAP)
+                                 lb, k, CAP, CAP, False)
         else:
             _select_cands(src, gsrc, ws_ptr + off_ckey + row_c, ws_ptr + off_cpos + row_c, out,
                           length, lb, n, k, cap, gsrc, (length + GS - 1) // GS, 1, length > k,
@@ -1486,7 +1514,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0, STOP: tl.constexpr = 0,
                 B16: tl.constexpr = 0, FALL16: tl.constexpr = 1, TIE_LAUNCH: tl.constexpr = 0,
                 off_tie=0, off_min2=0, SELF: tl.constexpr = 0, SGB: tl.constexpr = 1,
-                MIN2: tl.constexpr = 0):
+                MIN2: tl.constexpr = 0, MB: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
 
     ``SELF`` (``ONE_PASS=1``; one program a row, 32-bit maxima): no ``_gmax_kernel`` launch:
@@ -1514,6 +1542,11 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     so the bound over them and the active test are as conservative as the truncation; B16 == 1:
     the active list has an area of its own (at ``off_list``) even with one part; B16 == 2 (one
     part, at most 65536 groups a row): uint16 entries in place of the maxima, as with 32 bits.
+    ``MB`` (> 0: the supergroup minima at ``off_min2``, a register tile of MB; the wrapper
+    sets it with ``ROW_SPLIT`` > 1): before the compaction a row of full-size supergroups raises
+    L by them (:func:`_min_bound`, one count of the minima that reach L on other rows): a row
+    whose scores grow with position (``ramp``) then gathers about k candidates here instead of
+    compacting half its groups, overflowing and taking the tie kernel's one program a row.
     ``STOP`` (probes only: :func:`_indexer_topk_stopped`, never a config or the product entry
     point): 1, 2 or 3 ends the program after phase 1 (the bound), 2 (compaction) or 3
     (gather), writing that phase's scalar to the row's first output entry, so that the time of
@@ -1541,6 +1574,15 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
             tl.debug_barrier()
         lb, tie = _fused_bound(ws_ptr, gsrc, row, length, ng, k, slack, off_gm2, n_groups2,
                                GS, GS2, GT2, B16, FALL16)
+        if MB > 0:  # noqa: SIM102 (constexpr, then a runtime test)
+            if tie == 0:
+                _lv, n_l, w_l, _ex, sep_l = _level_info(ws_ptr, gsrc, row, length, ng, k,
+                                                        off_gm2, n_groups2, GS, GS2, B16)
+                if sep_l & (w_l == GS * GS2) & (n_l <= MB):
+                    # _min_bound returns t - 1 (the tie tier takes keys > it); L takes >= t
+                    mb = _min_bound(ws_ptr + off_min2 + row.to(tl.int64) * n_groups2, n_l, k,
+                                    lb, GS * GS2, MB)
+                    lb = tl.where(mb > lb, mb + 1, lb)
         if STOP == 1:
             tl.store(out + part, lb)
         else:
@@ -1602,7 +1644,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                     tl.store(ws_ptr + off_tie + 2 * row,
                              tl.where(run <= cap, 0, tl.where(tie, cap + 2, cap + 1)))
                     if run <= cap:
-                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, PCH)
+                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, PCH, True)
                     else:
                         tl.store(ws_ptr + off_tie + 2 * row + 1, lb)
             elif last:
@@ -1949,6 +1991,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                FALL16=int(b16 and _fall16(n, k, gs, gs2)),
                                TIE_LAUNCH=tie_launch, off_tie=off_tie, off_min2=off_min2,
                                SELF=one, SGB=gb if one else 1, MIN2=int(mt > 0) if one else 0,
+                               MB=mt if split > 1 else 0,
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg))
     if tie_launch:
         pk = max(1, cfg["PLACE_KEYS"] // gs)

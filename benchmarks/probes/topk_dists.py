@@ -1,11 +1,12 @@
 """Probe: indexer_topk (default config) against torch.topk on every score distribution.
 
     python3 benchmarks/probes/topk_dists.py --rows 1,64,1024,4096 --dtypes float32 \
-        [--dists randn,ties,...] [--old PATH] [--alt NAME=JSON ...] [--out FILE]
+        [--dists randn,ties,...] [--old [NAME=]PATH ...] [--alt NAME=JSON ...] [--out FILE]
 
 For each dtype, distribution and row count (x 131072 keys, k = 2048, full rows): kreg's output
-(and ``--old``'s: another copy of triton_kernels.py, loaded from PATH, e.g. the previous commit
-for a before/after in one window; ``--alt``: kreg with another config, e.g.
+(and each ``--old``'s: another copy of triton_kernels.py, loaded from PATH, e.g. the previous
+commit for a before/after in one window; repeat it with names, ``--old head=a.py --old p1=b.py``,
+to set several copies against the tree in the same window; ``--alt``: kreg with another config, e.g.
 ``--alt 'one={"ONE_PASS": 1}'``, for a config A/B in one window) is checked entry by entry
 against the torch reference; then
 kreg, torch.topk (and old) are timed in one interleaved window of CUDA-graph replays
@@ -39,7 +40,8 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
     ap.add_argument("--dtypes", default="float32")
-    ap.add_argument("--old", default="")
+    ap.add_argument("--old", action="append", default=[],
+                    help="[NAME=]PATH of another triton_kernels.py (NAME defaults to old)")
     ap.add_argument("--alt", action="append", default=[],
                     help='NAME=JSON: also time kreg with this config, e.g. one={"ONE_PASS": 1}')
     ap.add_argument("--gen-rows", type=int, default=0,
@@ -56,11 +58,17 @@ def main() -> int:
             ap.error(f"--alt {item!r}: write NAME=JSON, e.g. one={{\"ONE_PASS\": 1}}")
         alts[name] = json.loads(blob)
     n, k = a.keys, a.k
-    old = None
-    if a.old:
-        spec = importlib.util.spec_from_file_location("old_tk", a.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+    olds = {}
+    for item in a.old:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = "old", item
+        if name in olds or name in ("kreg", "torch") or name in alts:
+            ap.error(f"--old {item!r}: the name {name!r} is taken; give each copy its own NAME=")
+        spec = importlib.util.spec_from_file_location(f"old_tk_{len(olds)}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        olds[name] = mod
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name(dev)} torch {torch.__version__} "
           f"triton {__import__('triton').__version__}", flush=True)
@@ -82,14 +90,14 @@ def main() -> int:
                 fns = {"kreg": lambda s=scores, ln=lengths: tk.indexer_topk_triton(s, ln, k,
                                                                                    config={}),
                        "torch": lambda s=scores: torch.topk(s, k, dim=1).indices}
-                if old is not None:
-                    fns["old"] = lambda s=scores, ln=lengths: old.indexer_topk_triton(
+                for name_, mod in olds.items():
+                    fns[name_] = lambda s=scores, ln=lengths, m=mod: m.indexer_topk_triton(
                         s, ln, k, config={})
                 for name_, acfg in alts.items():
                     fns[name_] = lambda s=scores, ln=lengths, c=acfg: tk.indexer_topk_triton(
                         s, ln, k, config=dict(c))
                 checks = {}
-                for p in ("kreg", "old", *alts):
+                for p in ("kreg", *olds, *alts):
                     if p in fns:
                         mm = topk_mismatches(fns[p](), want)
                         checks[p] = "exact" if not mm else mm[0]
@@ -108,14 +116,14 @@ def main() -> int:
             print(f"# {dt} {name} {time.time() - t0:.1f}s", flush=True)
     base = {(r["dtype"], r["rows"]): r["kreg"] for r in results if r["dist"] == "randn"}
     print("\n| dtype | dist | rows | kreg us | x randn | torch.topk us | kreg/torch |"
-          + (" old us |" if old else "") + "".join(f" {n} us | {n}/kreg |" for n in alts)
+          + "".join(f" {n} us | {n}/kreg |" for n in (*olds, *alts))
           + " exact |")
     for r in results:
         b = base.get((r["dtype"], r["rows"]))
         xr = f"{r['kreg'] / b:.2f}" if b else "-"
         print(f"| {r['dtype']} | {r['dist']} | {r['rows']} | {r['kreg']} | {xr} | {r['torch']} | "
-              f"{r['kreg'] / r['torch']:.2f} |" + (f" {r['old']} |" if old else "")
-              + "".join(f" {r[n]} | {r[n] / r['kreg']:.3f} |" for n in alts)
+              f"{r['kreg'] / r['torch']:.2f} |"
+              + "".join(f" {r[n]} | {r[n] / r['kreg']:.3f} |" for n in (*olds, *alts))
               + f" {'yes' if all(v == 'exact' for v in r['checks'].values()) else 'NO'} |")
     if a.out:
         with open(a.out, "w") as f:

@@ -863,3 +863,39 @@ def test_fused_phase_stops_for_profiling():
     for c in (cfg, two):
         got = TK.indexer_topk_triton(scores, lengths, k, config=c)
         assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
+
+
+@pytest.mark.parametrize("fused", [0, 1])
+def test_double_tile_selection(fused, monkeypatch):
+    """In the fused row kernel, rows whose candidates pass the register tile by up to 2x are
+    selected in a tile of twice its size (no refinement), others in the tile or after a
+    refinement; the four-launch selection never takes the double tile (it cost every row
+    there). A spy on ``_select_tile`` records the tile sizes a call used, and every row is
+    exact. Under the interpreter only (the spy wraps a device function)."""
+    if DEV != "cpu":
+        pytest.skip("the spy needs the interpreter")
+    k, n = 16, 1200
+    sizes: list[int] = []
+    orig = TK._select_tile
+
+    def spy(*args, **kwargs):
+        sizes.append(int(args[6]))
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(TK, "_select_tile", spy)
+    cfg = {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 16,
+           "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "FUSED": fused,
+           "ROW_SPLIT": 1}
+    if not fused:
+        cfg = {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
+               "CAND_CAP": 1024, "FUSED": 0}
+    for kind in ("random", "recent", "ties"):
+        scores = make_scores(kind, 4, n, seed=31)
+        lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
+        got, want = run_both(scores, lengths, k, cfg)
+        assert topk_mismatches(got, want) == [], kind
+    if fused:
+        assert 32 in sizes, f"no row took the double tile: {sizes}"
+    else:
+        assert 16 in sizes, f"no row took the register tile: {sizes}"
+        assert 32 not in sizes, f"the four-launch selection took the double tile: {sizes}"
