@@ -122,6 +122,11 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     # at 128 (with session 5's gather 1.212 against 1.244, and 1.259 at 112); at 1024 rows 128
     # measured ahead then (357 us against 363) and 1% behind since (336 against 333: noise).
     cfg["MAX_REGS"] = 96 if num_rows >= 2048 else 128
+    if use_fused and cfg["ROW_SPLIT"] > 1:
+        # Split rows: at most one 8-warp program an SM, so the cap buys no occupancy; 168
+        # (no spills since v47's double tile) ran 0.95-1.00x of 128 on all ten distributions
+        # at 32 and 64 rows (H200, session 26; 0 / no cap: 1.00-1.07x, 192: up to 1.04x).
+        cfg["MAX_REGS"] = 168
     cfg["BOUND_SLACK"] = max(1, k // 8)
     cfg["PLACE_KEYS"] = max(2048 if few else 1024, cfg["GROUP"])
     cfg["COMPACT_TILE"] = 2048 if few else 1024
