@@ -859,8 +859,9 @@ def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr
     row kernel (DBL) and where its placement steps (PCH, sized to the row program's registers)
     are at least a quarter of it: 8-warp row programs (PLACE_KEYS 2048, up to 256 rows); the
     4-warp programs of 96 registers at 4096 rows would spill 280 bytes (sm_90 cross-compile).
-    Not in the four-launch selection nor the tie tier: there it cost one row 3 us on every
-    distribution (H200, session 26) for 1.8 us on `recent`."""
+    Not in the four-launch selection nor the tie tier: there it cost a random-like row 3-4 us
+    (H200, session 26) for 1.8 us on `recent`. The constexpr tests stand apart from the runtime
+    one so that the double tile is not compiled where it is off."""
     if DBL & (2 * CAP <= 16384) & (2 * CAP <= 4 * PCH):
         if (n > CAP) & (n <= 2 * CAP):
             _select_tile(kp, pp, out, n, lb, k, 2 * CAP, PCH)
@@ -1544,9 +1545,10 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     part, at most 65536 groups a row): uint16 entries in place of the maxima, as with 32 bits.
     ``MB`` (> 0: the supergroup minima at ``off_min2``, a register tile of MB; the wrapper
     sets it with ``ROW_SPLIT`` > 1): before the compaction a row of full-size supergroups raises
-    L by them (:func:`_min_bound`, one count of the minima that reach L on other rows): a row
-    whose scores grow with position (``ramp``) then gathers about k candidates here instead of
-    compacting half its groups, overflowing and taking the tie kernel's one program a row.
+    L by them (:func:`_min_bound`; on rows with too few minima at L, e.g. random ones, one count
+    of them is all it does): a row whose scores grow with position (``ramp``) then gathers about
+    k candidates here instead of compacting half its groups, overflowing and taking the tie
+    kernel's one program a row.
     ``STOP`` (probes only: :func:`_indexer_topk_stopped`, never a config or the product entry
     point): 1, 2 or 3 ends the program after phase 1 (the bound), 2 (compaction) or 3
     (gather), writing that phase's scalar to the row's first output entry, so that the time of
