@@ -132,6 +132,13 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
     cfg["COMPACT_TILE"] = 2048 if few else 1024
     cfg["CAND_TILE"] = max(4096, _next_pow2(2 * k))
     cfg["CAND_CAP"] = max(16384, _next_pow2(8 * k))
+    if use_fused and cfg["ROW_SPLIT"] > 1:
+        # Each part of a split row gathers into its own CAND_CAP / ROW_SPLIT entries: room for
+        # a double tile a part, so that a row whose candidates crowd into one part (`recent`:
+        # ~4,200 in the last quarter) does not overflow it and leave the row to the tie
+        # kernel's one program (32 rows, split 4, 4,096 a part: 2.9x randn's time, H200,
+        # session 26). Split 2 keeps 16,384.
+        cfg["CAND_CAP"] = max(cfg["CAND_CAP"], cfg["ROW_SPLIT"] * 2 * cfg["CAND_TILE"])
     if not use_fused:
         # The four-launch path's measured GROUP (about 2k groups a row) at the same keys per
         # step, its bound tile and 4 select warps.

@@ -261,10 +261,26 @@ def _level16(length, k, n_groups2, GS: tl.constexpr, GS2: tl.constexpr):
 
 
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launches (Hopper and later; the four-launch path, see
+    :func:`_pdl_ok`), at a kernel's start. ``PDL & 1``: the kernel was launched as a dependent
+    and may start before the previous kernel in the stream ends: wait until that kernel has
+    completed and its writes are visible, before anything is read or written. ``PDL & 2``:
+    then let the next kernel's programs be scheduled at once (they wait in their own
+    ``_pdl_enter``), so that its launch overlaps this kernel instead of following it. The
+    last kernel of a call never sets 2 (whatever the caller launches next is not ours)."""
+    if PDL & 1:
+        tl.extra.cuda.gdc_wait()
+    if PDL & 2:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, slice_len, k,
                  off_gm2, n_groups2, off_arr, off_min2=0,
                  GS: tl.constexpr = 1, GB: tl.constexpr = 1, GS2: tl.constexpr = 1,
-                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, MIN2: tl.constexpr = 0):
+                 ARRIVE: tl.constexpr = 0, B16: tl.constexpr = 0, MIN2: tl.constexpr = 0,
+                 PDL: tl.constexpr = 0):
     """Group maxima of ``GS`` keys (and, with GS2 > 1, of ``GS * GS2`` keys at ``off_gm2``).
     ``ARRIVE``: also zero the row's arrival counter at ``off_arr`` (the row kernel's
     ``SPLIT``). ``B16`` (``GMAX_BITS=16``): the group maxima as int16, the top 16 bits of
@@ -274,6 +290,7 @@ def _gmax_kernel(scores_ptr, lengths_ptr, gm_ptr, n_keys, stride_s, n_groups, sl
     a supergroup with a key past the row's length), for the tie kernel's minimum bound (rows
     of full-size supergroups only; the others' area is left unwritten); with GS2 = 1 (the
     four-launch path) the group minima, ``n_groups`` a row."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     if ARRIVE:
@@ -644,11 +661,12 @@ def _row_bound(gm_ptr, row, length, n_groups, k, GS: tl.constexpr, GT: tl.conste
 
 @triton.jit
 def _bound_kernel(lengths_ptr, ws_ptr, n_keys, n_groups, k, off_bound, slack,
-                  GS: tl.constexpr, GT: tl.constexpr):
+                  GS: tl.constexpr, GT: tl.constexpr, PDL: tl.constexpr = 0):
     """Several slices a row: the row's bound once, for the slice programs of the next
     launches to read (instead of each repeating the search in both passes): a
     lower bound of the k-th largest group maximum, loose by at most ``slack`` groups (fewer
     search steps than the exact value; every top-k key is still >= it)."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -678,11 +696,12 @@ def _place_kernel(scores_ptr, lengths_ptr, ws_ptr, n_keys, stride_s, n_groups, s
                   n_slices, k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                   GS: tl.constexpr, GB: tl.constexpr, SP: tl.constexpr, GT: tl.constexpr,
                   CHUNKED: tl.constexpr, COUNT_ONLY: tl.constexpr, SINGLE: tl.constexpr,
-                  BOUND_IN: tl.constexpr):
+                  BOUND_IN: tl.constexpr, PDL: tl.constexpr = 0):
     """Four-launch stage 2, one program a (row, slice): the row's bound (the exact one from
     the group maxima with one slice; with several, the one ``_bound_kernel`` wrote), then the
     slice's keys >= it counted (COUNT_ONLY) or placed in position order at the slice's prefix
     of the counts, reading only the groups whose maximum reaches the bound."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = _row_len(lengths_ptr, row, n_keys)
@@ -856,13 +875,12 @@ def _select_buffered(kp, pp, out, n, lb, k, CAP: tl.constexpr, PCH: tl.constexpr
     a tile of 2 * CAP, searched as one (a `recent` row's ~4,200 candidates at 131,072 keys took
     a refinement and two searches before; tiles up to 16,384 entries); a few times more after a
     refinement; else searched and placed over the buffer. The double tile only in the fused
-    row kernel (DBL) and where its placement steps (PCH, sized to the row program's registers)
-    are at least a quarter of it: 8-warp row programs (PLACE_KEYS 2048, up to 256 rows); the
-    4-warp programs of 96 registers at 4096 rows would spill 280 bytes (sm_90 cross-compile).
-    Not in the four-launch selection nor the tie tier: there it cost a random-like row 3-4 us
-    (H200, session 26) for 1.8 us on `recent`. The constexpr tests stand apart from the runtime
-    one so that the double tile is not compiled where it is off."""
-    if DBL & (2 * CAP <= 16384) & (2 * CAP <= 4 * PCH):
+    row kernel, where the wrapper allows it (DBL: a register cap of at least 128; the 4-warp
+    programs of 96 registers at 4096 rows would spill 280 bytes, sm_90 cross-compile; 128 at
+    1024 rows spills none). Not in the four-launch selection nor the tie tier: there it cost a
+    random-like row 3-4 us (H200, session 26) for 1.8 us on `recent`. The constexpr tests
+    stand apart from the runtime one so that the double tile is not compiled where it is off."""
+    if DBL & (2 * CAP <= 16384):
         if (n > CAP) & (n <= 2 * CAP):
             _select_tile(kp, pp, out, n, lb, k, 2 * CAP, PCH)
         else:
@@ -1223,10 +1241,11 @@ def _select_cands(src, gsrc, kp, pp, out, length, lb, n, k, cap, lvl, n_lvl, m, 
 def _select_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_groups, k,
                    cap, off_bound, off_ncand, off_cpos, off_ckey, off_list,
                    GS: tl.constexpr, GB: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr,
-                   CT: tl.constexpr = 16, TIE_LAUNCH: tl.constexpr = 0):
+                   CT: tl.constexpr = 16, TIE_LAUNCH: tl.constexpr = 0, PDL: tl.constexpr = 0):
     """Four-launch stage 3; the tie tier lists the row's exact group maxima (GS keys each)
     into the area at ``off_list`` (``TIE_LAUNCH``: buffered rows only, the others left to
     :func:`_tie_kernel`)."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     out = out_ptr + row.to(tl.int64) * k
@@ -1514,6 +1533,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 CT: tl.constexpr, CAP: tl.constexpr, KB: tl.constexpr, PCH: tl.constexpr,
                 SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0, STOP: tl.constexpr = 0,
                 B16: tl.constexpr = 0, FALL16: tl.constexpr = 1, TIE_LAUNCH: tl.constexpr = 0,
+                DT: tl.constexpr = 0,
                 off_tie=0, off_min2=0, SELF: tl.constexpr = 0, SGB: tl.constexpr = 1,
                 MIN2: tl.constexpr = 0, MB: tl.constexpr = 0):
     """FUSED=1: stages 2 and 3 of one row in one program, after ``_gmax_kernel``.
@@ -1549,6 +1569,8 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     of them is all it does): a row whose scores grow with position (``ramp``) then gathers about
     k candidates here instead of compacting half its groups, overflowing and taking the tie
     kernel's one program a row.
+    ``DT``: rows with up to twice CAP candidates selected in one register tile of 2 * CAP (no
+    refinement; :func:`_select_buffered`), where the wrapper's register cap leaves room.
     ``STOP`` (probes only: :func:`_indexer_topk_stopped`, never a config or the product entry
     point): 1, 2 or 3 ends the program after phase 1 (the bound), 2 (compaction) or 3
     (gather), writing that phase's scalar to the row's first output entry, so that the time of
@@ -1646,7 +1668,7 @@ def _row_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                     tl.store(ws_ptr + off_tie + 2 * row,
                              tl.where(run <= cap, 0, tl.where(tie, cap + 2, cap + 1)))
                     if run <= cap:
-                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, PCH, True)
+                        _select_buffered(ckey, cpos, out, run, lb, k, CAP, PCH, DT)
                     else:
                         tl.store(ws_ptr + off_tie + 2 * row + 1, lb)
             elif last:
@@ -1690,7 +1712,8 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
                 GS: tl.constexpr = 1, GS2: tl.constexpr = 1, GB: tl.constexpr = 1,
                 TGB: tl.constexpr = 1, CT: tl.constexpr = 1, CAP: tl.constexpr = 1,
                 PCH: tl.constexpr = 1, SPLIT: tl.constexpr = 1, HALF: tl.constexpr = 0,
-                B16: tl.constexpr = 0, FUSED: tl.constexpr = 0, MT: tl.constexpr = 0):
+                B16: tl.constexpr = 0, FUSED: tl.constexpr = 0, MT: tl.constexpr = 0,
+                PDL: tl.constexpr = 0):
     """The rare tiers of a row whose candidates did not fit the buffer, or whose bound sits in
     a tie, after the kernel that found that (``TIE_LAUNCH``): the fused row kernel (count
     code and bound at ``off_tie``: cap + 1 an overflow, cap + 2 a tie, the compaction skipped)
@@ -1699,6 +1722,7 @@ def _tie_kernel(scores_ptr, lengths_ptr, ws_ptr, out_ptr, n_keys, stride_s, n_gr
     wrote minima at ``off_min2``): an overflowing row first raises its bound by them
     (:func:`_min_bound`): fused, a row of full-size supergroups by the supergroup minima;
     four-launch, any row by its group minima."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     length = _row_len(lengths_ptr, row, n_keys)
     if length > k:
@@ -1756,6 +1780,37 @@ _TIE_LAUNCH = True
 #: The tie kernel's bound from minima (``_min_bound``; the gmax kernel writes them, 4 bytes a
 #: supergroup (fused) or group (four-launch), where ``config.min_bound_tile`` says).
 _MIN_BOUND = True
+#: The four-launch path's kernels as programmatic dependent launches where the device has them
+#: (:func:`_pdl_ok`): each next kernel's programs are scheduled while the one before runs.
+_PDL = True
+_PDL_DEVS: dict[int | None, bool] = {}
+
+
+def _pdl_ok(dev: Any) -> bool:
+    """Whether the four-launch path chains its kernels with programmatic dependent launches on
+    ``dev``: ``_PDL``, and a CUDA device of compute capability 9 or later (not ROCm, not the
+    interpreter). Only the speed depends on it: every kernel waits for the previous one's
+    completion before it touches memory (:func:`_pdl_enter`)."""
+    if not _PDL or dev.type != "cuda":
+        return False
+    ok = _PDL_DEVS.get(dev.index)
+    if ok is None:
+        import os
+
+        import torch
+
+        ok = _PDL_DEVS[dev.index] = (torch.version.hip is None
+                                     and os.environ.get("TRITON_INTERPRET") != "1"
+                                     and torch.cuda.get_device_capability(dev)[0] >= 9)
+    return ok
+
+
+def _pdl_opts(on: bool, mode: int) -> dict[str, Any]:
+    """A kernel's launch options in a PDL chain (``on``): ``PDL = mode`` (1 wait, 2 trigger, 3
+    both: :func:`_pdl_enter`), and the launch as a dependent where it waits; nothing when off."""
+    if not on:
+        return {}
+    return {"PDL": mode, "launch_pdl": True} if mode & 1 else {"PDL": mode}
 
 
 def _check_inputs(scores: Any, lengths: Any, k: Any) -> None:
@@ -1913,36 +1968,41 @@ def _run(scores: Any, lengths: Any, k: int, config: dict[str, Any], stop: int) -
     mt = min_bound_tile(cfg, n) if _TIE_LAUNCH and _MIN_BOUND else 0
     off_min = off_list + rows * groups
     ws = _alloc(torch, off_min + (rows * groups if mt else 0), dev)
+    # PDL: the first kernel lets the next start (2), the middle ones wait and let the next
+    # start (3), the last one only waits (1)
+    pdl = _pdl_ok(dev)
     _gmax_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, k, 0, 1, 0,
-                                 off_min, GS=gs, GB=gb, GS2=1, MIN2=int(mt > 0), num_warps=nw)
+                                 off_min, GS=gs, GB=gb, GS2=1, MIN2=int(mt > 0), num_warps=nw,
+                                 **_pdl_opts(pdl, 2))
     # Several slices a row: the bound in a launch of its own, then the count pass; one slice:
     # the placement program finds the exact bound itself.
     bound_in = slices > 1
     if bound_in:
         _bound_kernel[(rows,)](lengths, ws, n, groups, k, off_bound, cfg["BOUND_SLACK"],
-                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"])
+                               GS=gs, GT=p["gt"], num_warps=cfg["SEARCH_WARPS"],
+                               **_pdl_opts(pdl, 3))
         _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                       k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                       GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
                                       COUNT_ONLY=True, SINGLE=False, BOUND_IN=bound_in,
-                                      num_warps=nw)
+                                      num_warps=nw, **_pdl_opts(pdl, 3))
     _place_kernel[(rows, slices)](scores, lengths, ws, n, stride, groups, slice_len, slices,
                                   k, cap, off_bound, off_ncand, off_cnt, off_cpos, off_ckey,
                                   GS=gs, GB=gb, SP=p["sp"], GT=p["gt"], CHUNKED=chunked,
                                   COUNT_ONLY=False, SINGLE=slices == 1, BOUND_IN=bound_in,
-                                  num_warps=nw)
+                                  num_warps=nw, **_pdl_opts(pdl, 3))
     _select_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, off_bound,
                             off_ncand, off_cpos, off_ckey, off_list,
                             GS=gs, GB=max(1, min(gb, 1024 // gs)), CAP=cfg["CAND_TILE"],
                             KB=p["kb"], CT=min(1024, _next_pow2(groups)), num_warps=sw,
-                            TIE_LAUNCH=int(_TIE_LAUNCH))
+                            TIE_LAUNCH=int(_TIE_LAUNCH), **_pdl_opts(pdl, 3 if _TIE_LAUNCH else 1))
     if _TIE_LAUNCH:
         _tie_kernel[(rows,)](scores, lengths, ws, out, n, stride, groups, k, cap, 0, 1, off_cpos,
                              off_ckey, off_list, off_bound, off_min, GS=gs, GS2=1, MT=mt,
                              GB=max(1, min(gb, 1024 // gs)), TGB=max(1, min(gb, 1024 // gs)),
                              CT=min(1024, _next_pow2(groups)), CAP=cfg["CAND_TILE"],
                              PCH=cfg["CAND_TILE"], SPLIT=1, HALF=0, B16=0, FUSED=0,
-                             num_warps=sw)
+                             num_warps=sw, **_pdl_opts(pdl, 1))
     return out
 
 
@@ -1994,6 +2054,7 @@ def _fused(scores: Any, lengths: Any, out: Any, k: int, cfg: dict[str, int],
                                TIE_LAUNCH=tie_launch, off_tie=off_tie, off_min2=off_min2,
                                SELF=one, SGB=gb if one else 1, MIN2=int(mt > 0) if one else 0,
                                MB=mt if split > 1 else 0,
+                               DT=int(cfg["MAX_REGS"] == 0 or cfg["MAX_REGS"] >= 128),
                                num_warps=cfg["SEARCH_WARPS"], **_regs(cfg))
     if tie_launch:
         pk = max(1, cfg["PLACE_KEYS"] // gs)

@@ -89,7 +89,7 @@ class Launch:
         kw = dict(self.kw)
         params = inspect.signature(self.fn.fn).parameters
         names = list(params)
-        opts = {k: kw.pop(k) for k in ("num_warps", "maxnreg") if k in kw}
+        opts = {k: kw.pop(k) for k in ("num_warps", "maxnreg", "launch_pdl") if k in kw}
         const = dict(kw)
         sig: dict[str, str] = {}
         attrs: dict[Any, Any] = {}
@@ -117,11 +117,13 @@ class Launch:
 
 
 def capture_launches(tk: Any, rows: int, keys: int, dtype: str, cfg: dict[str, Any], *,
-                     sm_count: int | None = None, hip: bool = False) -> list[Launch]:
+                     sm_count: int | None = None, hip: bool = False,
+                     pdl: bool = False) -> list[Launch]:
     """The launches ``tk.indexer_topk_triton`` makes for ``rows x keys`` full rows of
     ``dtype`` under ``cfg``, captured instead of run. ``sm_count``: the device's SMs (CUs) the
     wrapper sizes the keys a config leaves out for (132 otherwise, as without a GPU); ``hip``:
-    as on a ROCm build of torch (no ``maxnreg``)."""
+    as on a ROCm build of torch (no ``maxnreg``); ``pdl``: as on a device with programmatic
+    dependent launches (the four-launch path's chain)."""
     import torch
 
     captured: list[Launch] = []
@@ -133,8 +135,10 @@ def capture_launches(tk: Any, rows: int, keys: int, dtype: str, cfg: dict[str, A
 
     kernels = [v for n, v in vars(tk).items() if n.endswith("_kernel") and hasattr(v, "run")]
     saved = [(fn, fn.__dict__.get("run")) for fn in kernels]
-    old_sms, old_hip = tk._sm_count, torch.version.hip
+    old_sms, old_hip, old_pdl = tk._sm_count, torch.version.hip, tk._pdl_ok
     try:
+        if pdl:
+            tk._pdl_ok = lambda dev: True
         for fn in kernels:
             fn.run = grab(fn)
         if sm_count is not None:
@@ -146,6 +150,7 @@ def capture_launches(tk: Any, rows: int, keys: int, dtype: str, cfg: dict[str, A
         tk.indexer_topk_triton(s, ln, 2048, config=cfg)
     finally:
         tk._sm_count = old_sms
+        tk._pdl_ok = old_pdl
         torch.version.hip = old_hip
         for fn, run in saved:
             if run is None:
@@ -183,6 +188,9 @@ def main() -> int:
                     help="the rare tiers inlined in the row / select kernels (_TIE_LAUNCH off)")
     ap.add_argument("--target", default="sm90", choices=("sm90", "gfx950"),
                     help="gfx950: Triton's AMD backend (wave 64), registers not printed")
+    ap.add_argument("--pdl", action="store_true",
+                    help="the four-launch path's kernels as on a device with programmatic "
+                         "dependent launches (sm_90)")
     ap.add_argument("--sass", default="", help="a folder: each kernel's SASS written there, and "
                     "its local-memory instructions (STL/LDL) counted per function")
     a = ap.parse_args()
@@ -192,7 +200,7 @@ def main() -> int:
     hip = a.target == "gfx950"
     bad = 0
     for rows in [int(x) for x in a.rows.split(",")]:
-        for launch in capture_launches(tk, rows, a.keys, a.dtype, cfg, hip=hip):
+        for launch in capture_launches(tk, rows, a.keys, a.dtype, cfg, hip=hip, pdl=a.pdl):
             opts = launch.source()[3]
             try:
                 ck = compile_launch(launch, a.target)

@@ -348,3 +348,51 @@ def test_split_ramp_rows_need_no_tie_kernel(tk, monkeypatch, split):
     got = tk.indexer_topk_triton(scores, lengths, k, config=cfg)
     assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
     assert len(tied) == 2, tied
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie kernel's "
+                    "selection (CPU only; the GPU tests check the same rows' results)")
+def test_split_parts_hold_a_crowded_row(tk, monkeypatch):
+    """A `recent` row's candidates crowd into its last part (its last keys are 8x): with four
+    parts a row and a region of one register tile a part, that part overflows and the row goes
+    to the tie kernel; with default_config's rule (a double tile a part) every part holds its
+    candidates and the row programs select it themselves. Exact both ways."""
+    tied: list[int] = []
+    real = tk._select_cands
+
+    def select_cands(*a, **kw):
+        tied.append(int(a[7]))   # the row's candidate count (above cap: overflow or tie)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tk, "_select_cands", select_cands)
+    k, n, split, tile = 16, 1200, 4, 32
+    scores = torch.stack([D.make_scores("recent", 1, n, seed=s)[0] for s in (1, 2)]
+                         + [torch.randn(n, generator=torch.Generator().manual_seed(3))])
+    lengths = torch.tensor([n, n - 5, n], dtype=torch.int32)
+    want = indexer_topk_reference(scores, lengths, k)
+    base = {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32, "CAND_TILE": tile,
+            "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": split}
+    for region, overflows in ((tile, 2), (2 * tile, 0)):
+        tied.clear()
+        got = tk.indexer_topk_triton(scores, lengths, k,
+                                     config={**base, "CAND_CAP": split * region})
+        assert topk_mismatches(got, want) == [], region
+        assert len(tied) == overflows and all(c > split * region for c in tied), (region, tied)
+
+
+def test_default_split_regions_hold_a_double_tile():
+    """default_config gives each part of a split row a region of at least two register tiles
+    (the rule the test above exercises), and rows of one program keep their 16,384 entries."""
+    from backends.indexer_topk.config import default_config
+
+    seen = set()
+    for rows in (1, 8, 16, 32, 33, 34, 48, 64, 66, 67, 128, 1024, 4096):
+        for keys in (8192, 131072, 524288):
+            cfg = default_config(rows, keys, 2048)
+            split = cfg["ROW_SPLIT"]
+            if cfg["FUSED"] and split > 1:
+                assert cfg["CAND_CAP"] // split >= 2 * cfg["CAND_TILE"], (rows, keys, cfg)
+                seen.add(split)
+            else:
+                assert cfg["CAND_CAP"] == 16384, (rows, keys, cfg)
+    assert seen == {2, 4}, seen

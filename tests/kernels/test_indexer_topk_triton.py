@@ -632,15 +632,17 @@ def test_gpu_k2048(n, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"FUSED": 0}, {"FUSED": 1}], ids=["four_launch", "fused"])
-def test_gpu_launches_order_against_the_neighbouring_kernels(cfg):
-    """The launches are ordered with the neighbouring kernels of the stream (written for the
-    programmatic dependent launches of the former ``PDL=1``, kept for plain ones). The scores
+@pytest.mark.parametrize("cfg,rows", [({"FUSED": 0}, 64), ({"FUSED": 0}, 1), ({"FUSED": 1}, 64)],
+                         ids=["four_launch", "four_launch_1row", "fused"])
+def test_gpu_launches_order_against_the_neighbouring_kernels(cfg, rows):
+    """The launches are ordered with the neighbouring kernels of the stream (the four-launch
+    path chains its kernels as programmatic dependent launches on sm_90 and later: each waits
+    for the one before, the last lets nothing of the caller's start early). The scores
     are written by a torch kernel right before the call
     and the output is read by one right after, with no synchronization between them, in a loop
     (the next iteration's write must not overtake the previous call), and once more captured
     in a CUDA graph replayed over new scores."""
-    rows, n, k = 64, 131072, 2048
+    n, k = 131072, 2048
     g = torch.Generator(device="cuda").manual_seed(11)
     lengths = torch.full((rows,), n, dtype=torch.int32, device="cuda")
     lengths[::5] = n // 3
@@ -865,13 +867,14 @@ def test_fused_phase_stops_for_profiling():
         assert topk_mismatches(got, indexer_topk_reference(scores, lengths, k)) == []
 
 
-@pytest.mark.parametrize("fused", [0, 1])
-def test_double_tile_selection(fused, monkeypatch):
+@pytest.mark.parametrize("fused,regs", [(0, 0), (1, 0), (1, 128), (1, 96)])
+def test_double_tile_selection(fused, regs, monkeypatch):
     """In the fused row kernel, rows whose candidates pass the register tile by up to 2x are
     selected in a tile of twice its size (no refinement), others in the tile or after a
-    refinement; the four-launch selection never takes the double tile (it cost every row
-    there). A spy on ``_select_tile`` records the tile sizes a call used, and every row is
-    exact. Under the interpreter only (the spy wraps a device function)."""
+    refinement; not under a register cap below 128 (it spilled there), and never in the
+    four-launch selection (it cost every row there). A spy on ``_select_tile`` records the tile
+    sizes a call used, and every row is exact. Under the interpreter only (the spy wraps a
+    device function; the cap is the wrapper's rule, the interpreter ignores it)."""
     if DEV != "cpu":
         pytest.skip("the spy needs the interpreter")
     k, n = 16, 1200
@@ -885,7 +888,7 @@ def test_double_tile_selection(fused, monkeypatch):
     monkeypatch.setattr(TK, "_select_tile", spy)
     cfg = {"GROUP": 4, "GROUP2": 2, "GROUP_BLOCK": 16, "PLACE_KEYS": 64, "CAND_TILE": 16,
            "CAND_CAP": 1024, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "FUSED": fused,
-           "ROW_SPLIT": 1}
+           "ROW_SPLIT": 1, "MAX_REGS": regs}
     if not fused:
         cfg = {"SLICE_KEYS": 256, "GROUP": 16, "GROUP_BLOCK": 16, "CAND_TILE": 16,
                "CAND_CAP": 1024, "FUSED": 0}
@@ -894,8 +897,82 @@ def test_double_tile_selection(fused, monkeypatch):
         lengths = torch.tensor([n, 700, k + 1, 2 * k], dtype=torch.int32, device=DEV)
         got, want = run_both(scores, lengths, k, cfg)
         assert topk_mismatches(got, want) == [], kind
-    if fused:
+    if fused and regs != 96:
         assert 32 in sizes, f"no row took the double tile: {sizes}"
+    elif fused:
+        assert 32 not in sizes, f"a 96-register row program took the double tile: {sizes}"
     else:
         assert 16 in sizes, f"no row took the register tile: {sizes}"
         assert 32 not in sizes, f"the four-launch selection took the double tile: {sizes}"
+
+
+def _launch_modes(monkeypatch, rows, n, cfg):
+    """(kernel, PDL mode, launched as a dependent) of each launch of one call with the PDL
+    chain on, the kernels captured instead of run."""
+    seen = []
+
+    def grab(fn):
+        def run(*args, grid=None, warmup=False, **kw):
+            seen.append((fn.fn.__name__, kw.get("PDL", 0), bool(kw.get("launch_pdl"))))
+        return run
+
+    for name in ("_gmax_kernel", "_bound_kernel", "_place_kernel", "_select_kernel",
+                 "_tie_kernel", "_row_kernel"):
+        monkeypatch.setattr(getattr(TK, name), "run", grab(getattr(TK, name)), raising=False)
+    monkeypatch.setattr(TK, "_pdl_ok", lambda dev: True)
+    scores = torch.zeros(rows, n)
+    TK.indexer_topk_triton(scores, torch.full((rows,), n, dtype=torch.int32), 16, config=cfg)
+    return seen
+
+
+@pytest.mark.parametrize("tie_launch", [True, False])
+@pytest.mark.parametrize("slices", [4, 1])
+def test_pdl_chain_of_the_four_launch_path(monkeypatch, slices, tie_launch):
+    """With programmatic dependent launches the four-launch path's first kernel only lets the
+    next start (mode 2, a plain launch: what ran before the call is not ours to overlap), each
+    later kernel is launched as a dependent and waits (1) before it touches memory, and only
+    the last one does not let the next start (whatever the caller launches after us); the
+    fused path launches as before. The device-side behaviour is the GPU tests'."""
+    monkeypatch.setattr(TK, "_TIE_LAUNCH", tie_launch)
+    n = 1024
+    cfg = {"FUSED": 0, "SLICE_KEYS": n // slices, "GROUP": 16, "GROUP_BLOCK": 64 // slices}
+    seen = _launch_modes(monkeypatch, 2, n, cfg)
+    names = [s[0] for s in seen]
+    want = (["_gmax_kernel"] + (["_bound_kernel", "_place_kernel"] if slices > 1 else [])
+            + ["_place_kernel", "_select_kernel"] + (["_tie_kernel"] if tie_launch else []))
+    assert names == want, seen
+    assert seen[0][1:] == (2, False), seen
+    assert all(mode == 3 and dep for _, mode, dep in seen[1:-1]), seen
+    assert seen[-1][1:] == (1, True), seen
+    fused = _launch_modes(monkeypatch, 2, n, {"FUSED": 1})
+    assert fused and all(mode == 0 and not dep for _, mode, dep in fused), fused
+
+
+def test_pdl_only_where_the_device_has_it(monkeypatch):
+    """No PDL chain without a CUDA device of sm_90 or later (the interpreter, a CPU tensor,
+    ROCm), nor with the module switch off."""
+    assert TK._pdl_ok(torch.device("cpu")) is False
+    monkeypatch.setattr(TK, "_PDL", False)
+    assert TK._pdl_ok(torch.device("cuda", 0)) is False
+    assert TK._pdl_opts(False, 3) == {}
+    assert TK._pdl_opts(True, 2) == {"PDL": 2}
+    assert TK._pdl_opts(True, 1) == {"PDL": 1, "launch_pdl": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16])
+def test_gpu_pdl_chain_matches_plain_launches(monkeypatch, rows):
+    """The four-launch path gives the exact top-k with and without its PDL chain, on every
+    distribution (the chain is on by default on sm_90+: this checks the switch's other side)."""
+    from backends.indexer_topk.distributions import DISTRIBUTIONS
+    from backends.indexer_topk.distributions import make_scores as dist_scores
+
+    n, k = 131072, 2048
+    for name in DISTRIBUTIONS:
+        scores = dist_scores(name, rows, n, seed=7, device="cuda")
+        lengths = torch.full((rows,), n, dtype=torch.int32, device="cuda")
+        want = indexer_topk_reference(scores, lengths, k)
+        for on in (True, False):
+            monkeypatch.setattr(TK, "_PDL", on)
+            got = TK.indexer_topk_triton(scores, lengths, k, config={"FUSED": 0})
+            assert topk_mismatches(got, want) == [], (name, on)
