@@ -318,14 +318,10 @@ def test_ramp_rows_take_the_minimum_bound(tk, monkeypatch, geom, split):
     assert calls["min"] == [] and calls["buckets"] >= 2
 
 
-@pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie kernel's "
-                    "selection (CPU only; the GPU tests check the same rows' results)")
-@pytest.mark.parametrize("split", [2, 4])
-def test_split_ramp_rows_need_no_tie_kernel(tk, monkeypatch, split):
-    """With ROW_SPLIT > 1 a ramp row's L is raised by its supergroup minima before the
-    compaction, so with a buffer that holds about k keys its programs gather and select it
-    themselves: the tie kernel selects nothing. Random rows keep L (their minima never reach
-    it). Exact on both."""
+def _spy_tie_selection(tk, monkeypatch) -> list[int]:
+    """Record the candidate count of every row the tie kernel selects (interpreter only: the
+    spy wraps the jitted helper the interpreter calls as Python); a row its own programs
+    select never shows up."""
     tied: list[int] = []
     real = tk._select_cands
 
@@ -334,6 +330,18 @@ def test_split_ramp_rows_need_no_tie_kernel(tk, monkeypatch, split):
         return real(*a, **kw)
 
     monkeypatch.setattr(tk, "_select_cands", select_cands)
+    return tied
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="spies on the interpreter's calls of the tie kernel's "
+                    "selection (CPU only; the GPU tests check the same rows' results)")
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_ramp_rows_need_no_tie_kernel(tk, monkeypatch, split):
+    """With ROW_SPLIT > 1 a ramp row's L is raised by its supergroup minima before the
+    compaction, so with a buffer that holds about k keys its programs gather and select it
+    themselves: the tie kernel selects nothing. Random rows keep L (their minima never reach
+    it). Exact on both."""
+    tied = _spy_tie_selection(tk, monkeypatch)
     cfg = {"FUSED": 1, "GROUP": 4, "GROUP2": 2, "PLACE_KEYS": 32, "CAND_TILE": 64,
            "CAND_CAP": 128 * split, "BOUND_SLACK": 4, "COMPACT_TILE": 32, "ROW_SPLIT": split}
     k, n = 16, 1200
@@ -357,14 +365,7 @@ def test_split_parts_hold_a_crowded_row(tk, monkeypatch):
     parts a row and a region of one register tile a part, that part overflows and the row goes
     to the tie kernel; with default_config's rule (a double tile a part) every part holds its
     candidates and the row programs select it themselves. Exact both ways."""
-    tied: list[int] = []
-    real = tk._select_cands
-
-    def select_cands(*a, **kw):
-        tied.append(int(a[7]))   # the row's candidate count (above cap: overflow or tie)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(tk, "_select_cands", select_cands)
+    tied = _spy_tie_selection(tk, monkeypatch)
     k, n, split, tile = 16, 1200, 4, 32
     scores = torch.stack([D.make_scores("recent", 1, n, seed=s)[0] for s in (1, 2)]
                          + [torch.randn(n, generator=torch.Generator().manual_seed(3))])
