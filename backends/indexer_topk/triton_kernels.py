@@ -405,17 +405,14 @@ def _kth_search_tile(x, k, lo, hi, cge, cgt):
             need = k - cgt
             cin = cge - cgt
             if (need == 1) | (need == cin) | (cin == prev):
-                inb = (x >= lo) & (x <= hi)
                 if need == 1:
-                    lo = tl.max(tl.where(inb, x, -2147483648), axis=0)
+                    lo = tl.max(tl.where((x >= lo) & (x <= hi), x, -2147483648), axis=0)
                     hi = lo
                 elif need == cin:
-                    lo = tl.min(tl.where(inb, x, 2147483647), axis=0)
+                    lo = tl.min(tl.where((x >= lo) & (x <= hi), x, 2147483647), axis=0)
                     hi = lo
                 else:
-                    mn = tl.min(tl.where(inb, x, 2147483647), axis=0)
-                    hi = tl.max(tl.where(inb, x, -2147483648), axis=0)
-                    lo = mn
+                    lo, hi = _snap(x, lo, hi)
                     prev = tl.full([], -1, tl.int32)
             else:
                 prev = cin
@@ -427,26 +424,46 @@ def _kth_search_tile(x, k, lo, hi, cge, cgt):
                     r = df / cin.to(tl.float32)
                     oa = (need + 1).to(tl.float32) * r
                     ob = (need - 2).to(tl.float32) * r - 1.0
-                oa = tl.minimum(tl.maximum(oa, 0.0), df).to(tl.uint32).to(tl.int32)
-                ob = tl.minimum(tl.maximum(ob, 0.0), df).to(tl.uint32).to(tl.int32)
-                pa = tl.maximum(hi - oa, lo + 1)
-                pb = tl.maximum(hi - ob, pa)
-                s = tl.sum((x >= pa).to(tl.int32) + ((x >= pb).to(tl.int32) << 16), axis=0)
-                ca = s & 0xFFFF
-                cb = s >> 16
-                if cb >= k:
-                    lo = pb
-                    cge = cb
-                elif ca >= k:
-                    lo = pa
-                    cge = ca
-                    hi = pb - 1
-                    cgt = cb
-                else:
-                    hi = pa - 1
-                    cgt = ca
+                lo, hi, cge, cgt = _probe_pair(x, k, lo, hi, cge, cgt, oa, ob, df)
                 it += 1
     return lo
+
+
+@triton.jit
+def _snap(x, lo, hi):
+    """The least and greatest key of ``x`` in ``[lo, hi]`` (a bracket that a step did not
+    narrow: it holds a tie, or keys with empty key space between them)."""
+    inb = (x >= lo) & (x <= hi)
+    return (tl.min(tl.where(inb, x, 2147483647), axis=0),
+            tl.max(tl.where(inb, x, -2147483648), axis=0))
+
+
+@triton.jit
+def _probe_pair(x, k, lo, hi, cge, cgt, oa, ob, df):
+    """One step of the interpolation searches: probes ``hi - oa`` and ``hi - ob`` (offsets
+    clamped to ``[0, df]``, the bracket's width; ``pa <= pb`` inside ``(lo, hi]``) counted in one
+    int32 sum (16 bits apart: tiles of at most 16,384 entries), and the bracket ``[lo, hi]``
+    with ``cge`` = #(x >= lo) and ``cgt`` = #(x > hi) narrowed to the part that holds the k-th
+    largest. Returns (lo, hi, cge, cgt)."""
+    oa = tl.minimum(tl.maximum(oa, 0.0), df).to(tl.uint32).to(tl.int32)
+    ob = tl.minimum(tl.maximum(ob, 0.0), df).to(tl.uint32).to(tl.int32)
+    pa = tl.maximum(hi - oa, lo + 1)
+    pb = tl.maximum(hi - ob, pa)
+    s = tl.sum((x >= pa).to(tl.int32) + ((x >= pb).to(tl.int32) << 16), axis=0)
+    ca = s & 0xFFFF
+    cb = s >> 16
+    if cb >= k:
+        lo = pb
+        cge = cb
+    elif ca >= k:
+        lo = pa
+        cge = ca
+        hi = pb - 1
+        cgt = cb
+    else:
+        hi = pa - 1
+        cgt = ca
+    return lo, hi, cge, cgt
 
 
 @triton.jit
@@ -517,10 +534,7 @@ def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
         while (lo32 < hi32) & (cge > k + slack):
             cin = cge - cgt
             if cin == prev:
-                inb = (x >= lo32) & (x <= hi32)
-                mn = tl.min(tl.where(inb, x, 2147483647), axis=0)
-                hi32 = tl.max(tl.where(inb, x, -2147483648), axis=0)
-                lo32 = mn
+                lo32, hi32 = _snap(x, lo32, hi32)
                 prev = tl.full([], -1, tl.int32)
             else:
                 prev = cin
@@ -533,24 +547,7 @@ def _loose_kth_tile(x, k, lo, hi, cnt_lo, slack):
                     need = (k - cgt).to(tl.float32)
                     oa = (need + 0.75 * slack.to(tl.float32)) * r
                     ob = (need + 0.25 * slack.to(tl.float32)) * r
-                oa = tl.minimum(tl.maximum(oa, 0.0), df).to(tl.uint32).to(tl.int32)
-                ob = tl.minimum(tl.maximum(ob, 0.0), df).to(tl.uint32).to(tl.int32)
-                pa = tl.maximum(hi32 - oa, lo32 + 1)
-                pb = tl.maximum(hi32 - ob, pa)
-                s = tl.sum((x >= pa).to(tl.int32) + ((x >= pb).to(tl.int32) << 16), axis=0)
-                ca = s & 0xFFFF
-                cb = s >> 16
-                if cb >= k:
-                    lo32 = pb
-                    cge = cb
-                elif ca >= k:
-                    lo32 = pa
-                    cge = ca
-                    hi32 = pb - 1
-                    cgt = cb
-                else:
-                    hi32 = pa - 1
-                    cgt = ca
+                lo32, hi32, cge, cgt = _probe_pair(x, k, lo32, hi32, cge, cgt, oa, ob, df)
                 it += 1
         res = lo32.to(tl.int64)
         cnt = cge.to(tl.int64)
