@@ -347,10 +347,10 @@ def bench_command(rows: list[int], keys: list[int], ragged: bool, dtype: str, k:
 
         click.echo(json.dumps(bench_report("indexer_topk", results, graphs=graphs), indent=1))
     else:
-        from registry.tuning.measure import format_table
+        from registry.tuning.measure import bench_header, format_table
 
-        how = "CUDA-graph replays" if graphs else "plain launches"
-        click.echo(f"# indexer_topk, {how}; err = entries that differ from the exact reference")
+        click.echo(bench_header("indexer_topk", graphs=graphs,
+                                note="differ = entries that differ from the exact reference"))
         click.echo(format_table(results, unit="us", error_name="differ"))
     if plot:
         _plot(results, plot)

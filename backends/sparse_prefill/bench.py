@@ -597,8 +597,10 @@ def bench_command(kind: str, group_size: str, kv_heads: int, kv_len: str, total_
 
         click.echo(json.dumps(bench_report("sparse_prefill", results, graphs=graphs), indent=1))
     else:
-        from registry.tuning.measure import format_table
+        from registry.tuning.measure import bench_header, format_table
 
+        click.echo(bench_header("sparse_prefill", graphs=graphs,
+                                note="max_err = max |out - fp32 reference|"))
         click.echo(format_table(results, unit="ms", error_name="max_err"))
     if plot:
         _plot(results, plot)

@@ -295,13 +295,28 @@ def bench_report(op: str, results: Sequence[CaseResult], *, graphs: bool) -> dic
     """``kreg bench OP --json``: ``{"schema", "op", "device", "graphs", "cases": [...]}``, each
     case ``{"case", "workload", "params", "baseline", "results": [Measurement...], "extra"}``
     (``extra``: the op's own per-case figures, e.g. indexer_topk's HBM floor and scratch)."""
+    return {"schema": BENCH_SCHEMA, "op": op, "device": bench_device(),
+            "graphs": graphs and _cuda(), "cases": [r.as_json() for r in results]}
+
+
+def bench_device() -> dict[str, Any]:
+    """What a bench ran on: the device's name and arch, torch, Triton and the GPU runtime (the
+    ``device`` of :func:`bench_report`)."""
     import registry
 
     facts = registry.probe()
-    return {"schema": BENCH_SCHEMA, "op": op,
-            "device": {"name": facts.name, "arch": facts.arch, "torch": facts.torch_version,
-                       "triton": facts.triton_version, "runtime": facts.runtime_version},
-            "graphs": graphs and _cuda(), "cases": [r.as_json() for r in results]}
+    return {"name": facts.name, "arch": facts.arch, "torch": facts.torch_version,
+            "triton": facts.triton_version, "runtime": facts.runtime_version}
+
+
+def bench_header(op: str, *, graphs: bool, note: str = "") -> str:
+    """The first line of a ``kreg bench OP`` table: the op, the device and software it ran on
+    (so that a pasted table cannot be credited to another GPU), and how it was timed."""
+    d = bench_device()
+    how = "CUDA-graph replays" if graphs and _cuda() else "plain launches"
+    runtime = f", {d['runtime']}" if d["runtime"] else ""
+    return (f"# {op} on {d['name']} ({d['arch']}), torch {d['torch']}, triton {d['triton']}"
+            f"{runtime}; {how}" + (f"; {note}" if note else ""))
 
 
 def format_table(results: Sequence[CaseResult], *, unit: Literal["ms", "us"] = "ms",

@@ -730,6 +730,13 @@ def test_bench_command_checks_and_times(monkeypatch):
     monkeypatch.setattr(bench, "_trial", broken)
     res = CliRunner().invoke(bench.bench_command, args[:-1])
     assert res.exit_code == 1 and "FAIL" in res.output and "differ" in res.output
+    # the table's first line names the device and software it ran on, and the timing
+    import triton
+
+    head = next(ln for ln in res.output.splitlines() if ln.startswith("#"))
+    assert head.startswith("# indexer_topk on ") and f"triton {triton.__version__}" in head
+    assert f"torch {torch.__version__}" in head
+    assert ("plain launches" if DEV == "cpu" else "CUDA-graph replays") in head, head
 
 
 def test_bench_parse_geometry():

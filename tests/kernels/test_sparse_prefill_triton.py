@@ -664,6 +664,10 @@ def test_bench_command_cpu_smoke():
 
     family = format_geometry(H200_CONFIGS[("prefill", 6)])  # the h200 provider's geometry
     assert family in res.output and "torch reference" in res.output
+    # the table's first line names what it ran on, and says the graphs were not used here
+    head = next(ln for ln in res.output.splitlines() if ln.startswith("#"))
+    assert head.startswith("# sparse_prefill on ") and f"torch {torch.__version__}" in head
+    assert ("plain launches" if DEV == "cpu" else "CUDA-graph replays") in head, head
     bad = CliRunner().invoke(bench_command, [
         "--providers", "geometry=16x16", "--baseline", "reference", "--total-q", "3",
         "--kv-len", "40", "--topk", "20", "--head-dim", "16", "--dtype", "float32"])
