@@ -99,6 +99,9 @@ def test_acme_plugin_install_explain_conformance_uninstall(overlay: Overlay,
         assert {m["label"] for m in report["cases"][0]["results"]} == {
             "reference", "auto", "acme.rmsnorm_triton"}
         assert all(m["status"] == "ok" for m in report["cases"][0]["results"])
+        table = ov.kreg("bench", "acme_rmsnorm", "--rows", "8", "--cols", "64", "--warmup", "1",
+                        "--iters", "2")
+        assert table.startswith("# acme_rmsnorm on ") and "plain launches" in table, table
 
         proc = ov.pytest_kit("--kreg-conformance", "acme", cwd=tmp_path)
         out = proc.stdout + proc.stderr

@@ -27,6 +27,7 @@ def bench_command(rows: str, cols: int, dtype: str, providers: str, warmup: int,
     from registry.tuning import Trial, measure
     from registry.tuning.measure import (
         CaseResult,
+        bench_header,
         bench_report,
         format_table,
         registry_candidates,
@@ -49,6 +50,7 @@ def bench_command(rows: str, cols: int, dtype: str, providers: str, warmup: int,
     if as_json:
         click.echo(json.dumps(bench_report("acme_rmsnorm", results, graphs=False)))
     else:
+        click.echo(bench_header("acme_rmsnorm", graphs=False))
         click.echo(format_table(results))
     if any(m.failed for r in results for m in r.measurements):
         sys.exit(1)
