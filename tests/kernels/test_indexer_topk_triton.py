@@ -506,6 +506,11 @@ def test_default_config_and_scratch():
     # 8-warp row programs up to 256 rows, 4 warps and 1024-value steps above, 128 registers
     # (96 from 2048 rows), 16384-key gmax slices, row programs split below 67 rows.
     assert [TK.default_config(r, 131072, 2048)["FUSED"] for r in (1, 16, 31, 32)] == [0, 0, 0, 1]
+    # The bound's slack: k/32 groups for one row on the four-launch path, k/8 elsewhere
+    assert [TK.default_config(r, 131072, 2048)["BOUND_SLACK"] for r in (1, 2, 16, 64, 4096)] \
+        == [64, 256, 256, 256, 256]
+    assert TK.default_config(1, 131072, 2048, fused=True)["BOUND_SLACK"] == 256
+    assert TK.default_config(1, 8192, 64)["BOUND_SLACK"] == 2
     few = TK.default_config(256, 131072, 2048)
     assert (few["SEARCH_WARPS"], few["COMPACT_TILE"], few["PLACE_KEYS"]) == (8, 2048, 2048)
     cfg = TK.default_config(4096, 131072, 2048)
