@@ -11,6 +11,8 @@ mkdir -p "$OUT"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+  # the installed copy shadows the tree: refuse a wheel built before the tree's last edit
+  python3 benchmarks/probes/check_installed.py /tmp/site || exit 2
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 KREG_HOME=/tmp/kreg_home
 stage() { echo "=== $1 ($(date +%T))"; }

@@ -46,6 +46,8 @@ OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# the installed copy shadows the tree: refuse a wheel built before the tree's last edit
+python3 benchmarks/probes/check_installed.py /tmp/site || exit 2
 export PYTHONUNBUFFERED=1 KREG_HOME=${KREG_HOME:-/tmp/kreg_home}
 # A tuning store an earlier call brought back ($OUT/tuning.json, copied here to
 # .tcarry/tuning.json and carried): kreg tune resumes after the buckets it holds.
