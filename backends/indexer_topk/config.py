@@ -128,9 +128,9 @@ def default_config(num_rows: int, max_keys: int, k: int = 2048, sm_count: int = 
         # at 32 and 64 rows (H200, session 26; 0 / no cap: 1.00-1.07x, 192: up to 1.04x).
         cfg["MAX_REGS"] = 168
     # The bound's slack: k/8 groups, but k/32 for one row on the four-launch path (H100,
-    # session 31, one window with k/8 as an alternative: randn 1 row 24.9 against 26.5 us,
-    # recent 0.93-0.96x, ramp 1.01-1.02x, the rest within 1%; from 2 rows k/32 is mixed and
-    # from 4 rows 1-4% behind: docs/notes/indexer_topk.md, "Session 31").
+    # session 31, three windows against k/8: randn 1 row 0.94-0.95x (24.9-25.2 against 26.5
+    # us), recent 0.93-0.96x, ramp 1.01-1.02x, the rest within 1%; at 2 rows inside the
+    # noise, from 4 rows 1-4% behind: docs/notes/indexer_topk.md, "Session 31").
     one_row = num_rows == 1 and not use_fused
     cfg["BOUND_SLACK"] = max(1, k // 32 if one_row else k // 8)
     cfg["PLACE_KEYS"] = max(2048 if few else 1024, cfg["GROUP"])

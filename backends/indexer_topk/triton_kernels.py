@@ -108,7 +108,7 @@ SEARCH_WARPS    4 or 8      warps of the row program / bound pass / stage 3 (fus
                             256 rows)
 BOUND_TILE      4096        register tile of the bound search; more groups stream from memory
 BOUND_SLACK     k / 8       groups the loose bounds (fused; four-launch bound pass) may leave
-                            above k
+                            above k (k / 32 for one row on the four-launch path)
 COMPACT_TILE    2048 / 1024 fused: group maxima per compaction step (1024 above 256 rows)
 PLACE_KEYS      2048 / 1024 fused: keys per placement step (and per selection-placement step)
 CAND_TILE       4096        register tile of the selection (power of two)
