@@ -17,22 +17,35 @@ one (ENGINE="gluon") for group 6 from ``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 
 pretranslated family (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
+
+``nvidia_hopper.indexer_topk_cluster``: the cluster radix select (a CUDA kernel,
+``backends/indexer_topk/cluster.py``; one 8-CTA cluster a row, the row in shared memory, one
+launch) for rows of at most 131,072 keys, on the parts it was measured on (H200 and H100 SXM,
+132 SMs) up to ``CLUSTER_MAX_ROWS`` rows, where it beats the Triton kernels on every
+distribution the bench has (docs/BENCHMARKS.md, "indexer_topk: the cluster kernel at 1-64
+rows"); from 32 rows the Triton kernels win. It needs ``nvcc`` once, to build the kernel
+(``cuda_toolchain``). ``nvidia_hopper.indexer_topk_cluster:measure`` waives the envelope.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from backends.indexer_topk import EXACT, IndexerTopkWorkload
+from backends.indexer_topk import cluster as _cluster
 from backends.sparse_prefill import SparsePrefillWorkload
 from backends.sparse_prefill.config import describe_path
 from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
 from backends.sparse_prefill.guarantees import kernel_contract
 from registry import DeviceFacts, Implementation, hookimpl
 from registry.requirements import (
+    CAPABILITY,
     ENVELOPE,
     arch_in,
     device_in,
+    field_at_most,
     field_eq,
+    field_in,
     fields_in,
     grid_bound,
     predicate,
@@ -339,9 +352,40 @@ def kreg_configs(op: str) -> dict[str, dict[str, Any]] | None:
             for (kind, g), cfg in configs.items()}
 
 
+#: The cluster kernel's envelope: the parts it was measured on and the rows up to which it beat
+#: the Triton kernels on every distribution (H200, session 32: 1-16 rows 1.1-3.8x faster; 32 rows
+#: 0.6-1.4x, so not taken there).
+CLUSTER_DEVICES = (H200, ("NVIDIA H100 80GB HBM3", 132))
+CLUSTER_MAX_ROWS = 16
+
+
+def _cuda_toolchain(f: DeviceFacts, w: IndexerTopkWorkload) -> tuple[bool, str, str]:
+    ok, seen = _cluster.toolchain()
+    return ok, seen, "nvcc, to build the CUDA kernel once (CUDA_HOME/bin/nvcc or PATH)"
+
+
+CLUSTER_REQUIREMENTS = (
+    # capability
+    vendor_in("nvidia"),
+    arch_in("sm_90"),
+    field_in("dtype", _cluster.DTYPES),
+    field_at_most("max_keys", _cluster.MAX_KEYS),
+    predicate("cuda_toolchain", CAPABILITY, _cuda_toolchain),
+    # envelope
+    device_in(*CLUSTER_DEVICES),
+    field_at_most("num_rows", CLUSTER_MAX_ROWS, kind=ENVELOPE),
+)
+
+
 @hookimpl
 def kreg_implementations() -> list[Implementation]:
     return [
+        Implementation(op="indexer_topk", name="nvidia_hopper.indexer_topk_cluster",
+                       priority=PRIORITY, requirements=CLUSTER_REQUIREMENTS,
+                       kernel="backends.indexer_topk.cluster:indexer_topk_cluster",
+                       configurable=False, contract=EXACT,
+                       description="cluster radix select (CUDA): one 8-CTA cluster a row, the "
+                                   "row read once into shared memory, one launch; exact"),
         Implementation(op="sparse_prefill", name="nvidia_hopper.sparse_prefill_tuned",
                        priority=PRIORITY, requirements=REQUIREMENTS, config=_config,
                        kernel="backends.sparse_prefill.triton_kernels:sparse_prefill_triton",

@@ -1,0 +1,211 @@
+"""The cluster radix select for sm_90 (``cuda/cluster_topk.cu``): build, load, call.
+
+One 8-CTA thread-block cluster a row: each CTA holds an eighth of the row in shared memory (rows
+of at most :data:`MAX_KEYS` keys), the row is read from HBM once, and four byte-wide radix passes
+find the k-th key, the CTAs summing their bins through distributed shared memory. One launch,
+no workspace, exact (kreg's contract: membership by score then position, ascending positions,
+-1 padding), CUDA-graph capturable (it launches on the current stream and never synchronizes).
+Where it wins is a measured envelope (``plugins/nvidia_hopper.py``, docs/BENCHMARKS.md): few
+rows, where one launch and no dependent passes through HBM beat the Triton kernels.
+
+The source is compiled on first use with ``nvcc`` (``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on
+``PATH``) for ``sm_90a`` into ``$KREG_HOME/cuda/`` (the file name carries a hash of the source and
+of the compiler's version, so an upgrade rebuilds; a file lock keeps concurrent processes from
+building twice), then loaded with ctypes. :func:`toolchain` says, without building, whether that
+can happen here: selection asks it (``nvidia_hopper.indexer_topk_cluster``'s ``cuda_toolchain``
+requirement). Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from registry.errors import KernelUnavailableError, WorkloadError
+
+__all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "library_path",
+           "nvcc", "toolchain"]
+
+SOURCE = Path(__file__).with_name("cuda") / "cluster_topk.cu"
+#: 8 CTAs of at most 16,384 keys (64 KiB of shared memory each).
+MAX_KEYS = 8 * 16384
+DTYPES = ("float32", "bfloat16", "float16")
+NVCC_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
+_ERRORS = {
+    1: f"rows longer than {MAX_KEYS} keys",
+    2: "no current CUDA device, or its shared-memory limit (64 KiB a block) could not be raised",
+    3: "the launch failed (the kernel needs an sm_90 GPU with 3 x 75 KiB of shared memory an SM)",
+    4: "an unsupported dtype",
+}
+_DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def nvcc() -> str | None:
+    """The CUDA compiler this process would build with, or None."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        cand = Path(home) / "bin" / "nvcc"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=4)
+def _nvcc_version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
+                             check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unusable ({exc})"
+    if out.returncode != 0:
+        return f"unusable (exit {out.returncode})"
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
+
+
+def library_path(compiler: str | None = None) -> Path:
+    """Where the built kernel lives: ``$KREG_HOME/cuda/cluster_topk-<hash>.so``, the hash over
+    the source, the flags and the compiler's version."""
+    from registry._knobs import knobs
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(NVCC_FLAGS).encode())
+    comp = compiler or nvcc()
+    h.update((_nvcc_version(comp) if comp else "no-nvcc").encode())
+    return knobs.home / "cuda" / f"cluster_topk-{h.hexdigest()[:16]}.so"
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> tuple[bool, str]:
+    """``(usable, what was found)``: whether this process can load the kernel (built already,
+    or ``nvcc`` present to build it). Never builds; cached for the process."""
+    comp = nvcc()
+    if comp is None:
+        return False, "no nvcc (CUDA_HOME/bin/nvcc or PATH)"
+    version = _nvcc_version(comp)
+    if version.startswith("unusable"):
+        return False, f"nvcc at {comp} is {version}"
+    return True, f"nvcc at {comp} ({version})"
+
+
+def build(out: Path | None = None) -> Path:
+    """Compile the kernel (if it is not built yet) and return the shared library's path.
+    Raises KernelUnavailableError naming the cause and the fix."""
+    comp = nvcc()
+    if comp is None:
+        raise KernelUnavailableError(
+            "nvidia_hopper.indexer_topk_cluster needs nvcc to build its CUDA kernel once: install "
+            "the CUDA toolkit (or set CUDA_HOME), or select another implementation with "
+            "KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
+    path = out or library_path(comp)
+    if path.exists():
+        return path
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.exists():
+            return path
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [comp, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise KernelUnavailableError(f"building {SOURCE.name} failed to run {comp}: {exc}; "
+                                         f"select another implementation") from exc
+        if res.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-8:])
+            raise KernelUnavailableError(
+                f"building {SOURCE.name} with {comp} failed (exit {res.returncode}):\n{tail}\n"
+                f"(command: {' '.join(cmd)}); select another implementation with "
+                f"KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
+        os.replace(tmp, path)
+    return path
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = build()
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                raise KernelUnavailableError(f"cannot load {path}: {exc}; delete it to rebuild, "
+                                             f"or select another implementation") from exc
+            lib.kreg_cluster_topk.restype = ctypes.c_int
+            lib.kreg_cluster_topk.argtypes = [
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+            _lib = lib
+    return _lib
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def indexer_topk_cluster(scores: Any, lengths: Any, k: int = 2048) -> Any:
+    """Exact per-row top-k positions (ascending, -1 padded), int32 ``[rows, k]``, by the cluster
+    radix select. Inputs as ``indexer_topk`` (:func:`~backends.indexer_topk.check_inputs`);
+    scores on an sm_90 GPU, rows of at most :data:`MAX_KEYS` keys."""
+    import torch
+
+    from backends.indexer_topk.config import check_inputs
+
+    check_inputs(scores, lengths, k)
+    if k > 2**31 - 1:
+        raise WorkloadError(f"indexer_topk: k={k} is above int32's range; the kernel's positions "
+                            f"and k are int32")
+    rows, n = scores.shape
+    if scores.device.type != "cuda":
+        raise KernelUnavailableError(
+            f"nvidia_hopper.indexer_topk_cluster runs on CUDA GPUs (sm_90); scores are on "
+            f"{scores.device}")
+    if n > MAX_KEYS:
+        raise WorkloadError(f"nvidia_hopper.indexer_topk_cluster takes rows of at most "
+                            f"{MAX_KEYS} keys; got max_keys={n} (use generic.indexer_topk_radix)")
+    index = scores.device.index if scores.device.index is not None else torch.cuda.current_device()
+    cap = _capability(index)
+    if cap[0] != 9:
+        raise KernelUnavailableError(
+            f"nvidia_hopper.indexer_topk_cluster is built for sm_90; device {index} is "
+            f"sm_{cap[0]}{cap[1]}")
+    out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    return _launch(scores, lengths, k, out, index)
+
+
+def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int) -> Any:
+    """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked."""
+    import torch
+
+    rows, n = scores.shape
+    if rows == 0:
+        return out
+    if n == 0:
+        return out.fill_(-1)
+    lib = _load()
+    code = _DTYPE_CODES[str(scores.dtype).removeprefix("torch.")]
+    with torch.cuda.device(index):
+        stream = torch.cuda.current_stream(index).cuda_stream
+        rc = lib.kreg_cluster_topk(scores.data_ptr(), code, scores.stride(0), rows, n,
+                                   lengths.data_ptr(), lengths.stride(0), k, out.data_ptr(),
+                                   stream)
+    if rc:
+        raise KernelUnavailableError(f"nvidia_hopper.indexer_topk_cluster: "
+                                     f"{_ERRORS.get(rc, f'error {rc}')}")
+    return out

@@ -1,0 +1,340 @@
+// Cluster radix select for indexer_topk on sm_90 (kreg's `nvidia_hopper.indexer_topk_cluster`).
+//
+// One thread-block cluster of CL = 8 CTAs a row. Each CTA loads its eighth of the row (SL <= 16384
+// keys) once from global memory into shared memory as unsigned order keys (u = kreg's int32 order
+// key ^ 0x80000000, so unsigned order is score order; 0 = no key: past the row's length). The row
+// is read from HBM once; every later pass reads shared memory:
+//
+//   pass p = 0..3: each CTA counts its keys whose higher bytes equal the prefix found so far, by
+//   byte p of u (256 bins, shared-memory atomics; a CTA whose valid keys are all equal writes its
+//   one bin without atomics); a cluster barrier; every CTA sums the eight CTAs' bins through
+//   distributed shared memory and finds the bin holding the kk-th largest key (kk = what is still
+//   to be taken). A bin whose count equals kk ends the search; so does a row of at most k keys.
+//
+// Membership is then: keys whose prefix is above the threshold bin, plus the first kk keys of the
+// bin by position (ties at the k-th key by position, kreg's rule). Each warp counts its SL / 16
+// consecutive positions with ballots; the CTAs exchange (above, in-bin) counts through distributed
+// shared memory; each warp writes its selected positions in ascending order. A row with fewer than
+// k valid keys takes all of them and is padded with -1.
+//
+// Host entry: `kreg_cluster_topk` (extern "C"; backends/indexer_topk/cluster.py loads it with ctypes
+// and turns a nonzero return into an error naming the cause).
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace {
+
+constexpr int CL = 8;          // CTAs a row (a portable cluster size)
+constexpr int THREADS = 512;   // 16 warps
+constexpr int WARPS = THREADS / 32;
+constexpr int SL_MAX = 16384;  // keys a CTA (64 KiB of shared memory): rows of <= 131072 keys
+
+__device__ __forceinline__ uint32_t order_u(uint32_t bits) {
+  // kreg's key: -0.0 -> +0.0; negative floats flip their magnitude bits; NaN -> INT32_MIN + 1;
+  // u = key ^ 0x80000000, so unsigned order is score order and every real key has u >= 1.
+  if (bits == 0x80000000u) bits = 0u;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint32_t key = (bits & 0x80000000u) ? (bits ^ 0x7FFFFFFFu) : bits;
+  return nan ? 1u : (key ^ 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+               ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// the address of `p` (this CTA's shared memory) in CTA `rank`'s shared memory window
+__device__ __forceinline__ uint32_t dsmem_addr(const void* p, uint32_t rank) {
+  uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ uint32_t dsmem_ld(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <typename T> struct Loader;
+template <> struct Loader<float> {
+  static constexpr int PER16 = 4;   // elements in 16 bytes
+  __device__ static void load16(const float* p, uint32_t* u) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    u[0] = order_u(v.x); u[1] = order_u(v.y); u[2] = order_u(v.z); u[3] = order_u(v.w);
+  }
+  __device__ static uint32_t load1(const float* p) { return order_u(__float_as_uint(__ldg(p))); }
+};
+template <> struct Loader<__half> {
+  static constexpr int PER16 = 8;
+  __device__ static uint32_t widen(uint32_t h) {
+    return order_u(__float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h)))));
+  }
+  __device__ static void load16(const __half* p, uint32_t* u) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      u[2 * i] = widen(w[i] & 0xFFFFu);
+      u[2 * i + 1] = widen(w[i] >> 16);
+    }
+  }
+  __device__ static uint32_t load1(const __half* p) {
+    return widen(__ldg(reinterpret_cast<const unsigned short*>(p)));
+  }
+};
+template <> struct Loader<__nv_bfloat16> {
+  static constexpr int PER16 = 8;
+  __device__ static void load16(const __nv_bfloat16* p, uint32_t* u) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      u[2 * i] = order_u(w[i] << 16);
+      u[2 * i + 1] = order_u(w[i] & 0xFFFF0000u);
+    }
+  }
+  __device__ static uint32_t load1(const __nv_bfloat16* p) {
+    const unsigned short s = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return order_u(static_cast<uint32_t>(s) << 16);
+  }
+};
+
+struct Shared {
+  uint32_t hist[2][256];          // a pass's bins (read by the other CTAs), double-buffered
+  uint32_t wsum[WARPS];
+  uint32_t wmin[WARPS], wmax[WARPS];
+  uint32_t bin, kk, bin_total, valid;
+  uint32_t warp_gt[WARPS], warp_eq[WARPS];
+  uint32_t warp_out[WARPS], warp_eqb[WARPS];
+  uint32_t cta_gt, cta_eq;        // read by the other CTAs
+  uint32_t row_count;             // keys the row took (the last CTA, for the padding)
+};
+
+// Thread tid < 256 holds the count t of bin tid: finds the bin holding the kk-th largest key
+// (sh.bin, sh.kk = its rank inside the bin, sh.bin_total) and the sum of all bins (sh.valid).
+__device__ __forceinline__ void select_bin(Shared& sh, uint32_t t, uint32_t kk, int tid,
+                                           int lane, int warp) {
+  uint32_t incl = 0;
+  if (tid < 256) {
+    incl = t;   // keys in bins >= tid among this warp's 32 bins (a suffix scan)
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_down_sync(0xFFFFFFFFu, incl, o);
+      if (lane + o < 32) incl += y;
+    }
+    if (lane == 0) sh.wsum[warp] = incl;   // warps 0..7 hold bins 32w..32w+31
+  }
+  __syncthreads();
+  if (tid < 256) {
+    uint32_t above = 0;   // keys in the bins of the higher warps
+    for (int w2 = warp + 1; w2 < 8; ++w2) above += sh.wsum[w2];
+    const uint32_t excl = above + incl - t;   // keys in bins > tid
+    if (tid == 0) sh.valid = above + incl;
+    if (excl < kk && kk <= excl + t) { sh.bin = tid; sh.kk = kk - excl; sh.bin_total = t; }
+  }
+  __syncthreads();
+}
+
+template <typename T>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS, 3)
+cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
+                    const int32_t* __restrict__ lengths, int64_t len_stride, int k,
+                    int32_t* __restrict__ out) {
+  extern __shared__ __align__(16) uint32_t keys[];   // SL keys, in position order
+  __shared__ Shared sh;
+  const uint32_t rank = cluster_rank();
+  const int64_t row = blockIdx.x / CL;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int SL = ((n + CL - 1) / CL + 1023) / 1024 * 1024;   // a multiple of 16 warps x 64
+  const int base = static_cast<int>(rank) * SL;
+  int len = n;
+  if (lengths != nullptr) len = min(max(lengths[row * len_stride], 0), n);
+  const T* src = scores + row * row_stride;
+
+  // load: 16-byte vectors where a whole vector is valid and aligned, else element by element
+  constexpr int P16 = Loader<T>::PER16;
+  uint32_t umin = 0xFFFFFFFFu, umax = 0u;   // over this thread's valid keys
+#pragma unroll 4
+  for (int i = tid * P16; i < SL; i += THREADS * P16) {
+    const int pos = base + i;
+    uint32_t u[P16];
+    if (pos + P16 <= len && (reinterpret_cast<uintptr_t>(src + pos) & 15) == 0) {
+      Loader<T>::load16(src + pos, u);
+    } else {
+#pragma unroll
+      for (int e = 0; e < P16; ++e) u[e] = (pos + e < len) ? Loader<T>::load1(src + pos + e) : 0u;
+    }
+#pragma unroll
+    for (int e = 0; e < P16; ++e) {
+      umax = max(umax, u[e]);
+      umin = min(umin, u[e] == 0u ? 0xFFFFFFFFu : u[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < P16; e += 4)
+      *reinterpret_cast<uint4*>(&keys[i + e]) = make_uint4(u[e], u[e + 1], u[e + 2], u[e + 3]);
+  }
+  umin = __reduce_min_sync(0xFFFFFFFFu, umin);
+  umax = __reduce_max_sync(0xFFFFFFFFu, umax);
+  if (lane == 0) { sh.wmin[warp] = umin; sh.wmax[warp] = umax; }
+  const uint32_t cta_valid = static_cast<uint32_t>(min(max(len - base, 0), SL));
+
+  uint32_t prefix = 0, mask = 0;
+  uint32_t kk = static_cast<uint32_t>(k);
+  uint32_t cmin = 0, cmax = 0;
+  for (int p = 0; p < 4; ++p) {
+    const int shift = 24 - 8 * p;
+    uint32_t* h = sh.hist[p & 1];
+    if (tid < 256) h[tid] = 0;
+    __syncthreads();   // (p = 0: also the keys and the warps' minima and maxima)
+    if (p == 0) {
+      cmin = 0xFFFFFFFFu; cmax = 0u;
+      for (int w2 = 0; w2 < WARPS; ++w2) { cmin = min(cmin, sh.wmin[w2]); cmax = max(cmax, sh.wmax[w2]); }
+    }
+    if (cmax == 0u) {
+      // no valid key in this CTA
+    } else if (cmin == cmax) {   // every valid key of this CTA is equal: one bin, no atomics
+      if (tid == 0 && (cmin & mask) == prefix) h[(cmin >> shift) & 0xFFu] = cta_valid;
+    } else {
+      const uint4* k4 = reinterpret_cast<const uint4*>(keys);
+      for (int i = tid; i < SL / 4; i += THREADS) {
+        const uint4 v = k4[i];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if ((w[e] & mask) == prefix && w[e] != 0u) atomicAdd(&h[(w[e] >> shift) & 0xFFu], 1u);
+      }
+    }
+    __syncthreads();
+    cluster_sync_all();   // every CTA's bins complete and visible
+    uint32_t t = 0;
+    if (tid < 256) {
+#pragma unroll
+      for (int r = 0; r < CL; ++r) t += dsmem_ld(dsmem_addr(&h[tid], r));
+    }
+    select_bin(sh, t, kk, tid, lane, warp);
+    if (p == 0 && sh.valid <= kk) {   // no more valid keys than k: take them all
+      kk = sh.valid; mask = 0; prefix = 0;
+      break;
+    }
+    // This pass's bins are read by the other CTAs until they reach the next pass's cluster
+    // barrier; the next pass counts into the other buffer, and the pass after zeroes this one
+    // only after that barrier.
+    prefix |= sh.bin << shift;
+    mask |= 0xFFu << shift;
+    kk = sh.kk;
+    if (sh.bin_total == kk) break;   // the whole bin is taken: no tie to resolve
+  }
+
+  // Selection: a prefix above the bin's is in; the bin's keys are in for the first kk positions.
+  uint32_t gt = 0, eq = 0;
+  const int per_warp = SL / WARPS;
+  const int wbase = warp * per_warp;
+  for (int j = lane; j < per_warp; j += 32) {
+    const uint32_t u = keys[wbase + j];
+    const uint32_t m = u & mask;
+    gt += __popc(__ballot_sync(0xFFFFFFFFu, u != 0u && m > prefix));
+    eq += __popc(__ballot_sync(0xFFFFFFFFu, u != 0u && m == prefix));
+  }
+  if (lane == 0) { sh.warp_gt[warp] = gt; sh.warp_eq[warp] = eq; }
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t g = 0, e = 0;
+    for (int w2 = 0; w2 < WARPS; ++w2) { g += sh.warp_gt[w2]; e += sh.warp_eq[w2]; }
+    sh.cta_gt = g; sh.cta_eq = e;
+  }
+  __syncthreads();
+  cluster_sync_all();   // every CTA's counts visible
+  if (tid == 0) {
+    uint32_t outb = 0, eqb = 0;   // entries and in-bin keys of the CTAs before this one
+    for (uint32_t r = 0; r < rank; ++r) {
+      const uint32_t g = dsmem_ld(dsmem_addr(&sh.cta_gt, r));
+      const uint32_t e = dsmem_ld(dsmem_addr(&sh.cta_eq, r));
+      outb += g + (eqb >= kk ? 0u : min(e, kk - eqb));
+      eqb += e;
+    }
+    for (int w2 = 0; w2 < WARPS; ++w2) {
+      sh.warp_out[w2] = outb; sh.warp_eqb[w2] = eqb;
+      const uint32_t e = sh.warp_eq[w2];
+      outb += sh.warp_gt[w2] + (eqb >= kk ? 0u : min(e, kk - eqb));
+      eqb += e;
+    }
+  }
+  cluster_arrive();   // done reading the other CTAs' shared memory (waited for at the end)
+  __syncthreads();
+  int32_t* orow = out + row * k;
+  uint32_t o = sh.warp_out[warp], eb = sh.warp_eqb[warp];
+  const uint32_t lt = (1u << lane) - 1u;
+  for (int j = 0; j < per_warp; j += 32) {
+    const uint32_t u = keys[wbase + j + lane];
+    const uint32_t m = u & mask;
+    const bool g = u != 0u && m > prefix;
+    const bool e = u != 0u && m == prefix;
+    const uint32_t eb_m = __ballot_sync(0xFFFFFFFFu, e);
+    const bool take = g || (e && eb + __popc(eb_m & lt) < kk);
+    const uint32_t tb = __ballot_sync(0xFFFFFFFFu, take);
+    if (take) orow[o + __popc(tb & lt)] = base + wbase + j + lane;
+    o += __popc(tb); eb += __popc(eb_m);
+  }
+  if (rank == CL - 1) {   // the last CTA's last warp ends at the row's count: pad with -1
+    if (warp == WARPS - 1 && lane == 0) sh.row_count = o;
+    __syncthreads();
+    for (int i = static_cast<int>(sh.row_count) + tid; i < k; i += THREADS) orow[i] = -1;
+  }
+  cluster_wait();   // no CTA exits while another may still read its shared memory
+}
+
+template <typename T>
+int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_t* lengths,
+           int64_t len_stride, int k, int32_t* out, cudaStream_t stream) {
+  const int SL = ((n + CL - 1) / CL + 1023) / 1024 * 1024;
+  if (SL > SL_MAX) return 1;
+  auto kern = cluster_topk_kernel<T>;
+  // the dynamic shared-memory limit is raised once per device (a device's first call)
+  static bool ready[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 2;
+  if (!ready[dev]) {
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SL_MAX * 4) != cudaSuccess) return 2;
+    ready[dev] = true;
+  }
+  if (rows <= 0) return 0;
+  kern<<<rows * CL, THREADS, static_cast<size_t>(SL) * 4, stream>>>(
+      static_cast<const T*>(scores), row_stride, n, lengths, len_stride, k, out);
+  return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+}  // namespace
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 (rows longer than 131072 keys),
+// 2 (no current device, or its shared-memory limit could not be raised), 3 (the launch failed:
+// not an sm_90 device, or too little shared memory), 4 (unknown dtype).
+extern "C" int kreg_cluster_topk(const void* scores, int dtype, int64_t row_stride, int rows,
+                                 int n, const int32_t* lengths, int64_t len_stride, int k,
+                                 int32_t* out, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case 0: return launch<float>(scores, row_stride, rows, n, lengths, len_stride, k, out, s);
+    case 1: return launch<__nv_bfloat16>(scores, row_stride, rows, n, lengths, len_stride, k, out, s);
+    case 2: return launch<__half>(scores, row_stride, rows, n, lengths, len_stride, k, out, s);
+    default: return 4;
+  }
+}
+
+// The largest row this kernel takes (keys), for the Python side's checks.
+extern "C" int kreg_cluster_topk_max_keys() { return CL * SL_MAX; }

@@ -1,0 +1,161 @@
+"""``nvidia_hopper.indexer_topk_cluster`` on a CPU: where the policy takes it, why it does not
+elsewhere (in ``kreg explain``'s words), the toolchain probe, and the build's errors.
+
+The toolchain probe is patched in every selection test, so the verdicts are the same on a
+machine with or without ``nvcc``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import plugins.nvidia_hopper as hopper
+import registry
+from backends.indexer_topk import cluster
+from registry.errors import KernelUnavailableError
+
+NAME = "nvidia_hopper.indexer_topk_cluster"
+WL = {"k": 2048, "num_rows": 4, "max_keys": 131072, "dtype": "float32"}
+
+
+@pytest.fixture
+def nvcc_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster, "toolchain", lambda: (True, "nvcc at /x/nvcc (V13.0.88)"))
+
+
+@pytest.fixture
+def no_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster, "toolchain",
+                        lambda: (False, "no nvcc (CUDA_HOME/bin/nvcc or PATH)"))
+
+
+@pytest.mark.usefixtures("nvcc_found")
+@pytest.mark.parametrize("device", ["h200", "h100"])
+@pytest.mark.parametrize("rows", [1, 2, 8, hopper.CLUSTER_MAX_ROWS])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_taken_on_the_measured_parts_up_to_its_rows(device: str, rows: int, dtype: str) -> None:
+    d = registry.select("indexer_topk", {**WL, "num_rows": rows, "dtype": dtype}, device=device)
+    assert d.implementation == NAME, d.explain()
+    assert "guarantees: exact" in d.explain()
+
+
+@pytest.mark.usefixtures("nvcc_found")
+@pytest.mark.parametrize("change, reason", [
+    ({"num_rows": hopper.CLUSTER_MAX_ROWS + 1}, "num_rows"),
+    ({"num_rows": 4096}, "num_rows"),
+    ({"max_keys": cluster.MAX_KEYS + 1}, "max_keys"),
+])
+def test_not_taken_outside_its_envelope(change: dict[str, int], reason: str) -> None:
+    d = registry.select("indexer_topk", {**WL, **change}, device="h200")
+    assert d.implementation != NAME
+    text = d.explain()
+    row = next(line for line in text.splitlines() if line.strip().startswith(NAME))
+    assert "rejected" in row and reason in text
+
+
+@pytest.mark.usefixtures("nvcc_found")
+@pytest.mark.parametrize("device", ["h20", "gb10", "mi355x", "rtx-pro-6000-blackwell-server"])
+def test_other_devices_unaffected(device: str) -> None:
+    assert registry.select("indexer_topk", WL, device=device).implementation != NAME
+
+
+@pytest.mark.usefixtures("no_nvcc")
+def test_without_nvcc_the_reason_is_named() -> None:
+    d = registry.select("indexer_topk", WL, device="h200")
+    assert d.implementation == "generic.indexer_topk_radix"
+    text = d.explain()
+    assert "cuda_toolchain: no nvcc" in text and "[capability]" in text
+
+
+@pytest.mark.usefixtures("nvcc_found")
+def test_measure_waives_the_envelope_only() -> None:
+    with registry.override("indexer_topk", f"{NAME}:measure"):
+        d = registry.select("indexer_topk", {**WL, "num_rows": 4096}, device="h200")
+        assert d.implementation == NAME
+        d = registry.select("indexer_topk", WL, device="h20")
+        assert d.implementation == NAME   # an sm_90 part outside the measured set
+        d = registry.select("indexer_topk", WL, device="gb10")
+        assert d.implementation != NAME   # sm_121: a capability, never waived
+
+
+def test_toolchain_probe_and_library_path(monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))   # no nvcc here
+    cluster.toolchain.cache_clear()
+    try:
+        assert cluster.nvcc() is None
+        ok, seen = cluster.toolchain()
+        assert not ok and "no nvcc" in seen
+        with pytest.raises(KernelUnavailableError, match=r"needs nvcc .* install the CUDA "
+                                                         r"toolkit"):
+            cluster.build()
+    finally:
+        cluster.toolchain.cache_clear()
+
+
+def _fake_nvcc(root: Path, body: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    exe = root / "bin" / "nvcc"
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def test_a_failing_build_names_the_compiler_output(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    _fake_nvcc(tmp_path / "cuda", 'case "$1" in --version) echo "Cuda compilation tools, '
+                                  'release 99.0, V99.0.0";; *) echo "fatal: no sm_90a here" '
+                                  '>&2; exit 2;; esac\n')
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
+    cluster._nvcc_version.cache_clear()
+    cluster.toolchain.cache_clear()
+    try:
+        ok, seen = cluster.toolchain()
+        assert ok and "V99.0.0" in seen
+        path = cluster.library_path()
+        assert path.parent == tmp_path / "home" / "cuda" and path.name.startswith("cluster_topk-")
+        with pytest.raises(KernelUnavailableError, match=r"(?s)failed \(exit 2\).*no sm_90a "
+                                                         r"here.*KREG_SELECT_INDEXER_TOPK"):
+            cluster.build()
+        assert not path.exists() and not list(path.parent.glob("*.tmp"))
+    finally:
+        cluster._nvcc_version.cache_clear()
+        cluster.toolchain.cache_clear()
+
+
+def test_library_name_follows_the_source_and_the_compiler(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.setenv("KREG_HOME", str(tmp_path))
+    names = set()
+    for version in ("1.0", "2.0"):
+        root = tmp_path / f"cuda{version}"
+        _fake_nvcc(root, f'echo "Cuda compilation tools, V{version}"\n')
+        cluster._nvcc_version.cache_clear()
+        names.add(cluster.library_path(str(root / "bin" / "nvcc")).name)
+    cluster._nvcc_version.cache_clear()
+    assert len(names) == 2   # a compiler upgrade rebuilds
+
+
+def test_cpu_tensors_are_refused_with_the_reason() -> None:
+    torch = pytest.importorskip("torch")
+    scores = torch.randn(2, 100)
+    lengths = torch.full((2,), 100, dtype=torch.int32)
+    with pytest.raises(KernelUnavailableError, match="runs on CUDA GPUs"):
+        cluster.indexer_topk_cluster(scores, lengths, 8)
+    with pytest.raises(registry.errors.WorkloadError):
+        cluster.indexer_topk_cluster(scores, lengths, 0)   # the op's own input checks first
+
+
+def test_source_ships_inside_the_package() -> None:
+    assert cluster.SOURCE.is_file()
+    text = cluster.SOURCE.read_text()
+    assert 'extern "C" int kreg_cluster_topk(' in text
+    assert os.path.commonpath([cluster.SOURCE, Path(cluster.__file__).parent]) == str(
+        Path(cluster.__file__).parent)
