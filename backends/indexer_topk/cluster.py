@@ -74,13 +74,13 @@ def _nvcc_version(path: str) -> str:
 def library_path(compiler: str | None = None) -> Path:
     """Where the built kernel lives: ``$KREG_HOME/cuda/cluster_topk-<hash>.so``, the hash over
     the source, the flags and the compiler's version."""
-    from registry._knobs import knobs
-
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(" ".join(NVCC_FLAGS).encode())
     comp = compiler or nvcc()
     h.update((_nvcc_version(comp) if comp else "no-nvcc").encode())
-    return knobs.home / "cuda" / f"cluster_topk-{h.hexdigest()[:16]}.so"
+    # KREG_HOME as the registry reads it (default ~/.cache/kreg)
+    home = Path(os.environ.get("KREG_HOME") or Path.home() / ".cache" / "kreg").expanduser()
+    return home / "cuda" / f"cluster_topk-{h.hexdigest()[:16]}.so"
 
 
 @functools.lru_cache(maxsize=1)
