@@ -40,7 +40,10 @@ def no_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_taken_on_the_measured_parts_up_to_its_rows(device: str, rows: int, dtype: str) -> None:
     d = registry.select("indexer_topk", {**WL, "num_rows": rows, "dtype": dtype}, device=device)
     assert d.implementation == NAME, d.explain()
-    assert "guarantees: exact" in d.explain()
+    text = d.explain()
+    assert "guarantees: exact" in text
+    assert "path: CUDA cluster radix select" in text
+    assert f"up to {hopper.CLUSTER_MAX_ROWS} rows" in text
 
 
 @pytest.mark.usefixtures("nvcc_found")
