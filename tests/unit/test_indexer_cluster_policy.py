@@ -162,3 +162,20 @@ def test_source_ships_inside_the_package() -> None:
     assert 'extern "C" int kreg_cluster_topk(' in text
     assert os.path.commonpath([cluster.SOURCE, Path(cluster.__file__).parent]) == str(
         Path(cluster.__file__).parent)
+
+
+def test_kreg_tune_measures_it_beside_the_triton_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.tuning.tune import implementation_candidates
+
+    facts = registry.get_registry().resolve_device("h200")
+    monkeypatch.setattr(cluster, "toolchain", lambda: (True, "nvcc at /x/nvcc"))
+    found = {name: (cfg, why) for name, cfg, why in
+             implementation_candidates("indexer_topk", {**WL, "num_rows": 1024}, facts,
+                                       family="generic.indexer_topk_radix")}
+    assert found[NAME] == ({}, "")   # a candidate at 1024 rows too: its envelope is waived
+    monkeypatch.setattr(cluster, "toolchain", lambda: (False, "no nvcc"))
+    found = {name: (cfg, why) for name, cfg, why in
+             implementation_candidates("indexer_topk", WL, facts,
+                                       family="generic.indexer_topk_radix")}
+    cfg, why = found[NAME]
+    assert cfg is None and "cuda_toolchain" in why and "no nvcc" in why
