@@ -34,6 +34,12 @@ def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def gpu90(fn):
+    """A GPU test of the kernel: skipped, with the reason, off sm_90."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs "
+                                                                  "an sm_90 GPU")(fn))
+
+
 @needs_nvcc
 def test_builds_for_sm90a_without_spills(tmp_path):
     res = subprocess.run([NVCC, *cluster.NVCC_FLAGS, "-Xptxas", "-v", "-o",
@@ -77,8 +83,7 @@ def _check(scores, lengths, k):
     return got
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 @pytest.mark.parametrize("name", D.DISTRIBUTIONS)
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_every_distribution_exact(name, rows):
@@ -92,8 +97,7 @@ def test_every_distribution_exact(name, rows):
         _check(scores, torch.tensor(lens, dtype=torch.int32, device="cuda"), k)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 def test_nasty_cases():
     g = torch.Generator().manual_seed(5)
     n = 131072
@@ -131,8 +135,7 @@ def test_nasty_cases():
     assert nokeys.tolist() == [[-1] * 4] * 2
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["randn", "ties", "recent", "quant256"])
 def test_half_precision_scores(dtype, name):
@@ -142,8 +145,7 @@ def test_half_precision_scores(dtype, name):
     _check(s, torch.tensor([n, n - 3, 40000, 2048], dtype=torch.int32, device="cuda"), 2048)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 def test_negative_control_a_wrong_tie_rule_is_caught():
     # ties at the k-th key: the reference takes the first positions; the last positions of the
     # same tie are a different answer, and the comparison must see it
@@ -156,13 +158,11 @@ def test_negative_control_a_wrong_tie_rule_is_caught():
     assert topk_mismatches(got, wrong) != []
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 def test_cuda_graph_replay():
     n, k = 131072, 2048
     s = D.make_scores("randn", 4, n, seed=2, device="cuda")
     lengths = torch.full((4,), n, dtype=torch.int32, device="cuda")
-    want = indexer_topk_reference(s, lengths, k)
     cluster.indexer_topk_cluster(s, lengths, k)   # built and loaded outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -174,8 +174,7 @@ def test_cuda_graph_replay():
     assert torch.equal(out, want)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the cluster kernel needs an sm_90 GPU")
+@gpu90
 def test_dispatch_takes_it_where_the_policy_does():
     import plugins.nvidia_hopper as hopper
     import registry
