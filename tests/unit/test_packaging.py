@@ -52,7 +52,7 @@ def test_a_shadowing_package_on_sys_path_fails_with_the_path_and_the_fix(
     (tmp_path / name / "__init__.py").write_text("")  # an application's own package
     code = ("import registry\n"
             "try:\n"
-            "    registry.select('indexer_topk', dict(k=4, num_rows=2, max_keys=8, "
+            "    registry.select('indexer_topk', dict(k=4, num_rows=64, max_keys=8, "
             "dtype='float32'), 'h200')\n"
             "except registry.errors.PluginError as exc:\n"
             "    print('PluginError:', exc)\n")
@@ -68,7 +68,7 @@ def test_no_shadowing_no_complaint(tmp_path: Path) -> None:
     for name in ("myapp", "tests"):  # packages of other names shadow nothing of kreg's
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text("")
-    proc = _run("import registry; print(registry.select('indexer_topk', dict(k=4, num_rows=2, "
+    proc = _run("import registry; print(registry.select('indexer_topk', dict(k=4, num_rows=64, "
                 "max_keys=8, dtype='float32'), 'h200').implementation)", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("generic.")

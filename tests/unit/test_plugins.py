@@ -319,11 +319,21 @@ def test_load_custom_ops_registers_every_ops_torch_op() -> None:
         registry.reset_registry()
 
 
-def test_explain_names_the_indexer_path_for_each_shape() -> None:
+def test_explain_names_the_indexer_path_for_each_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kreg explain indexer_topk`` says which launches the chosen config makes: four below
     32 rows, two (with two row programs a row at 64 rows) from 32, one (ONE_PASS) from 30 rows
-    an SM on the H200; the MI355X geometry, which pins only its slices, the default's path."""
+    an SM on the H200; the MI355X geometry, which pins only its slices, the default's path.
+    Up to 16 rows the H200 runs the CUDA cluster kernel where nvcc can build it, and the Triton
+    kernels' four launches where it cannot."""
+    from backends.indexer_topk import cluster
+
     reg = registry.get_registry()
+    monkeypatch.setattr(cluster, "toolchain", lambda: (True, "nvcc"))
+    d = reg.select("indexer_topk", {"k": 2048, "num_rows": 1, "max_keys": 131072,
+                                    "dtype": "float32"}, "h200")
+    assert any(n.startswith("path: CUDA cluster radix select") for n in d.notes), d.notes
+    monkeypatch.setattr(cluster, "toolchain", lambda: (False, "no nvcc"))
+    reg.invalidate()   # the decision above is cached
 
     def path(rows: int, device: str = "h200") -> str:
         d = reg.select("indexer_topk", {"k": 2048, "num_rows": rows, "max_keys": 131072,

@@ -43,7 +43,7 @@ def test_a_fifo_in_place_of_the_store_is_refused_without_blocking(tmp_path: Path
             "    print('refused:', exc)\n"
             "reg = registry.get_registry()\n"
             "print('measured:', reg.plugins['measured'].error)\n"
-            "print('chose', registry.select('indexer_topk', dict(k=4, num_rows=2, max_keys=8, "
+            "print('chose', registry.select('indexer_topk', dict(k=4, num_rows=64, max_keys=8, "
             "dtype='float32'), 'h200').implementation)\n")
     env = {**os.environ, "KREG_HOME": str(home)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
