@@ -13,7 +13,10 @@ The source is compiled on first use with ``nvcc`` (``$CUDA_HOME/bin/nvcc``, else
 of the compiler's version, so an upgrade rebuilds; a file lock keeps concurrent processes from
 building twice), then loaded with ctypes. :func:`toolchain` says, without building, whether that
 can happen here: selection asks it (``nvidia_hopper.indexer_topk_cluster``'s ``cuda_toolchain``
-requirement). Nothing here imports torch at module level.
+requirement). A build or load that fails anyway (a broken compiler, an unwritable KREG_HOME)
+is logged once; that call is answered by the Triton kernels, ``toolchain`` reports the failure
+from then on and the registry's decisions are dropped, so the next dispatch selects the next
+implementation and ``kreg explain`` names the cause. Nothing here imports torch at module level.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ _ERRORS = {
 _DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
+#: Why the kernel could not be built or loaded in this process (then ``toolchain`` says so and
+#: selection moves on to the next implementation), empty while it could.
+_FAILED: list[str] = []
 
 
 def nvcc() -> str | None:
@@ -83,10 +89,16 @@ def library_path(compiler: str | None = None) -> Path:
     return home / "cuda" / f"cluster_topk-{h.hexdigest()[:16]}.so"
 
 
-@functools.lru_cache(maxsize=1)
 def toolchain() -> tuple[bool, str]:
-    """``(usable, what was found)``: whether this process can load the kernel (built already,
-    or ``nvcc`` present to build it). Never builds; cached for the process."""
+    """``(usable, what was found)``: whether this process can load the kernel (``nvcc``
+    present to build it, and no build or load of it failed in this process). Never builds."""
+    if _FAILED:
+        return False, _FAILED[0]
+    return _probe_toolchain()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_toolchain() -> tuple[bool, str]:
     comp = nvcc()
     if comp is None:
         return False, "no nvcc (CUDA_HOME/bin/nvcc or PATH)"
@@ -108,6 +120,15 @@ def build(out: Path | None = None) -> Path:
     path = out or library_path(comp)
     if path.exists():
         return path
+    try:
+        return _compile(comp, path)
+    except OSError as exc:   # KREG_HOME not writable, a full disk, ...
+        raise KernelUnavailableError(
+            f"building {SOURCE.name} into {path.parent} failed: {exc}; set KREG_HOME to a "
+            f"writable directory") from exc
+
+
+def _compile(comp: str, path: Path) -> Path:
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +151,28 @@ def build(out: Path | None = None) -> Path:
                 f"KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
         os.replace(tmp, path)
     return path
+
+
+def _load_or_fail() -> ctypes.CDLL | None:
+    """The loaded kernel, or None after recording why it cannot be had (a failed build or load:
+    logged once, ``toolchain`` then reports it, and the registry's decisions are dropped so the
+    next dispatch selects another implementation)."""
+    if _lib is not None:
+        return _lib
+    if _FAILED:
+        return None
+    try:
+        return _load()
+    except KernelUnavailableError as exc:
+        import logging
+
+        import registry
+
+        _FAILED.append(f"the kernel's build or load failed in this process: {exc}")
+        logging.getLogger("kreg").warning("nvidia_hopper.indexer_topk_cluster unavailable, "
+                                          "the Triton kernels serve instead: %s", exc)
+        registry.invalidate()
+        return None
 
 
 def _load() -> ctypes.CDLL:
@@ -198,7 +241,11 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int) -> Any:
         return out
     if n == 0:
         return out.fill_(-1)
-    lib = _load()
+    lib = _load_or_fail()
+    if lib is None:   # this call still gets the exact answer, from the Triton kernels
+        from backends.indexer_topk.triton_kernels import indexer_topk_triton
+
+        return out.copy_(indexer_topk_triton(scores, lengths, k, config={}))
     code = _DTYPE_CODES[str(scores.dtype).removeprefix("torch.")]
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(index).cuda_stream

@@ -90,7 +90,7 @@ def test_toolchain_probe_and_library_path(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))   # no nvcc here
-    cluster.toolchain.cache_clear()
+    cluster._probe_toolchain.cache_clear()
     try:
         assert cluster.nvcc() is None
         ok, seen = cluster.toolchain()
@@ -99,7 +99,7 @@ def test_toolchain_probe_and_library_path(monkeypatch: pytest.MonkeyPatch,
                                                          r"toolkit"):
             cluster.build()
     finally:
-        cluster.toolchain.cache_clear()
+        cluster._probe_toolchain.cache_clear()
 
 
 def _fake_nvcc(root: Path, body: str) -> Path:
@@ -118,7 +118,7 @@ def test_a_failing_build_names_the_compiler_output(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
     cluster._nvcc_version.cache_clear()
-    cluster.toolchain.cache_clear()
+    cluster._probe_toolchain.cache_clear()
     try:
         ok, seen = cluster.toolchain()
         assert ok and "V99.0.0" in seen
@@ -130,7 +130,7 @@ def test_a_failing_build_names_the_compiler_output(monkeypatch: pytest.MonkeyPat
         assert not path.exists() and not list(path.parent.glob("*.tmp"))
     finally:
         cluster._nvcc_version.cache_clear()
-        cluster.toolchain.cache_clear()
+        cluster._probe_toolchain.cache_clear()
 
 
 def test_library_name_follows_the_source_and_the_compiler(monkeypatch: pytest.MonkeyPatch,
@@ -179,3 +179,44 @@ def test_kreg_tune_measures_it_beside_the_triton_configs(monkeypatch: pytest.Mon
                                        family="generic.indexer_topk_radix")}
     cfg, why = found[NAME]
     assert cfg is None and "cuda_toolchain" in why and "no nvcc" in why
+
+
+def test_a_failed_build_hands_over_to_the_triton_kernels(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    _fake_nvcc(tmp_path / "cuda", 'case "$1" in --version) echo "V12.9";; *) echo "nvcc fatal '
+                                  ': Unsupported gpu architecture" >&2; exit 1;; esac\n')
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("KREG_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cluster, "_FAILED", [])
+    monkeypatch.setattr(cluster, "_lib", None)
+    cluster._nvcc_version.cache_clear()
+    cluster._probe_toolchain.cache_clear()
+    try:
+        assert registry.select("indexer_topk", WL, device="h200").implementation == NAME
+        with caplog.at_level("WARNING", logger="kreg"):
+            assert cluster._load_or_fail() is None
+        assert "the Triton kernels serve instead" in caplog.text
+        ok, seen = cluster.toolchain()
+        assert not ok and "Unsupported gpu architecture" in seen
+        d = registry.select("indexer_topk", WL, device="h200")   # the cache was dropped
+        assert d.implementation == "generic.indexer_topk_radix"
+        assert "cuda_toolchain: the kernel's build or load failed" in d.explain()
+        assert cluster._load_or_fail() is None   # no second build attempt
+    finally:
+        cluster._nvcc_version.cache_clear()
+        cluster._probe_toolchain.cache_clear()
+
+
+def test_an_unwritable_home_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_nvcc(tmp_path / "cuda", 'echo "V12.9"\n')
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    blocker = tmp_path / "home"
+    blocker.write_text("a file where KREG_HOME's directory should be")
+    monkeypatch.setenv("KREG_HOME", str(blocker))
+    cluster._nvcc_version.cache_clear()
+    try:
+        with pytest.raises(KernelUnavailableError, match="set KREG_HOME to a writable"):
+            cluster.build()
+    finally:
+        cluster._nvcc_version.cache_clear()
