@@ -34,7 +34,7 @@ from typing import Any
 from registry.errors import KernelUnavailableError, WorkloadError
 
 __all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "library_path",
-           "nvcc", "toolchain"]
+           "load_library", "nvcc", "toolchain"]
 
 SOURCE = Path(__file__).with_name("cuda") / "cluster_topk.cu"
 #: 8 CTAs of at most 16,384 keys (64 KiB of shared memory each).
@@ -181,18 +181,23 @@ def _load() -> ctypes.CDLL:
         return _lib
     with _lock:
         if _lib is None:
-            path = build()
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError as exc:
-                raise KernelUnavailableError(f"cannot load {path}: {exc}; delete it to rebuild, "
-                                             f"or select another implementation") from exc
-            lib.kreg_cluster_topk.restype = ctypes.c_int
-            lib.kreg_cluster_topk.argtypes = [
-                ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-            _lib = lib
+            _lib = load_library(build())
     return _lib
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """A built kernel library, loaded, its entry point's signature declared (the probes load a
+    patched build beside the product's this way)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise KernelUnavailableError(f"cannot load {path}: {exc}; delete it to rebuild, "
+                                     f"or select another implementation") from exc
+    lib.kreg_cluster_topk.restype = ctypes.c_int
+    lib.kreg_cluster_topk.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
 
 
 @functools.lru_cache(maxsize=16)
@@ -232,8 +237,10 @@ def indexer_topk_cluster(scores: Any, lengths: Any, k: int = 2048) -> Any:
     return _launch(scores, lengths, k, out, index)
 
 
-def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int) -> Any:
-    """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked."""
+def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
+            lib: ctypes.CDLL | None = None) -> Any:
+    """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked.
+    ``lib``: a library from :func:`load_library` instead of the product build (probes)."""
     import torch
 
     rows, n = scores.shape
@@ -241,7 +248,7 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int) -> Any:
         return out
     if n == 0:
         return out.fill_(-1)
-    lib = _load_or_fail()
+    lib = lib or _load_or_fail()
     if lib is None:   # this call still gets the exact answer, from the Triton kernels
         from backends.indexer_topk.triton_kernels import indexer_topk_triton
 
