@@ -207,7 +207,9 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     }
     if (cmax == 0u) {
       // no valid key in this CTA
-    } else if (cmin == cmax) {   // every valid key of this CTA is equal: one bin, no atomics
+    } else if (((cmin ^ cmax) >> shift) == 0u) {
+      // the CTA's valid keys agree on bits 31..shift (so does every key between its least and
+      // greatest): one bin holds them all, or none matches the prefix; no atomics
       if (tid == 0 && (cmin & mask) == prefix) h[(cmin >> shift) & 0xFFu] = cta_valid;
     } else {
       const uint4* k4 = reinterpret_cast<const uint4*>(keys);
