@@ -21,11 +21,11 @@ envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench`
 ``nvidia_hopper.indexer_topk_cluster``: the cluster radix select (a CUDA kernel,
 ``backends/indexer_topk/cluster.py``; one 8-CTA cluster a row, the row in shared memory, one
 launch) for rows of at most 131,072 keys, on the parts it was measured on (H200 and H100 SXM,
-132 SMs) up to ``CLUSTER_MAX_ROWS`` rows, where it beat the Triton kernels in 33 of the 35
-measured cells, up to 3.1x (slower only on ``lowbits`` rows at 1-2 rows, by 3-10%;
-docs/BENCHMARKS.md, "indexer_topk: the cluster kernel at 1-64 rows"); from 32 rows the Triton
-kernels win on most distributions. It needs ``nvcc`` once, to build the kernel
-(``cuda_toolchain``). ``nvidia_hopper.indexer_topk_cluster:measure`` waives the envelope.
+132 SMs) up to ``CLUSTER_MAX_ROWS`` rows, where it beat the Triton kernels in all 35 measured
+cells, 1.03-3.1x (seven distributions; docs/BENCHMARKS.md, "indexer_topk: the cluster kernel at
+1-64 rows"); from 32 rows the Triton kernels win on most distributions. It needs ``nvcc``
+once, to build the kernel (``cuda_toolchain``); ``nvidia_hopper.indexer_topk_cluster:measure``
+waives the envelope.
 """
 
 from __future__ import annotations
@@ -354,9 +354,9 @@ def kreg_configs(op: str) -> dict[str, dict[str, Any]] | None:
 
 
 #: The cluster kernel's envelope: the parts it was measured on and the rows up to which it beat
-#: the Triton kernels (session 32, seven distributions: at 1-16 rows 33 of 35 cells faster, up
-#: to 3.1x, on the H100, and the probe's 1.1-3.7x on the H200; at 32 rows 0.84-1.47x of their
-#: time and at 64 rows 1.11-1.78x, so not taken there).
+#: the Triton kernels (session 32, seven distributions: at 1-16 rows all 35 cells faster,
+#: 1.03-3.1x, on the H100, and the probe's 1.1-3.7x on the H200; at 32 rows 0.84-1.46x of their
+#: time and at 64 rows 1.12-1.78x, so not taken there).
 CLUSTER_DEVICES = (H200, ("NVIDIA H100 80GB HBM3", 132))
 CLUSTER_MAX_ROWS = 16
 
