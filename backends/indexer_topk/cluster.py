@@ -220,13 +220,13 @@ def indexer_topk_cluster(scores: Any, lengths: Any, k: int = 2048) -> Any:
         raise WorkloadError(f"indexer_topk: k={k} is above int32's range; the kernel's positions "
                             f"and k are int32")
     rows, n = scores.shape
+    if n > MAX_KEYS:
+        raise WorkloadError(f"nvidia_hopper.indexer_topk_cluster takes rows of at most "
+                            f"{MAX_KEYS} keys; got max_keys={n} (use generic.indexer_topk_radix)")
     if scores.device.type != "cuda":
         raise KernelUnavailableError(
             f"nvidia_hopper.indexer_topk_cluster runs on CUDA GPUs (sm_90); scores are on "
             f"{scores.device}")
-    if n > MAX_KEYS:
-        raise WorkloadError(f"nvidia_hopper.indexer_topk_cluster takes rows of at most "
-                            f"{MAX_KEYS} keys; got max_keys={n} (use generic.indexer_topk_radix)")
     index = scores.device.index if scores.device.index is not None else torch.cuda.current_device()
     cap = _capability(index)
     if cap[0] != 9:

@@ -154,6 +154,12 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
         cluster.indexer_topk_cluster(scores, lengths, 8)
     with pytest.raises(registry.errors.WorkloadError):
         cluster.indexer_topk_cluster(scores, lengths, 0)   # the op's own input checks first
+    with pytest.raises(registry.errors.WorkloadError, match="above int32's range"):
+        cluster.indexer_topk_cluster(scores, lengths, 2**31)
+    wide = torch.zeros(1, cluster.MAX_KEYS + 1)
+    with pytest.raises(registry.errors.WorkloadError,
+                       match=r"at most 131072 keys; got max_keys=131073 \(use generic"):
+        cluster.indexer_topk_cluster(wide, torch.ones(1, dtype=torch.int32), 8)
 
 
 def test_source_ships_inside_the_package() -> None:
