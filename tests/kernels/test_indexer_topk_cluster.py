@@ -49,7 +49,8 @@ def test_builds_for_sm90a_without_spills(tmp_path):
     info = res.stderr
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", info)]
     assert len(regs) == 3, info   # float32, bfloat16, float16
-    assert max(regs) <= 65536 // (3 * 512), info   # __launch_bounds__(512, 3)
+    # __launch_bounds__(512, 3) for 4-byte keys, (256, 6) for 2-byte keys: the same register cap
+    assert max(regs) <= 65536 // (3 * 512) == 65536 // (6 * 256), info
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in info
     assert not re.search(r"[1-9]\d* bytes (spill|stack)", info), info
 
@@ -143,6 +144,44 @@ def test_half_precision_scores(dtype, name):
     s = D.make_scores(name, 4, n, dtype=dtype, seed=3, device="cuda")
     s[1, ::50] = float("nan")
     _check(s, torch.tensor([n, n - 3, 40000, 2048], dtype=torch.int32, device="cuda"), 2048)
+
+
+@gpu90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_two_byte_keys_nasty_cases(dtype):
+    # bf16 / fp16 rows keep 16-bit order keys: NaN (last, by position), +-inf, -0.0 == +0.0,
+    # the largest and smallest finite values, subnormals, all-equal rows, unaligned views (the
+    # element-by-element load), short and ragged rows, k above the row
+    g = torch.Generator().manual_seed(11)
+    n = 131072
+    fin = torch.finfo(dtype)
+    s = torch.randn(6, n, generator=g).to(dtype)
+    s[:, ::97] = float("nan")
+    s[:, 5::101] = float("inf")
+    s[:, 9::103] = float("-inf")
+    s[:, 7::89] = -0.0
+    s[:, 11::89] = 0.0
+    s[:, 13::211] = fin.max
+    s[:, 17::223] = fin.min
+    s[:, 19::227] = fin.tiny / 4   # subnormal
+    s[0] = float("nan")
+    s[1, :] = -0.0
+    s[2, 3000:] = -1.0
+    s = s.cuda()
+    full = torch.full((6,), n, dtype=torch.int32, device="cuda")
+    for k in (1, 2048, 4096):
+        _check(s, full, k)
+    wide = torch.full((6, n + 3), 9.0, dtype=dtype, device="cuda")
+    wide[:, 1:n + 1] = s
+    view = wide[:, 1:n + 1]   # 2 bytes past 16-byte alignment
+    _check(view, torch.tensor([n, 0, -5, n + 100, 2049, 3], dtype=torch.int32, device="cuda"),
+           2048)
+    for n2, k2 in ((100000, 2048), (5000, 2048), (7, 3), (3000, 4000)):
+        s2 = torch.randn(3, n2, generator=g).to(dtype).cuda()
+        _check(s2, torch.tensor([n2, n2 - 1, n2 // 2], dtype=torch.int32, device="cuda"), k2)
+    for name in D.DISTRIBUTIONS:
+        s3 = D.make_scores(name, 3, n, dtype=dtype, seed=6, device="cuda")
+        _check(s3, torch.full((3,), n, dtype=torch.int32, device="cuda"), 2048)
 
 
 @gpu90

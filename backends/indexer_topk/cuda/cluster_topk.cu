@@ -17,9 +17,14 @@
 // shared memory; each warp writes its selected positions in ascending order. A row with fewer than
 // k valid keys takes all of them and is padded with -1.
 //
+// Keys: fp32 rows keep 4-byte keys (4 passes, 512 threads, three CTAs an SM). bf16 and fp16 rows
+// keep 2-byte keys (u16 = the same order key over the 16-bit pattern; 2 passes, 256 threads and
+// 32 KiB of keys a CTA, so six CTAs an SM): 64 rows of 131,072 bf16 keys run as one wave.
+//
 // Host entry: `kreg_cluster_topk` (extern "C"; backends/indexer_topk/cluster.py loads it with ctypes
 // and turns a nonzero return into an error naming the cause).
 #include <cstdint>
+#include <type_traits>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,9 +32,7 @@
 namespace {
 
 constexpr int CL = 8;          // CTAs a row (a portable cluster size)
-constexpr int THREADS = 512;   // 16 warps
-constexpr int WARPS = THREADS / 32;
-constexpr int SL_MAX = 16384;  // keys a CTA (64 KiB of shared memory): rows of <= 131072 keys
+constexpr int SL_MAX = 16384;  // keys a CTA (64 / 32 KiB of shared memory): rows of <= 131072 keys
 
 __device__ __forceinline__ uint32_t order_u(uint32_t bits) {
   // kreg's key: -0.0 -> +0.0; negative floats flip their magnitude bits; NaN -> INT32_MIN + 1;
@@ -38,6 +41,16 @@ __device__ __forceinline__ uint32_t order_u(uint32_t bits) {
   const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
   const uint32_t key = (bits & 0x80000000u) ? (bits ^ 0x7FFFFFFFu) : bits;
   return nan ? 1u : (key ^ 0x80000000u);
+}
+
+// The same order on a 16-bit pattern (bf16: NaN above 0x7F80; fp16: above 0x7C00): -0 -> +0,
+// negative values flip their magnitude bits, NaN -> 1, every real key >= 1 (0 = no key).
+template <uint32_t INF>
+__device__ __forceinline__ uint32_t order_u16(uint32_t h) {
+  if (h == 0x8000u) h = 0u;
+  const bool nan = (h & 0x7FFFu) > INF;
+  const uint32_t key = (h & 0x8000u) ? (h ^ 0x7FFFu) : h;
+  return nan ? 1u : (key ^ 0x8000u);
 }
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -70,50 +83,30 @@ __device__ __forceinline__ uint32_t dsmem_ld(uint32_t addr) {
   return v;
 }
 
-template <typename T> struct Loader;
-template <> struct Loader<float> {
-  static constexpr int PER16 = 4;   // elements in 16 bytes
-  __device__ static void load16(const float* p, uint32_t* u) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    u[0] = order_u(v.x); u[1] = order_u(v.y); u[2] = order_u(v.z); u[3] = order_u(v.w);
-  }
-  __device__ static uint32_t load1(const float* p) { return order_u(__float_as_uint(__ldg(p))); }
+// Order keys of a score type: KB bytes a key (4: fp32; 2: bf16 / fp16 as their 16-bit pattern),
+// NV keys in 16 bytes of scores (the same count as keys in 16 bytes of shared memory).
+template <typename T> struct Keys;
+template <> struct Keys<float> {
+  static constexpr int KB = 4, NV = 4;
+  __device__ static uint32_t key(uint32_t bits) { return order_u(bits); }
+  __device__ static uint32_t bits1(const float* p) { return __float_as_uint(__ldg(p)); }
 };
-template <> struct Loader<__half> {
-  static constexpr int PER16 = 8;
-  __device__ static uint32_t widen(uint32_t h) {
-    return order_u(__float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h)))));
-  }
-  __device__ static void load16(const __half* p, uint32_t* u) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      u[2 * i] = widen(w[i] & 0xFFFFu);
-      u[2 * i + 1] = widen(w[i] >> 16);
-    }
-  }
-  __device__ static uint32_t load1(const __half* p) {
-    return widen(__ldg(reinterpret_cast<const unsigned short*>(p)));
+template <> struct Keys<__nv_bfloat16> {
+  static constexpr int KB = 2, NV = 8;
+  __device__ static uint32_t key(uint32_t h) { return order_u16<0x7F80u>(h); }
+  __device__ static uint32_t bits1(const __nv_bfloat16* p) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
   }
 };
-template <> struct Loader<__nv_bfloat16> {
-  static constexpr int PER16 = 8;
-  __device__ static void load16(const __nv_bfloat16* p, uint32_t* u) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      u[2 * i] = order_u(w[i] << 16);
-      u[2 * i + 1] = order_u(w[i] & 0xFFFF0000u);
-    }
-  }
-  __device__ static uint32_t load1(const __nv_bfloat16* p) {
-    const unsigned short s = __ldg(reinterpret_cast<const unsigned short*>(p));
-    return order_u(static_cast<uint32_t>(s) << 16);
+template <> struct Keys<__half> {
+  static constexpr int KB = 2, NV = 8;
+  __device__ static uint32_t key(uint32_t h) { return order_u16<0x7C00u>(h); }
+  __device__ static uint32_t bits1(const __half* p) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
   }
 };
 
+template <int WARPS>
 struct Shared {
   uint32_t hist[2][256];          // a pass's bins (read by the other CTAs), double-buffered
   uint32_t wsum[WARPS];
@@ -127,7 +120,8 @@ struct Shared {
 
 // Thread tid < 256 holds the count t of bin tid: finds the bin holding the kk-th largest key
 // (sh.bin, sh.kk = its rank inside the bin, sh.bin_total) and the sum of all bins (sh.valid).
-__device__ __forceinline__ void select_bin(Shared& sh, uint32_t t, uint32_t kk, int tid,
+template <typename S>
+__device__ __forceinline__ void select_bin(S& sh, uint32_t t, uint32_t kk, int tid,
                                            int lane, int warp) {
   uint32_t incl = 0;
   if (tid < 256) {
@@ -150,13 +144,24 @@ __device__ __forceinline__ void select_bin(Shared& sh, uint32_t t, uint32_t kk, 
   __syncthreads();
 }
 
+// Threads a CTA and CTAs an SM: 4-byte keys 512 x 3 (66.5 KiB a CTA), 2-byte keys 256 x 6.
+template <int KB> struct Geometry;
+template <> struct Geometry<4> { static constexpr int THREADS = 512, MIN_BLOCKS = 3; };
+template <> struct Geometry<2> { static constexpr int THREADS = 256, MIN_BLOCKS = 6; };
+
 template <typename T>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS, 3)
+__global__ void __cluster_dims__(CL, 1, 1)
+__launch_bounds__(Geometry<Keys<T>::KB>::THREADS, Geometry<Keys<T>::KB>::MIN_BLOCKS)
 cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
                     const int32_t* __restrict__ lengths, int64_t len_stride, int k,
                     int32_t* __restrict__ out) {
-  extern __shared__ __align__(16) uint32_t keys[];   // SL keys, in position order
-  __shared__ Shared sh;
+  using KT = Keys<T>;
+  constexpr int KB = KT::KB, NV = KT::NV;
+  constexpr int THREADS = Geometry<KB>::THREADS, WARPS = THREADS / 32;
+  using Key = typename std::conditional<KB == 4, uint32_t, uint16_t>::type;
+  extern __shared__ __align__(16) uint32_t words[];   // SL keys, in position order
+  Key* keys = reinterpret_cast<Key*>(words);
+  __shared__ Shared<WARPS> sh;
   const uint32_t rank = cluster_rank();
   const int64_t row = blockIdx.x / CL;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -167,26 +172,38 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   const T* src = scores + row * row_stride;
 
   // load: 16-byte vectors where a whole vector is valid and aligned, else element by element
-  constexpr int P16 = Loader<T>::PER16;
   uint32_t umin = 0xFFFFFFFFu, umax = 0u;   // over this thread's valid keys
-#pragma unroll 4
-  for (int i = tid * P16; i < SL; i += THREADS * P16) {
+#pragma unroll (KB == 4 ? 4 : 2)
+  for (int i = tid * NV; i < SL; i += THREADS * NV) {
     const int pos = base + i;
-    uint32_t u[P16];
-    if (pos + P16 <= len && (reinterpret_cast<uintptr_t>(src + pos) & 15) == 0) {
-      Loader<T>::load16(src + pos, u);
+    uint32_t u[NV];
+    if (pos + NV <= len && (reinterpret_cast<uintptr_t>(src + pos) & 15) == 0) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + pos));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (KB == 4) {
+          u[e] = KT::key(w[e]);
+        } else {
+          u[2 * e] = KT::key(w[e] & 0xFFFFu);
+          u[2 * e + 1] = KT::key(w[e] >> 16);
+        }
+      }
     } else {
 #pragma unroll
-      for (int e = 0; e < P16; ++e) u[e] = (pos + e < len) ? Loader<T>::load1(src + pos + e) : 0u;
+      for (int e = 0; e < NV; ++e) u[e] = (pos + e < len) ? KT::key(KT::bits1(src + pos + e)) : 0u;
     }
 #pragma unroll
-    for (int e = 0; e < P16; ++e) {
+    for (int e = 0; e < NV; ++e) {
       umax = max(umax, u[e]);
       umin = min(umin, u[e] == 0u ? 0xFFFFFFFFu : u[e]);
     }
-#pragma unroll
-    for (int e = 0; e < P16; e += 4)
-      *reinterpret_cast<uint4*>(&keys[i + e]) = make_uint4(u[e], u[e + 1], u[e + 2], u[e + 3]);
+    if constexpr (KB == 4) {
+      *reinterpret_cast<uint4*>(&keys[i]) = make_uint4(u[0], u[1], u[2], u[3]);
+    } else {   // two 16-bit keys a word, the lower position in the lower half
+      *reinterpret_cast<uint4*>(&keys[i]) = make_uint4(u[0] | (u[1] << 16), u[2] | (u[3] << 16),
+                                                       u[4] | (u[5] << 16), u[6] | (u[7] << 16));
+    }
   }
   umin = __reduce_min_sync(0xFFFFFFFFu, umin);
   umax = __reduce_max_sync(0xFFFFFFFFu, umax);
@@ -196,10 +213,10 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   uint32_t prefix = 0, mask = 0;
   uint32_t kk = static_cast<uint32_t>(k);
   uint32_t cmin = 0, cmax = 0;
-  for (int p = 0; p < 4; ++p) {
-    const int shift = 24 - 8 * p;
+  for (int p = 0; p < KB; ++p) {
+    const int shift = 8 * (KB - 1 - p);
     uint32_t* h = sh.hist[p & 1];
-    if (tid < 256) h[tid] = 0;
+    if (tid < 256) h[tid] = 0;   // (THREADS >= 256)
     __syncthreads();   // (p = 0: also the keys and the warps' minima and maxima)
     if (p == 0) {
       cmin = 0xFFFFFFFFu; cmax = 0u;
@@ -208,17 +225,19 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     if (cmax == 0u) {
       // no valid key in this CTA
     } else if (((cmin ^ cmax) >> shift) == 0u) {
-      // the CTA's valid keys agree on bits 31..shift (so does every key between its least and
-      // greatest): one bin holds them all, or none matches the prefix; no atomics
+      // the CTA's valid keys agree on bits above `shift` (so does every key between its least
+      // and greatest): one bin holds them all, or none matches the prefix; no atomics
       if (tid == 0 && (cmin & mask) == prefix) h[(cmin >> shift) & 0xFFu] = cta_valid;
     } else {
-      const uint4* k4 = reinterpret_cast<const uint4*>(keys);
-      for (int i = tid; i < SL / 4; i += THREADS) {
+      const uint4* k4 = reinterpret_cast<const uint4*>(words);
+      for (int i = tid; i < SL / NV; i += THREADS) {
         const uint4 v = k4[i];
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if ((w[e] & mask) == prefix && w[e] != 0u) atomicAdd(&h[(w[e] >> shift) & 0xFFu], 1u);
+        for (int e = 0; e < NV; ++e) {
+          const uint32_t w = (KB == 4) ? w4[e] : ((w4[e / 2] >> (16 * (e & 1))) & 0xFFFFu);
+          if ((w & mask) == prefix && w != 0u) atomicAdd(&h[(w >> shift) & 0xFFu], 1u);
+        }
       }
     }
     __syncthreads();
@@ -303,6 +322,7 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
 template <typename T>
 int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_t* lengths,
            int64_t len_stride, int k, int32_t* out, cudaStream_t stream) {
+  constexpr int KB = Keys<T>::KB;
   const int SL = ((n + CL - 1) / CL + 1023) / 1024 * 1024;
   if (SL > SL_MAX) return 1;
   auto kern = cluster_topk_kernel<T>;
@@ -312,11 +332,11 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 2;
   if (!ready[dev]) {
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SL_MAX * 4) != cudaSuccess) return 2;
+                             SL_MAX * KB) != cudaSuccess) return 2;
     ready[dev] = true;
   }
   if (rows <= 0) return 0;
-  kern<<<rows * CL, THREADS, static_cast<size_t>(SL) * 4, stream>>>(
+  kern<<<rows * CL, Geometry<KB>::THREADS, static_cast<size_t>(SL) * KB, stream>>>(
       static_cast<const T*>(scores), row_stride, n, lengths, len_stride, k, out);
   return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
