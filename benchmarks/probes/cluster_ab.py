@@ -1,9 +1,10 @@
-"""A/B of the cluster kernel (``backends/indexer_topk/cuda/cluster_topk.cu``) against a patched
-copy of its source, beside the Triton kernels, in one interleaved window of CUDA-graph replays a
-point; every output checked entry by entry against the reference first. Prints a table last.
+"""A/B of the cluster kernel (``backends/indexer_topk/cuda/cluster_topk.cu``) against patched
+copies of its source (one a ``--patch``, named by the file's stem), beside the Triton kernels, in
+one interleaved window of CUDA-graph replays a point; every output checked entry by entry against
+the reference first. Prints a table last (each variant's time over the source's).
 
-    python3 benchmarks/probes/cluster_ab.py --patch docs/notes/patches/X.patch \\
-        [--rows 1,2,16] [--dists randn,lowbits,zeros,ties] [--iters 20]
+    python3 benchmarks/probes/cluster_ab.py --patch X.patch [--patch Y.patch] \\
+        [--rows 1,2,16] [--dists randn,lowbits,zeros,ties] [--dtype bfloat16] [--iters 20]
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def apply_patch(text: str, diff: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--patch", required=True)
+    ap.add_argument("--patch", action="append", required=True)
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rows", default="1,2,16")
     ap.add_argument("--dists", default="randn,lowbits,zeros,ties,recent,relu,ramp")
     ap.add_argument("--iters", type=int, default=20)
@@ -54,20 +56,24 @@ def main() -> int:
     from registry.tuning.timing import interleaved_median_ms
 
     tmp = Path(tempfile.mkdtemp())
-    src = tmp / "cuda" / "cluster_topk.cu"
-    src.parent.mkdir()
-    src.write_text(apply_patch(cluster.SOURCE.read_text(), Path(a.patch).read_text()))
     nvcc = cluster.nvcc()
     assert nvcc, "no nvcc"
     libs = {"head": cluster.load_library(cluster.build(tmp / "head.so"))}
-    subprocess.run([nvcc, *cluster.NVCC_FLAGS, "-o", str(tmp / "patched.so"), str(src)],
-                   check=True)
-    libs["patched"] = cluster.load_library(tmp / "patched.so")
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    for patch in a.patch:
+        name = Path(patch).stem
+        src = tmp / name / "cluster_topk.cu"
+        src.parent.mkdir()
+        src.write_text(apply_patch(cluster.SOURCE.read_text(), Path(patch).read_text()))
+        subprocess.run([nvcc, *cluster.NVCC_FLAGS, "-o", str(tmp / f"{name}.so"), str(src)],
+                       check=True)
+        libs[name] = cluster.load_library(tmp / f"{name}.so")
+    variants = [m for m in libs if m != "head"]
+    dtype = getattr(torch, a.dtype)
+    print(torch.cuda.get_device_name(), torch.__version__, a.dtype, flush=True)
     n, k, bad, table = 131072, 2048, 0, []
     for dist in a.dists.split(","):
         for rows in (int(r) for r in a.rows.split(",")):
-            s = make_scores(dist, rows, n, seed=rows).cuda()
+            s = make_scores(dist, rows, n, seed=rows, dtype=dtype).cuda()
             ln = torch.full((rows,), n, dtype=torch.int32, device="cuda")
             want = indexer_topk_reference(s, ln, k)
             outs = {m: torch.empty((rows, k), dtype=torch.int32, device="cuda") for m in libs}
@@ -81,11 +87,13 @@ def main() -> int:
             t = interleaved_median_ms(fns, warmup=3, iters=a.iters, graphs=True)
             table.append((dist, rows, t))
             print(dist, rows, {m: round(v * 1e3, 1) for m, v in t.items()}, flush=True)
-    print("\n| dist | rows | head us | patched us | triton us | patched / head |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| dist | rows | head us | triton us | "
+          + " | ".join(f"{m} us | {m} / head" for m in variants) + " |")
+    print("|---|---:|---:|---:|" + "---:|---:|" * len(variants))
     for dist, rows, t in table:
-        print(f"| {dist} | {rows} | {t['head'] * 1e3:.1f} | {t['patched'] * 1e3:.1f} | "
-              f"{t['triton'] * 1e3:.1f} | {t['patched'] / t['head']:.3f} |")
+        print(f"| {dist} | {rows} | {t['head'] * 1e3:.1f} | {t['triton'] * 1e3:.1f} | "
+              + " | ".join(f"{t[m] * 1e3:.1f} | {t[m] / t['head']:.3f}" for m in variants)
+              + " |")
     print(f"mismatches: {bad}")
     return 1 if bad else 0
 
