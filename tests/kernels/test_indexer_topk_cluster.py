@@ -137,6 +137,35 @@ def test_nasty_cases():
 
 
 @gpu90
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_candidate_list_and_its_overflow(dtype):
+    """The second pass lists a CTA's keys at or above the first pass's bin when they fit (4,096
+    slots for 4-byte keys, 1,024 for 2-byte), else that CTA keeps sweeping every key: rows where
+    some CTAs list and others overflow, the k-th key in the list's bin, all exact."""
+    g = torch.Generator().manual_seed(11)
+    n, sl = 131072, 16384
+    s = torch.randn(8, n, generator=g) - 8.0     # every key in bins below the crowds
+    s[0, :6000] = 1.0 + torch.rand(6000, generator=g)        # CTA 0: 6000 keys in [1, 2)
+    s[1, sl:sl + 900] = 1.0 + torch.rand(900, generator=g)   # fits both lists
+    s[1, 5 * sl:5 * sl + 1500] = 1.5 + torch.rand(1500, generator=g) * 0.5   # 4-byte list only
+    s[2, ::64] = 3.0 + torch.rand(n // 64, generator=g)      # 256 a CTA, every CTA lists
+    s[3, 7 * sl:] = 1.0                                      # a CTA of one value: the k-th tie
+    s[3, 7 * sl + 100] = 1.5
+    s[4, 2 * sl:3 * sl] = 1.25                              # 16384 equal keys in one CTA
+    s[4, 6 * sl + 3:6 * sl + 40] = float("nan")
+    s[5, 3 * sl:3 * sl + 5000] = torch.linspace(1.0, 1.9, 5000)   # the k-th inside CTA 3's crowd
+    s[6, 7 * sl:7 * sl + 4097] = 1.0 + torch.rand(4097, generator=g)   # one past the 4-byte list
+    s[7] = torch.randn(n, generator=g)
+    s = s.to(dtype).cuda()
+    full = torch.full((8,), n, dtype=torch.int32, device="cuda")
+    for k in (1, 1000, 2048, 4096, 7000):
+        _check(s, full, k)
+    lens = torch.tensor([n, 2 * sl - 5, 3 * sl + 1, 7 * sl + 200, n - 1, 3 * sl + 4000, n, 77],
+                        dtype=torch.int32, device="cuda")
+    _check(s, lens, 2048)
+
+
+@gpu90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["randn", "ties", "recent", "quant256"])
 def test_half_precision_scores(dtype, name):

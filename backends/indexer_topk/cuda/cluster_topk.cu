@@ -109,45 +109,81 @@ template <> struct Keys<__half> {
 template <int WARPS>
 struct Shared {
   uint32_t hist[2][256];          // a pass's bins (read by the other CTAs), double-buffered
-  uint32_t wsum[WARPS];
+  uint32_t wsum[8], lsum[8];      // select_bin: the row's and this CTA's counts of 32 bins
   uint32_t wmin[WARPS], wmax[WARPS];
-  uint32_t bin, kk, bin_total, valid;
-  uint32_t warp_gt[WARPS], warp_eq[WARPS];
-  uint32_t warp_out[WARPS], warp_eqb[WARPS];
+  uint32_t bin, kk, bin_total, valid, lexcl, lbin;
+  uint32_t scan[2][WARPS];        // block_scan's warp totals, alternating between chunks
   uint32_t cta_gt, cta_eq;        // read by the other CTAs
-  uint32_t row_count;             // keys the row took (the last CTA, for the padding)
+  uint32_t gbase, ebase;          // the same counts summed over the CTAs before this one
 };
 
-// Thread tid < 256 holds the count t of bin tid: finds the bin holding the kk-th largest key
-// (sh.bin, sh.kk = its rank inside the bin, sh.bin_total) and the sum of all bins (sh.valid).
+// Thread tid < 256 holds the row's count t and this CTA's count l of bin tid: finds the bin
+// holding the kk-th largest key (sh.bin, sh.kk = its rank inside the bin, sh.bin_total), the
+// sum of all bins (sh.valid), and this CTA's keys in the bins above it (sh.lexcl) and in it
+// (sh.lbin).
 template <typename S>
-__device__ __forceinline__ void select_bin(S& sh, uint32_t t, uint32_t kk, int tid,
+__device__ __forceinline__ void select_bin(S& sh, uint32_t t, uint32_t l, uint32_t kk, int tid,
                                            int lane, int warp) {
-  uint32_t incl = 0;
+  uint32_t incl = 0, lincl = 0;
   if (tid < 256) {
     incl = t;   // keys in bins >= tid among this warp's 32 bins (a suffix scan)
+    lincl = l;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const uint32_t y = __shfl_down_sync(0xFFFFFFFFu, incl, o);
-      if (lane + o < 32) incl += y;
+      const uint32_t z = __shfl_down_sync(0xFFFFFFFFu, lincl, o);
+      if (lane + o < 32) { incl += y; lincl += z; }
     }
-    if (lane == 0) sh.wsum[warp] = incl;   // warps 0..7 hold bins 32w..32w+31
+    if (lane == 0) { sh.wsum[warp] = incl; sh.lsum[warp] = lincl; }   // warps 0..7: 32 bins each
   }
   __syncthreads();
   if (tid < 256) {
-    uint32_t above = 0;   // keys in the bins of the higher warps
-    for (int w2 = warp + 1; w2 < 8; ++w2) above += sh.wsum[w2];
+    uint32_t above = 0, labove = 0;   // keys in the bins of the higher warps
+    for (int w2 = warp + 1; w2 < 8; ++w2) { above += sh.wsum[w2]; labove += sh.lsum[w2]; }
     const uint32_t excl = above + incl - t;   // keys in bins > tid
     if (tid == 0) sh.valid = above + incl;
-    if (excl < kk && kk <= excl + t) { sh.bin = tid; sh.kk = kk - excl; sh.bin_total = t; }
+    if (excl < kk && kk <= excl + t) {
+      sh.bin = tid; sh.kk = kk - excl; sh.bin_total = t;
+      sh.lexcl = labove + lincl - l; sh.lbin = l;
+    }
   }
   __syncthreads();
 }
 
-// Threads a CTA and CTAs an SM: 4-byte keys 512 x 3 (66.5 KiB a CTA), 2-byte keys 256 x 6.
+// a > b and a == b as 0 / 1 from integer arithmetic. The selection builds its per-thread masks
+// of NV keys from these: written as `mask |= (a > b) << e`, ptxas (CUDA 13.0, sm_90a) packed the
+// eight predicates of the 2-byte kernel into a register with P2R after some of them had been
+// overwritten (the above-the-bin count took in-bin keys; wrong offsets, lost entries).
+__device__ __forceinline__ uint32_t above_bit(uint32_t a, uint32_t b) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(b) - a) >> 63);
+}
+__device__ __forceinline__ uint32_t equal_bit(uint32_t a, uint32_t b) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(a ^ b) - 1u) >> 63);
+}
+
+// Exclusive scan of v over the CTA's threads in thread order; `total` gets the sum. One
+// __syncthreads: consecutive calls must alternate `buf` (the other of sh.scan's two rows).
+template <int WARPS>
+__device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t* buf, int lane, int warp,
+                                               uint32_t& total) {
+  uint32_t incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) buf[warp] = incl;
+  __syncthreads();
+  const uint32_t x = lane < WARPS ? buf[lane] : 0u;
+  total = __reduce_add_sync(0xFFFFFFFFu, x);
+  return __reduce_add_sync(0xFFFFFFFFu, lane < warp ? x : 0u) + incl - v;
+}
+
+// Threads a CTA, CTAs an SM and candidate-list entries: 4-byte keys 512 x 3 (75 KiB a CTA),
+// 2-byte keys 256 x 6 (37 KiB).
 template <int KB> struct Geometry;
-template <> struct Geometry<4> { static constexpr int THREADS = 512, MIN_BLOCKS = 3; };
-template <> struct Geometry<2> { static constexpr int THREADS = 256, MIN_BLOCKS = 6; };
+template <> struct Geometry<4> { static constexpr int THREADS = 512, MIN_BLOCKS = 3, CAP = 4096; };
+template <> struct Geometry<2> { static constexpr int THREADS = 256, MIN_BLOCKS = 6, CAP = 1024; };
 
 template <typename T>
 __global__ void __cluster_dims__(CL, 1, 1)
@@ -157,9 +193,10 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
                     int32_t* __restrict__ out) {
   using KT = Keys<T>;
   constexpr int KB = KT::KB, NV = KT::NV;
-  constexpr int THREADS = Geometry<KB>::THREADS, WARPS = THREADS / 32;
+  constexpr int THREADS = Geometry<KB>::THREADS, WARPS = THREADS / 32, CAP = Geometry<KB>::CAP;
+  constexpr int CHUNK = THREADS * NV;   // keys a sweep step (2048)
   using Key = typename std::conditional<KB == 4, uint32_t, uint16_t>::type;
-  extern __shared__ __align__(16) uint32_t words[];   // SL keys, in position order
+  extern __shared__ __align__(16) uint32_t words[];   // SL keys in position order, then CAP slots
   Key* keys = reinterpret_cast<Key*>(words);
   __shared__ Shared<WARPS> sh;
   const uint32_t rank = cluster_rank();
@@ -167,6 +204,7 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int SL = ((n + CL - 1) / CL + 1023) / 1024 * 1024;   // a multiple of 16 warps x 64
   const int base = static_cast<int>(rank) * SL;
+  uint16_t* cand = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(words) + SL * KB);
   int len = n;
   if (lengths != nullptr) len = min(max(lengths[row * len_stride], 0), n);
   const T* src = scores + row * row_stride;
@@ -209,10 +247,19 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   umax = __reduce_max_sync(0xFFFFFFFFu, umax);
   if (lane == 0) { sh.wmin[warp] = umin; sh.wmax[warp] = umax; }
   const uint32_t cta_valid = static_cast<uint32_t>(min(max(len - base, 0), SL));
+  const uint4* k4 = reinterpret_cast<const uint4*>(words);
+  // key e (of NV) of a 16-byte vector of keys
+  auto key_of = [](const uint32_t (&w4)[4], int e) -> uint32_t {
+    return (KB == 4) ? w4[e] : ((w4[e / 2] >> (16 * (e & 1))) & 0xFFFFu);
+  };
 
   uint32_t prefix = 0, mask = 0;
   uint32_t kk = static_cast<uint32_t>(k);
-  uint32_t cmin = 0, cmax = 0;
+  uint32_t cmin = 0, cmax = 0, row_valid = 0;
+  uint32_t cta_gt = 0, cta_eq = 0;   // this CTA's keys above the prefix (in), and equal to it
+  // >= 0: cand[0, ncand) lists this CTA's keys at or above pass 0's prefix, in position order
+  int ncand = cta_valid == 0u ? 0 : -1;
+  int step = 0;     // block_scan calls so far (they alternate sh.scan's rows)
   for (int p = 0; p < KB; ++p) {
     const int shift = 8 * (KB - 1 - p);
     uint32_t* h = sh.hist[p & 1];
@@ -228,28 +275,70 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
       // the CTA's valid keys agree on bits above `shift` (so does every key between its least
       // and greatest): one bin holds them all, or none matches the prefix; no atomics
       if (tid == 0 && (cmin & mask) == prefix) h[(cmin >> shift) & 0xFFu] = cta_valid;
+    } else if (ncand >= 0) {   // passes after the list was made: its keys only
+      for (int i = tid; i < ncand; i += THREADS) {
+        const uint32_t w = keys[cand[i]];
+        if ((w & mask) == prefix) atomicAdd(&h[(w >> shift) & 0xFFu], 1u);
+      }
+    } else if (p == 1 && cta_gt + cta_eq <= static_cast<uint32_t>(CAP)) {
+      // the second pass over every key also lists, in position order, the keys at or above
+      // pass 0's prefix (cta_gt + cta_eq of them, known from the first pass's bins): the later
+      // passes and the selection read the list instead of every key
+      uint32_t listed = 0;
+      for (int c0 = 0; c0 < SL; c0 += CHUNK) {
+        const int i = c0 / NV + tid;
+        uint32_t flags = 0;
+        if (i < SL / NV) {
+          const uint4 v = k4[i];
+          const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < NV; ++e) {
+            const uint32_t w = key_of(w4, e);
+            const uint32_t m = w & mask;
+            if (w != 0u && m >= prefix) {
+              flags |= 1u << e;
+              if (m == prefix) atomicAdd(&h[(w >> shift) & 0xFFu], 1u);
+            }
+          }
+        }
+        uint32_t total;
+        uint32_t o = listed + block_scan<WARPS>(__popc(flags), sh.scan[step++ & 1], lane, warp,
+                                                total);
+        while (flags) {
+          const int e = __ffs(flags) - 1;
+          flags &= flags - 1u;
+          cand[o++] = static_cast<uint16_t>(i * NV + e);
+        }
+        listed += total;
+      }
+      ncand = static_cast<int>(listed);
     } else {
-      const uint4* k4 = reinterpret_cast<const uint4*>(words);
       for (int i = tid; i < SL / NV; i += THREADS) {
         const uint4 v = k4[i];
         const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int e = 0; e < NV; ++e) {
-          const uint32_t w = (KB == 4) ? w4[e] : ((w4[e / 2] >> (16 * (e & 1))) & 0xFFFFu);
+          const uint32_t w = key_of(w4, e);
           if ((w & mask) == prefix && w != 0u) atomicAdd(&h[(w >> shift) & 0xFFu], 1u);
         }
       }
     }
     __syncthreads();
     cluster_sync_all();   // every CTA's bins complete and visible
-    uint32_t t = 0;
+    uint32_t t = 0, l = 0;
     if (tid < 256) {
+      uint32_t x[CL];
 #pragma unroll
-      for (int r = 0; r < CL; ++r) t += dsmem_ld(dsmem_addr(&h[tid], r));
+      for (int r = 0; r < CL; ++r) x[r] = dsmem_ld(dsmem_addr(&h[tid], r));
+#pragma unroll
+      for (int r = 0; r < CL; ++r) t += x[r];
+      l = h[tid];
     }
-    select_bin(sh, t, kk, tid, lane, warp);
+    select_bin(sh, t, l, kk, tid, lane, warp);
+    if (p == 0) row_valid = sh.valid;
     if (p == 0 && sh.valid <= kk) {   // no more valid keys than k: take them all
       kk = sh.valid; mask = 0; prefix = 0;
+      cta_gt = 0; cta_eq = cta_valid;
       break;
     }
     // This pass's bins are read by the other CTAs until they reach the next pass's cluster
@@ -258,63 +347,80 @@ cluster_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     prefix |= sh.bin << shift;
     mask |= 0xFFu << shift;
     kk = sh.kk;
+    cta_gt += sh.lexcl;
+    cta_eq = sh.lbin;
     if (sh.bin_total == kk) break;   // the whole bin is taken: no tie to resolve
   }
 
-  // Selection: a prefix above the bin's is in; the bin's keys are in for the first kk positions.
-  uint32_t gt = 0, eq = 0;
-  const int per_warp = SL / WARPS;
-  const int wbase = warp * per_warp;
-  for (int j = lane; j < per_warp; j += 32) {
-    const uint32_t u = keys[wbase + j];
-    const uint32_t m = u & mask;
-    gt += __popc(__ballot_sync(0xFFFFFFFFu, u != 0u && m > prefix));
-    eq += __popc(__ballot_sync(0xFFFFFFFFu, u != 0u && m == prefix));
-  }
-  if (lane == 0) { sh.warp_gt[warp] = gt; sh.warp_eq[warp] = eq; }
-  __syncthreads();
-  if (tid == 0) {
-    uint32_t g = 0, e = 0;
-    for (int w2 = 0; w2 < WARPS; ++w2) { g += sh.warp_gt[w2]; e += sh.warp_eq[w2]; }
-    sh.cta_gt = g; sh.cta_eq = e;
-  }
-  __syncthreads();
+  // Selection: a key whose prefix is above the bin's is in; a key of the bin is in while fewer
+  // than kk keys of the bin come before it in the row. Row-order counts of the CTAs before this
+  // one through distributed shared memory, then one step of `CHUNK` keys (or list slots) at a
+  // time, each thread's offset from a block scan of (above, in-bin) counts.
+  if (tid == 0) { sh.cta_gt = cta_gt; sh.cta_eq = cta_eq; }
   cluster_sync_all();   // every CTA's counts visible
-  if (tid == 0) {
-    uint32_t outb = 0, eqb = 0;   // entries and in-bin keys of the CTAs before this one
-    for (uint32_t r = 0; r < rank; ++r) {
-      const uint32_t g = dsmem_ld(dsmem_addr(&sh.cta_gt, r));
-      const uint32_t e = dsmem_ld(dsmem_addr(&sh.cta_eq, r));
-      outb += g + (eqb >= kk ? 0u : min(e, kk - eqb));
-      eqb += e;
+  if (warp == 0) {
+    uint32_t g = 0, e = 0;
+    if (lane < static_cast<int>(rank)) {
+      g = dsmem_ld(dsmem_addr(&sh.cta_gt, lane));
+      e = dsmem_ld(dsmem_addr(&sh.cta_eq, lane));
     }
-    for (int w2 = 0; w2 < WARPS; ++w2) {
-      sh.warp_out[w2] = outb; sh.warp_eqb[w2] = eqb;
-      const uint32_t e = sh.warp_eq[w2];
-      outb += sh.warp_gt[w2] + (eqb >= kk ? 0u : min(e, kk - eqb));
-      eqb += e;
-    }
+    g = __reduce_add_sync(0xFFFFFFFFu, g);
+    e = __reduce_add_sync(0xFFFFFFFFu, e);
+    if (lane == 0) { sh.gbase = g; sh.ebase = e; }
   }
   cluster_arrive();   // done reading the other CTAs' shared memory (waited for at the end)
   __syncthreads();
   int32_t* orow = out + row * k;
-  uint32_t o = sh.warp_out[warp], eb = sh.warp_eqb[warp];
-  const uint32_t lt = (1u << lane) - 1u;
-  for (int j = 0; j < per_warp; j += 32) {
-    const uint32_t u = keys[wbase + j + lane];
-    const uint32_t m = u & mask;
-    const bool g = u != 0u && m > prefix;
-    const bool e = u != 0u && m == prefix;
-    const uint32_t eb_m = __ballot_sync(0xFFFFFFFFu, e);
-    const bool take = g || (e && eb + __popc(eb_m & lt) < kk);
-    const uint32_t tb = __ballot_sync(0xFFFFFFFFu, take);
-    if (take) orow[o + __popc(tb & lt)] = base + wbase + j + lane;
-    o += __popc(tb); eb += __popc(eb_m);
+  uint32_t gb = sh.gbase, eb = sh.ebase;   // row-order counts before the current step
+  const int items = ncand >= 0 ? ncand : SL;
+  // the CTA stops once it has written its keys above the bin and passed its in-bin keys or the
+  // row's kk-th one (a CTA of only untaken ties writes nothing and sweeps nothing)
+  const uint32_t g_end = gb + cta_gt, e_end = min(eb + cta_eq, kk);
+  for (int c0 = 0; c0 < items && (gb < g_end || eb < e_end); c0 += CHUNK) {
+    uint32_t u[NV];
+    int lp[NV];   // local positions
+    const int i = c0 / NV + tid;
+    if (ncand >= 0) {
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        const int j = i * NV + e;
+        lp[e] = j < ncand ? cand[j] : 0;
+        u[e] = j < ncand ? static_cast<uint32_t>(keys[lp[e]]) : 0u;
+      }
+    } else {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (i < SL / NV) v = k4[i];
+      const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < NV; ++e) { lp[e] = i * NV + e; u[e] = key_of(w4, e); }
+    }
+    uint32_t gm = 0, em = 0;
+#pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      const uint32_t m = u[e] & mask;   // (u = 0, no key: m = 0 is never above the prefix)
+      gm |= above_bit(m, prefix) << e;
+      em |= (equal_bit(m, prefix) & above_bit(u[e], 0u)) << e;
+    }
+    uint32_t total;   // (above << 16 | in-bin): at most CHUNK each
+    const uint32_t before = block_scan<WARPS>((__popc(gm) << 16) | __popc(em),
+                                              sh.scan[step++ & 1], lane, warp, total);
+    uint32_t e_at = eb + (before & 0xFFFFu);
+    uint32_t o = gb + (before >> 16) + min(e_at, kk);
+#pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      if ((gm >> e) & 1u) {
+        orow[o++] = base + lp[e];
+      } else if ((em >> e) & 1u) {
+        if (e_at < kk) orow[o++] = base + lp[e];
+        ++e_at;
+      }
+    }
+    gb += total >> 16;
+    eb += total & 0xFFFFu;
   }
-  if (rank == CL - 1) {   // the last CTA's last warp ends at the row's count: pad with -1
-    if (warp == WARPS - 1 && lane == 0) sh.row_count = o;
-    __syncthreads();
-    for (int i = static_cast<int>(sh.row_count) + tid; i < k; i += THREADS) orow[i] = -1;
+  if (rank == CL - 1) {   // the row took min(valid keys, k) entries: pad the rest with -1
+    for (int i = static_cast<int>(min(row_valid, static_cast<uint32_t>(k))) + tid; i < k;
+         i += THREADS) orow[i] = -1;
   }
   cluster_wait();   // no CTA exits while another may still read its shared memory
 }
@@ -330,13 +436,14 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
   static bool ready[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 2;
+  constexpr int LIST = Geometry<KB>::CAP * 2;   // the candidate list's bytes
   if (!ready[dev]) {
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SL_MAX * KB) != cudaSuccess) return 2;
+                             SL_MAX * KB + LIST) != cudaSuccess) return 2;
     ready[dev] = true;
   }
   if (rows <= 0) return 0;
-  kern<<<rows * CL, Geometry<KB>::THREADS, static_cast<size_t>(SL) * KB, stream>>>(
+  kern<<<rows * CL, Geometry<KB>::THREADS, static_cast<size_t>(SL) * KB + LIST, stream>>>(
       static_cast<const T*>(scores), row_stride, n, lengths, len_stride, k, out);
   return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
