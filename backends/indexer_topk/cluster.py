@@ -37,13 +37,14 @@ __all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "lib
            "load_library", "nvcc", "toolchain"]
 
 SOURCE = Path(__file__).with_name("cuda") / "cluster_topk.cu"
-#: 8 CTAs of at most 16,384 keys (64 KiB of shared memory each).
+#: 8 CTAs of at most 16,384 keys (64 KiB of fp32 keys in shared memory each, plus an 8 KiB
+#: candidate list).
 MAX_KEYS = 8 * 16384
 DTYPES = ("float32", "bfloat16", "float16")
 NVCC_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
 _ERRORS = {
     1: f"rows longer than {MAX_KEYS} keys",
-    2: "no current CUDA device, or its shared-memory limit (64 KiB a block) could not be raised",
+    2: "no current CUDA device, or its shared-memory limit (72 KiB a block) could not be raised",
     3: "the launch failed (the kernel needs an sm_90 GPU with 3 x 75 KiB of shared memory an SM)",
     4: "an unsupported dtype",
 }

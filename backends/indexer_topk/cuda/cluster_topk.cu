@@ -6,23 +6,29 @@
 // is read from HBM once; every later pass reads shared memory:
 //
 //   pass p = 0..3: each CTA counts its keys whose higher bytes equal the prefix found so far, by
-//   byte p of u (256 bins, shared-memory atomics; a CTA whose valid keys are all equal writes its
-//   one bin without atomics); a cluster barrier; every CTA sums the eight CTAs' bins through
-//   distributed shared memory and finds the bin holding the kk-th largest key (kk = what is still
-//   to be taken). A bin whose count equals kk ends the search; so does a row of at most k keys.
+//   byte p of u (256 bins, shared-memory atomics; a CTA whose valid keys agree down to this byte
+//   writes its one bin without atomics); a cluster barrier; every CTA sums the eight CTAs' bins
+//   through distributed shared memory and finds the bin holding the kk-th largest key (kk = what
+//   is still to be taken). A bin whose count equals kk ends the search; so does a row of at most
+//   k keys. Pass 1 also lists, in position order, the CTA's keys at or above pass 0's bin when
+//   they fit (the candidate list: 4,096 slots for 4-byte keys, 1,024 for 2-byte); the later
+//   passes and the selection read the list instead of every key.
 //
 // Membership is then: keys whose prefix is above the threshold bin, plus the first kk keys of the
-// bin by position (ties at the k-th key by position, kreg's rule). Each warp counts its SL / 16
-// consecutive positions with ballots; the CTAs exchange (above, in-bin) counts through distributed
-// shared memory; each warp writes its selected positions in ascending order. A row with fewer than
-// k valid keys takes all of them and is padded with -1.
+// bin by position (ties at the k-th key by position, kreg's rule). Each CTA knows its (above,
+// in-bin) counts from its own bins; one cluster exchange gives the counts of the CTAs before it;
+// then one sweep of the list (or of every key) in steps of 2,048, each thread's output offset
+// from a block scan of the step's counts, writes the selected positions in ascending order. A CTA
+// stops once its keys above the bin are written and its in-bin keys passed. A row with fewer than
+// k valid keys takes all of them; the last CTA pads the rest with -1.
 //
 // Keys: fp32 rows keep 4-byte keys (4 passes, 512 threads, three CTAs an SM). bf16 and fp16 rows
 // keep 2-byte keys (u16 = the same order key over the 16-bit pattern; 2 passes, 256 threads and
 // 32 KiB of keys a CTA, so six CTAs an SM): 64 rows of 131,072 bf16 keys run as one wave.
 //
 // Host entry: `kreg_cluster_topk` (extern "C"; backends/indexer_topk/cluster.py loads it with ctypes
-// and turns a nonzero return into an error naming the cause).
+// and turns a nonzero return into an error naming the cause). History, measurements and rejected
+// variants: docs/notes/indexer_topk.md (sessions 32-35).
 #include <cstdint>
 #include <type_traits>
 #include <cuda_runtime.h>
