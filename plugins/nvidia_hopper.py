@@ -22,7 +22,7 @@ envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench`
 ``backends/indexer_topk/cluster.py``; one 8-CTA cluster a row, the row in shared memory, one
 launch) for rows of at most 131,072 keys, on the parts it was measured on (H200 and H100 SXM,
 132 SMs) up to ``CLUSTER_MAX_ROWS`` rows, where it beat the Triton kernels in all 35 measured
-cells, 1.03-3.1x (seven distributions; docs/BENCHMARKS.md, "indexer_topk: the cluster kernel at
+cells, 1.04-3.2x (seven distributions; docs/BENCHMARKS.md, "indexer_topk: the cluster kernel at
 1-64 rows"); from 32 rows the Triton kernels win on most distributions. It needs ``nvcc``
 once, to build the kernel (``cuda_toolchain``); ``nvidia_hopper.indexer_topk_cluster:measure``
 waives the envelope.
@@ -354,9 +354,10 @@ def kreg_configs(op: str) -> dict[str, dict[str, Any]] | None:
 
 
 #: The cluster kernel's envelope: the parts it was measured on and the rows up to which it beat
-#: the Triton kernels (session 32, seven distributions: at 1-16 rows all 35 cells faster,
-#: 1.03-3.1x, on the H100, and the probe's 1.1-3.7x on the H200; at 32 rows 0.84-1.46x of their
-#: time and at 64 rows 1.12-1.78x, so not taken there).
+#: the Triton kernels (seven distributions; kernel v53, session 35, H100: at 1-16 rows all 35
+#: cells faster, 1.04-3.2x; at 32 rows slower on four distributions, up to 1.33x their time, and
+#: at 64 rows on six, up to 1.52x, so not taken there; session 32's probe of the first kernel was
+#: 1.1-3.7x faster at 1-16 rows on the H200).
 CLUSTER_DEVICES = (H200, ("NVIDIA H100 80GB HBM3", 132))
 CLUSTER_MAX_ROWS = 16
 
