@@ -24,7 +24,8 @@
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
-# dists-indexer (issue #25: every score distribution through kreg bench), sanitize
+# dists-indexer (issue #25: every score distribution through kreg bench), cluster (the CUDA
+# cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
 # flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
 # with auto, the kreg families and flashinfer.* at the seed's shapes, a small kreg tune grid of
@@ -222,6 +223,38 @@ for step in "$@"; do
       timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
         python3 benchmarks/probes/sanitize_sparse.py > "$OUT/sanitizer_sparse.log" 2>&1
       echo "compute-sanitizer rc=$?"; tail -3 "$OUT/sanitizer_sparse.log" ;;
+    cluster)
+      # the cluster kernel (nvidia_hopper.indexer_topk_cluster) after a change: its GPU tests
+      # (every dtype), memcheck over seven distributions in three dtypes, the A/B against the
+      # patches in CLUSTER_PATCHES (space-separated; each turns the source into an older kernel,
+      # e.g. `git diff -U8 -R OLD -- backends/indexer_topk/cuda/cluster_topk.cu`) in fp32 and
+      # bf16, then docs/BENCHMARKS.md's table ("the cluster kernel at 1-64 rows"). About four
+      # minutes; each part stops at the first failure before it.
+      stage "cluster: GPU tests"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_indexer_topk_cluster.py > "$OUT/cluster_tests.log" 2>&1
+      rc=$?; echo "cluster gpu tests rc=$rc"; tail -1 "$OUT/cluster_tests.log"
+      [ $rc = 0 ] || { grep -E "^E |FAILED" "$OUT/cluster_tests.log" | head -12; continue; }
+      stage "cluster: compute-sanitizer memcheck"
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 \
+        benchmarks/probes/sanitize_cluster.py randn,lowbits,zeros,ties,recent,relu,ramp \
+        > "$OUT/cluster_memcheck.log" 2>&1
+      echo "memcheck rc=$? ($(grep -c exact "$OUT/cluster_memcheck.log") of 22 exact)"
+      tail -1 "$OUT/cluster_memcheck.log"
+      if [ -n "${CLUSTER_PATCHES:-}" ]; then
+        pa=""; for f in $CLUSTER_PATCHES; do pa="$pa --patch $f"; done
+        for dt in float32 bfloat16; do
+          stage "cluster: A/B against$pa ($dt)"
+          timeout 200 python3 benchmarks/probes/cluster_ab.py $pa --dtype $dt \
+            --rows 1,16,32,64 --iters 12 > "$OUT/cluster_ab_$dt.log" 2>&1
+          grep -A30 "^| dist" "$OUT/cluster_ab_$dt.log"; grep -E "MISMATCH" "$OUT/cluster_ab_$dt.log"
+        done
+      fi
+      stage "cluster: kreg bench (docs/BENCHMARKS.md)"
+      timeout 300 python3 cli.py bench indexer_topk --rows 1,2,4,8,16,32,64 --keys 131072 \
+        --dist randn,ties,zeros,recent,lowbits,relu,ramp --providers \
+        torch-topk,triton,auto,nvidia_hopper.indexer_topk_cluster:measure --baseline triton \
+        --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/cluster_bench.log" | grep -v "^-" | tail -3 ;;
     flashinfer)
       flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
     flashinfer-kit|flashinfer-bench|flashinfer-tune)
