@@ -141,7 +141,9 @@ def test_nasty_cases():
 def test_candidate_list_and_its_overflow(dtype):
     """The second pass lists a CTA's keys at or above the first pass's bin when they fit (4,096
     slots for 4-byte keys, 1,024 for 2-byte), else that CTA keeps sweeping every key: rows where
-    some CTAs list and others overflow, the k-th key in the list's bin, all exact."""
+    some CTAs list and others overflow, the k-th key in the list's bin, all exact. In bf16 and
+    fp16 it caught a ptxas miscompile of the selection's masks (docs/notes/indexer_topk.md,
+    "Sessions 33-35")."""
     g = torch.Generator().manual_seed(11)
     n, sl = 131072, 16384
     s = torch.randn(8, n, generator=g) - 8.0     # every key in bins below the crowds
