@@ -34,6 +34,7 @@ from typing import Any
 
 from backends.indexer_topk import EXACT, IndexerTopkWorkload
 from backends.indexer_topk import cluster as _cluster
+from backends.indexer_topk import stream as _stream
 from backends.sparse_prefill import SparsePrefillWorkload
 from backends.sparse_prefill.config import describe_path
 from backends.sparse_prefill.conformance import Case, chunk_call, prefill_call
@@ -44,6 +45,7 @@ from registry.requirements import (
     ENVELOPE,
     arch_in,
     device_in,
+    field_at_least,
     field_at_most,
     field_eq,
     field_in,
@@ -386,9 +388,53 @@ CLUSTER_REQUIREMENTS = (
 )
 
 
+#: The streaming kernel's envelope: from the first row count past the cluster kernel's, on the
+#: parts the cluster kernel's envelope names (the H200's measurement: docs/BENCHMARKS.md,
+#: "indexer_topk: the one-read streaming kernel").
+STREAM_DEVICES = CLUSTER_DEVICES
+STREAM_MIN_ROWS = CLUSTER_MAX_ROWS + 1
+#: The row lengths it was measured at start here (131,072 keys and up; shorter rows are the
+#: Triton kernels' until measured).
+STREAM_MIN_KEYS = 65536
+
+
+def _stream_toolchain(f: DeviceFacts, w: IndexerTopkWorkload) -> tuple[bool, str, str]:
+    ok, seen = _stream.toolchain()
+    return ok, seen, "nvcc, to build the CUDA kernel once (CUDA_HOME/bin/nvcc or PATH)"
+
+
+def _describe_stream(config: Any) -> str:
+    return (f"CUDA one-read streaming select (one CTA a row: a sampled threshold, the row read "
+            f"once into a shared-memory buffer and bitmap, no workspace; built with nvcc into "
+            f"$KREG_HOME/cuda on first use), from {STREAM_MIN_ROWS} rows")
+
+
+STREAM_REQUIREMENTS = (
+    # capability
+    vendor_in("nvidia"),
+    arch_in("sm_90"),
+    field_in("dtype", _stream.DTYPES),
+    field_at_most("max_keys", _stream.MAX_KEYS),
+    field_at_most("k", _stream.MAX_K),
+    predicate("cuda_toolchain", CAPABILITY, _stream_toolchain),
+    # envelope
+    device_in(*STREAM_DEVICES),
+    field_at_least("num_rows", STREAM_MIN_ROWS),
+    field_at_least("max_keys", STREAM_MIN_KEYS),
+)
+
+
 @hookimpl
 def kreg_implementations() -> list[Implementation]:
     return [
+        Implementation(op="indexer_topk", name=_stream.NAME,
+                       priority=PRIORITY, requirements=STREAM_REQUIREMENTS,
+                       kernel="backends.indexer_topk.stream:indexer_topk_stream",
+                       configurable=False, contract=EXACT,
+                       describe_config=_describe_stream,
+                       description="one-read streaming select (CUDA): one CTA a row, a sampled "
+                                   "threshold, the row read once into shared memory, no "
+                                   "workspace; exact"),
         Implementation(op="indexer_topk", name="nvidia_hopper.indexer_topk_cluster",
                        priority=PRIORITY, requirements=CLUSTER_REQUIREMENTS,
                        kernel="backends.indexer_topk.cluster:indexer_topk_cluster",

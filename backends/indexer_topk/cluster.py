@@ -78,16 +78,18 @@ def _nvcc_version(path: str) -> str:
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
 
 
-def library_path(compiler: str | None = None) -> Path:
-    """Where the built kernel lives: ``$KREG_HOME/cuda/cluster_topk-<hash>.so``, the hash over
-    the source, the flags and the compiler's version."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+def library_path(compiler: str | None = None, source: Path = SOURCE) -> Path:
+    """Where a built kernel lives: ``$KREG_HOME/cuda/<source stem>-<hash>.so``, the hash over
+    the source, the headers beside it, the flags and the compiler's version."""
+    h = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.cuh")):
+        h.update(header.read_bytes())
     h.update(" ".join(NVCC_FLAGS).encode())
     comp = compiler or nvcc()
     h.update((_nvcc_version(comp) if comp else "no-nvcc").encode())
     # KREG_HOME as the registry reads it (default ~/.cache/kreg)
     home = Path(os.environ.get("KREG_HOME") or Path.home() / ".cache" / "kreg").expanduser()
-    return home / "cuda" / f"cluster_topk-{h.hexdigest()[:16]}.so"
+    return home / "cuda" / f"{source.stem}-{h.hexdigest()[:16]}.so"
 
 
 def toolchain() -> tuple[bool, str]:
@@ -109,27 +111,29 @@ def _probe_toolchain() -> tuple[bool, str]:
     return True, f"nvcc at {comp} ({version})"
 
 
-def build(out: Path | None = None) -> Path:
-    """Compile the kernel (if it is not built yet) and return the shared library's path.
-    Raises KernelUnavailableError naming the cause and the fix."""
+def build(out: Path | None = None, source: Path = SOURCE,
+          name: str = "nvidia_hopper.indexer_topk_cluster") -> Path:
+    """Compile a kernel source (the cluster kernel's unless named; ``name`` is the
+    implementation it serves, for messages) if it is not built yet and return the shared
+    library's path. Raises KernelUnavailableError naming the cause and the fix."""
     comp = nvcc()
     if comp is None:
         raise KernelUnavailableError(
-            "nvidia_hopper.indexer_topk_cluster needs nvcc to build its CUDA kernel once: install "
+            f"{name} needs nvcc to build its CUDA kernel once: install "
             "the CUDA toolkit (or set CUDA_HOME), or select another implementation with "
             "KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
-    path = out or library_path(comp)
+    path = out or library_path(comp, source)
     if path.exists():
         return path
     try:
-        return _compile(comp, path)
+        return _compile(comp, path, source)
     except OSError as exc:   # KREG_HOME not writable, a full disk, ...
         raise KernelUnavailableError(
-            f"building {SOURCE.name} into {path.parent} failed: {exc}; set KREG_HOME to a "
+            f"building {source.name} into {path.parent} failed: {exc}; set KREG_HOME to a "
             f"writable directory") from exc
 
 
-def _compile(comp: str, path: Path) -> Path:
+def _compile(comp: str, path: Path, source: Path = SOURCE) -> Path:
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,17 +141,17 @@ def _compile(comp: str, path: Path) -> Path:
         if path.exists():
             return path
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [comp, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)]
+        cmd = [comp, *NVCC_FLAGS, "-o", str(tmp), str(source)]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
-            raise KernelUnavailableError(f"building {SOURCE.name} failed to run {comp}: {exc}; "
+            raise KernelUnavailableError(f"building {source.name} failed to run {comp}: {exc}; "
                                          f"select another implementation") from exc
         if res.returncode != 0:
             tmp.unlink(missing_ok=True)
             tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-8:])
             raise KernelUnavailableError(
-                f"building {SOURCE.name} with {comp} failed (exit {res.returncode}):\n{tail}\n"
+                f"building {source.name} with {comp} failed (exit {res.returncode}):\n{tail}\n"
                 f"(command: {' '.join(cmd)}); select another implementation with "
                 f"KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
         os.replace(tmp, path)

@@ -24,7 +24,8 @@
 # ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
-# dists-indexer (issue #25: every score distribution through kreg bench), cluster (the CUDA
+# dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
+# streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
 # flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
@@ -255,6 +256,34 @@ for step in "$@"; do
         --dist randn,ties,zeros,recent,lowbits,relu,ramp --providers \
         torch-topk,triton,auto,nvidia_hopper.indexer_topk_cluster:measure --baseline triton \
         --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/cluster_bench.log" | grep -v "^-" | tail -3 ;;
+    stream)
+      # the streaming kernel (nvidia_hopper.indexer_topk_stream): its GPU tests, the A/B against
+      # the Triton kernels and the compile-time variants in STREAM_VARIANTS (space-separated
+      # NAME=-DX=1,-DY=2) at STREAM_ROWS (fp32, every distribution; bf16 on three), then memcheck
+      # (unless SKIP_MEMCHECK is set).
+      stage "stream: GPU tests"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+        tests/kernels/test_indexer_topk_stream.py > "$OUT/stream_tests.log" 2>&1
+      rc=$?; echo "stream gpu tests rc=$rc"; tail -1 "$OUT/stream_tests.log"
+      [ $rc = 0 ] || { grep -E "^E |FAILED|Error" "$OUT/stream_tests.log" | head -20; continue; }
+      va=""; for v in ${STREAM_VARIANTS:-}; do va="$va --variant $v"; done
+      stage "stream: A/B fp32"
+      timeout 280 python3 benchmarks/probes/stream_ab.py $va --geometries --rows ${STREAM_ROWS:-32,64,1024,4096} \
+        --iters 12 ${STREAM_CLUSTER:+--cluster} > "$OUT/stream_ab_fp32.log" 2>&1
+      echo "rc=$?"; grep -A60 "^| dist" "$OUT/stream_ab_fp32.log"; grep MISMATCH "$OUT/stream_ab_fp32.log"
+      stage "stream: A/B bf16"
+      timeout 150 python3 benchmarks/probes/stream_ab.py $va --dtype bfloat16 \
+        --rows ${STREAM_ROWS:-32,64,1024,4096} --dists randn,ties,recent --iters 12 \
+        > "$OUT/stream_ab_bf16.log" 2>&1
+      echo "rc=$?"; grep -A30 "^| dist" "$OUT/stream_ab_bf16.log"; grep MISMATCH "$OUT/stream_ab_bf16.log"
+      if [ -z "${SKIP_MEMCHECK:-}" ]; then
+        stage "stream: compute-sanitizer memcheck"
+        timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 \
+          benchmarks/probes/sanitize_stream.py randn,ties,zeros,recent,lowbits,relu,ramp \
+          > "$OUT/stream_memcheck.log" 2>&1
+        echo "memcheck rc=$? ($(grep -c exact "$OUT/stream_memcheck.log") of 25 exact)"
+        tail -1 "$OUT/stream_memcheck.log"
+      fi ;;
     flashinfer)
       flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
     flashinfer-kit|flashinfer-bench|flashinfer-tune)

@@ -324,8 +324,8 @@ def test_explain_names_the_indexer_path_for_each_shape(monkeypatch: pytest.Monke
     32 rows, two (with two row programs a row at 64 rows) from 32, one (ONE_PASS) from 30 rows
     an SM on the H200; the MI355X geometry, which pins only its slices, the default's path.
     Up to 16 rows the H200 runs the CUDA cluster kernel where nvcc can build it, and the Triton
-    kernels' four launches where it cannot."""
-    from backends.indexer_topk import cluster
+    kernels' four launches where it cannot (the paths below: no nvcc, so no CUDA kernel)."""
+    from backends.indexer_topk import cluster, stream
 
     reg = registry.get_registry()
     monkeypatch.setattr(cluster, "toolchain", lambda: (True, "nvcc"))
@@ -333,6 +333,7 @@ def test_explain_names_the_indexer_path_for_each_shape(monkeypatch: pytest.Monke
                                     "dtype": "float32"}, "h200")
     assert any(n.startswith("path: CUDA cluster radix select") for n in d.notes), d.notes
     monkeypatch.setattr(cluster, "toolchain", lambda: (False, "no nvcc"))
+    monkeypatch.setattr(stream, "toolchain", lambda: (False, "no nvcc"))
     reg.invalidate()   # the decision above is cached
 
     def path(rows: int, device: str = "h200") -> str:

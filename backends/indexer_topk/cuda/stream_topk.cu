@@ -1,0 +1,510 @@
+// One-read streaming select for indexer_topk on sm_90 (kreg's `nvidia_hopper.indexer_topk_stream`).
+//
+// One CTA a row. The row is read from HBM once (plus a 1/16 sample); nothing is written to a
+// workspace:
+//
+//   1. sample: SAMPLE keys in evenly spaced chunks of CW, held in registers; a bisection over
+//      the order key (block counts) picks a threshold t with r_lo..r_hi sampled keys at or above
+//      it, the window chosen so that the row holds between k and CAP keys above t with a margin
+//      of four standard deviations of the sampling. Rows of at most SAMPLE keys are their own
+//      sample: t is then their exact k-th key.
+//   2. stream: every key once (16-byte vectors, UNROLL in flight a thread): keys above t are
+//      appended, (key, position), to a shared-memory buffer of CAP entries (warp scan, one
+//      shared atomic a warp); keys equal to t set their bit in a bitmap of the row's positions
+//      (each 32-position word owned by one group of lanes in one step: plain stores).
+//   3. select: G keys above t, E equal to it. G >= k: T = the k-th largest of the buffer (a
+//      bisection over its keys, held in registers); the bitmap is cleared and gets the
+//      buffer's keys equal to T. G < k <= G + E: T = t, the bitmap holds the ties already.
+//      The tied bits are cut at the (k - above)-th in position order (a block scan of popcounts),
+//      the buffer's keys above T set their bits, and a last block scan writes the set bits'
+//      positions: ascending, exactly k (kreg's contract: membership by score, then position).
+//   A missed sample reads the row again: G > CAP raises t to the k-th largest of the CAP keys
+//   the buffer kept (k keys reach it, so the next pass cannot come up short), G + E < k lowers
+//   t to the lowest real key. Each retry is counted in `stats` when it is given.
+//
+// Keys are kreg's order keys as unsigned (topk_keys.cuh): NaN lowest, -0 = +0, 0 = no key (past
+// the row's length). bf16 / fp16 rows are read as 2-byte keys (8 a 16-byte vector). Rows of at
+// most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2.
+//
+// Host entry: `kreg_stream_topk` (extern "C"; backends/indexer_topk/stream.py). History and
+// measurements: docs/notes/indexer_topk.md ("Session 36").
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "topk_keys.cuh"
+
+#ifndef STREAM_THREADS        // the geometry of batches of many rows: threads a CTA
+#define STREAM_THREADS 256
+#endif
+#ifndef STREAM_WIDE_THREADS   // the geometry of batches of fewer rows than SMs (one CTA an SM)
+#define STREAM_WIDE_THREADS 1024
+#endif
+#ifndef STREAM_CAP
+#define STREAM_CAP 6144
+#endif
+#ifndef STREAM_UNROLL
+#define STREAM_UNROLL 8
+#endif
+#ifndef STREAM_SAMPLE
+#define STREAM_SAMPLE 8192
+#endif
+#ifndef STREAM_MIN_BLOCKS
+#define STREAM_MIN_BLOCKS 3
+#endif
+#ifndef STREAM_EVICT_FIRST   // the stream's loads: ld.global.cs (1) or ld.global.nc (0)
+#define STREAM_EVICT_FIRST 1
+#endif
+
+namespace {
+
+using kreg_topk::above_bit;
+using kreg_topk::equal_bit;
+using kreg_topk::Keys;
+
+constexpr int CAP = STREAM_CAP;             // buffer entries (8 bytes each)
+constexpr int UNROLL = STREAM_UNROLL;       // 16-byte vectors in flight a thread
+constexpr int SAMPLE = STREAM_SAMPLE;       // sampled keys a row
+constexpr int CW = 64;                      // keys a sample chunk
+constexpr int MAX_KEYS = 1 << 20;
+constexpr uint32_t FULL = 0xFFFFFFFFu;
+static_assert(SAMPLE % CW == 0, "geometry");
+
+template <int WARPS>
+struct Shared {
+  uint32_t red[2][WARPS];   // block reductions and scans, alternating
+  uint32_t count;           // buffer appends (may pass CAP: then the buffer holds the first CAP)
+};
+
+// The CTA's sum of v (one __syncthreads; calls alternate the rows of sh.red through `par`).
+template <int WARPS>
+__device__ __forceinline__ uint32_t block_sum(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
+                                              int warp) {
+  v = __reduce_add_sync(FULL, v);
+  if (lane == 0) sh.red[par][warp] = v;
+  __syncthreads();
+  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0u;
+  par ^= 1;
+  return __reduce_add_sync(FULL, x);
+}
+template <int WARPS>
+__device__ __forceinline__ uint32_t block_max(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
+                                              int warp) {
+  v = __reduce_max_sync(FULL, v);
+  if (lane == 0) sh.red[par][warp] = v;
+  __syncthreads();
+  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0u;
+  par ^= 1;
+  return __reduce_max_sync(FULL, x);
+}
+// Exclusive scan in thread order; `total` gets the sum.
+template <int WARPS>
+__device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
+                                               int warp, uint32_t& total) {
+  uint32_t incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) sh.red[par][warp] = incl;
+  __syncthreads();
+  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0u;
+  par ^= 1;
+  total = __reduce_add_sync(FULL, x);
+  return __reduce_add_sync(FULL, lane < warp ? x : 0u) + incl - v;
+}
+
+// The largest c with at least `need` of the N values a thread holds (all threads' `vals`, 0 =
+// none) at or above it; lo <= every counted value. Stops early at a c whose count is in
+// [need, stop] (then returns it; it need not be a key). A bisection over the bits below the
+// common prefix of lo and the largest value; *cnt gets the count at the result when it stopped
+// early, else the count at or above the exact result.
+template <int N, int WARPS>
+__device__ __forceinline__ uint32_t bisect(const uint32_t (&vals)[N], uint32_t lo, uint32_t need,
+                                           uint32_t stop, Shared<WARPS>& sh, int& par, int lane,
+                                           int warp, uint32_t* cnt, bool* early) {
+  uint32_t hi = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) hi = max(hi, vals[j]);
+  hi = block_max(hi, sh, par, lane, warp);
+  *early = false;
+  if (hi <= lo) {   // one value (or none) at or above lo
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) m += (vals[j] >= hi && vals[j] != 0u) ? 1u : 0u;
+    *cnt = block_sum(m, sh, par, lane, warp);
+    return hi;
+  }
+  const int top = 31 - __clz(lo ^ hi);   // the highest bit where lo and hi differ
+  uint32_t c0 = lo & ~((2u << top) - 1u);   // their common prefix (<= lo)
+  if (top == 31) c0 = 0u;
+  uint32_t best = 0;
+  for (int b = top; b >= 0; --b) {
+    const uint32_t c = c0 | (1u << b);
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) m += vals[j] >= c ? 1u : 0u;
+    const uint32_t got = block_sum(m, sh, par, lane, warp);
+    if (got >= need) {
+      c0 = c;
+      best = got;
+      if (got <= stop) { *early = true; break; }
+    }
+  }
+  if (!*early) {
+    // c0 is the exact need-th largest value; count at or above it
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) m += vals[j] >= c0 ? 1u : 0u;
+    best = block_sum(m, sh, par, lane, warp);
+  }
+  *cnt = best;
+  return c0;
+}
+
+// 16 bytes of scores (NV keys) at vector v, raw (positions past len: 0). VEC: the row is
+// 16-byte aligned (else, and for the row's last partial vector, element loads).
+template <typename T, bool VEC>
+__device__ __forceinline__ uint4 load_raw(const T* __restrict__ src, int v, int len) {
+  constexpr int NV = Keys<T>::NV;
+  const int p = v * NV;
+  const int rem = len - p;
+  if (VEC && rem >= NV) {
+    const uint4* p4 = reinterpret_cast<const uint4*>(src) + v;
+    return STREAM_EVICT_FIRST ? __ldcs(p4) : __ldg(p4);
+  }
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int e = 0; e < NV; ++e) {
+    if (e < rem) {
+      const uint32_t b = Keys<T>::bits1(src + p + e);
+      if constexpr (NV == 4) w[e] = b; else w[e / 2] |= b << (16 * (e & 1));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One read of the row: keys above t to the buffer, keys equal to t to the bitmap; returns this
+// thread's count of keys equal to t.
+template <typename T, bool VEC, int THREADS>
+__device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int len, uint32_t t,
+                                               uint2* __restrict__ buf, uint32_t* __restrict__ bits,
+                                               Shared<THREADS / 32>& sh, int tid, int lane) {
+  using KT = Keys<T>;
+  constexpr int NV = KT::NV;
+  constexpr int LPW = 32 / NV;   // lanes a bitmap word
+  const int nvec = (len + NV - 1) / NV;
+  uint32_t eqc = 0;
+  for (int v0 = 0; v0 < nvec; v0 += THREADS * UNROLL) {
+    uint4 x[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int v = v0 + j * THREADS + tid;
+      x[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (v < nvec) x[j] = load_raw<T, VEC>(src, v, len);
+    }
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int v = v0 + j * THREADS + tid;
+      const uint32_t w4[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
+      const int rem = len - v * NV;   // valid keys of the vector (<= 0 past the row)
+      uint32_t u[NV];
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        const uint32_t raw = NV == 4 ? w4[e] : ((w4[e / 2] >> (16 * (e & 1))) & 0xFFFFu);
+        u[e] = e < rem ? KT::key(raw) : 0u;
+      }
+      uint32_t gm = 0, em = 0;
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        gm |= above_bit(u[e], t) << e;
+        em |= equal_bit(u[e], t) << e;
+      }
+      eqc += __popc(em);
+      if (__any_sync(FULL, gm != 0u)) {
+        const uint32_t c = __popc(gm);
+        uint32_t incl = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const uint32_t y = __shfl_up_sync(FULL, incl, o);
+          if (lane >= o) incl += y;
+        }
+        uint32_t base = 0;
+        if (lane == 31) base = atomicAdd(&sh.count, incl);
+        base = __shfl_sync(FULL, base, 31);
+        uint32_t o = base + incl - c;
+#pragma unroll
+        for (int e = 0; e < NV; ++e) {
+          if ((gm >> e) & 1u) {
+            if (o < static_cast<uint32_t>(CAP)) buf[o] = make_uint2(u[e], v * NV + e);
+            ++o;
+          }
+        }
+      }
+      if (__any_sync(FULL, em != 0u)) {
+        uint32_t w = em << ((v % LPW) * NV);
+#pragma unroll
+        for (int o = 1; o < LPW; o <<= 1) w |= __shfl_xor_sync(FULL, w, o);
+        if ((lane % LPW) == 0 && v * NV < len) bits[(v * NV) >> 5] = w;
+      }
+    }
+  }
+  return eqc;
+}
+
+template <typename T, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
+                   const int32_t* __restrict__ lengths, int64_t len_stride, int k,
+                   int32_t* __restrict__ out, int* __restrict__ stats) {
+  using KT = Keys<T>;
+  constexpr int WARPS = THREADS / 32;
+  constexpr int SPT = SAMPLE / THREADS;   // sampled keys a thread
+  constexpr int BPT = CAP / THREADS;      // buffer entries a thread (the selection)
+  static_assert(SAMPLE % THREADS == 0 && CAP % THREADS == 0, "geometry");
+  extern __shared__ __align__(16) uint32_t smem[];
+  uint2* buf = reinterpret_cast<uint2*>(smem);   // CAP (key, position)
+  uint32_t* bits = smem + 2 * CAP;               // a bit a position (wpt words a thread)
+  __shared__ Shared<WARPS> sh;
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int par = 0;
+  int len = n;
+  if (lengths != nullptr) len = min(max(lengths[row * len_stride], 0), n);
+  int32_t* orow = out + row * k;
+  const T* src = scores + row * row_stride;
+  if (len <= k) {   // every valid key is taken
+    for (int i = tid; i < k; i += THREADS) orow[i] = i < len ? i : -1;
+    return;
+  }
+  const int words = (len + 31) >> 5;
+  const int wpt = (words + THREADS - 1) / THREADS;   // bitmap words a thread (the scans)
+
+  // 1. the sample's threshold
+  uint32_t t;
+  {
+    uint32_t s[SPT];
+    uint32_t r_lo, r_hi;
+    if (len <= SAMPLE) {
+#pragma unroll
+      for (int j = 0; j < SPT; ++j) {
+        const int i = tid + j * THREADS;
+        s[j] = i < len ? KT::key(KT::bits1(src + i)) : 0u;
+      }
+      r_lo = r_hi = static_cast<uint32_t>(k);
+    } else {
+      constexpr int NCH = SAMPLE / CW;
+#pragma unroll
+      for (int j = 0; j < SPT; ++j) {
+        const int i = tid + j * THREADS;
+        const int c = i / CW;
+        const int start = static_cast<int>(static_cast<int64_t>(c) * (len - CW) / (NCH - 1));
+        s[j] = KT::key(KT::bits1(src + start + i % CW));
+      }
+      const float f = static_cast<float>(SAMPLE) / static_cast<float>(len);
+      const float a = k * f, b = CAP * f;
+      float lo = ceilf(a + 4.0f * sqrtf(a)), hi = floorf(b - 4.0f * sqrtf(b));
+      if (lo > hi) lo = hi = fmaxf(1.0f, floorf(0.5f * (a + b)));
+      r_lo = static_cast<uint32_t>(fmaxf(lo, 1.0f));
+      r_hi = static_cast<uint32_t>(fmaxf(hi, 1.0f));
+    }
+    uint32_t cnt;
+    bool early;
+    t = bisect<SPT>(s, 1u, r_lo, r_hi, sh, par, lane, warp, &cnt, &early);
+    t = max(t, 1u);   // 0 is "no key"
+  }
+
+  // 2. stream (again when the sample missed)
+  const bool vec = (reinterpret_cast<uintptr_t>(src) & 15u) == 0;
+  int attempts = 0;
+  uint32_t G = 0, E = 0;
+  for (;;) {
+    ++attempts;
+    for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
+    if (tid == 0) sh.count = 0u;
+    __syncthreads();
+    const uint32_t eqc = vec ? stream_row<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane)
+                             : stream_row<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
+    E = block_sum(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
+    G = sh.count;
+    if (G > static_cast<uint32_t>(CAP)) {   // too many above t: t = the k-th of the kept CAP
+      uint32_t bv[BPT];
+#pragma unroll
+      for (int j = 0; j < BPT; ++j) bv[j] = buf[tid + j * THREADS].x;
+      uint32_t cnt;
+      bool early;
+      t = bisect<BPT>(bv, t + 1u, static_cast<uint32_t>(k), static_cast<uint32_t>(k), sh, par,
+                      lane, warp, &cnt, &early);
+      __syncthreads();   // every thread has read the buffer before the next pass writes it
+      continue;
+    }
+    if (G + E < static_cast<uint32_t>(k)) {   // too few: take every real key as a candidate
+      t = 1u;
+      __syncthreads();
+      continue;
+    }
+    break;
+  }
+  if (stats != nullptr && attempts > 1 && tid == 0) atomicAdd(stats, attempts - 1);
+
+  // 3. select: kth (the k-th key, or a bound exactly k keys reach), the keys above it (taken)
+  // and the ties at it (the first `need` by position)
+  uint32_t kth = t, need = static_cast<uint32_t>(k) - G;
+  if (G >= static_cast<uint32_t>(k)) {
+    uint32_t bv[BPT];
+#pragma unroll
+    for (int j = 0; j < BPT; ++j) {
+      const int i = tid + j * THREADS;
+      bv[j] = i < static_cast<int>(G) ? buf[i].x : 0u;
+    }
+    uint32_t cnt;
+    bool early;
+    kth = bisect<BPT>(bv, t + 1u, static_cast<uint32_t>(k), static_cast<uint32_t>(k), sh, par,
+                    lane, warp, &cnt, &early);
+    // early: exactly k keys >= kth, no ties to cut; else kth is the k-th key
+    uint32_t above = static_cast<uint32_t>(k);
+    if (!early) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int j = 0; j < BPT; ++j) m += bv[j] > kth ? 1u : 0u;
+      above = block_sum(m, sh, par, lane, warp);
+    }
+    need = static_cast<uint32_t>(k) - above;
+    for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
+    __syncthreads();
+    if (need != 0u) {
+#pragma unroll
+      for (int j = 0; j < BPT; ++j) {
+        if (bv[j] == kth) {
+          const uint32_t p = buf[tid + j * THREADS].y;
+          atomicOr(&bits[p >> 5], 1u << (p & 31u));
+        }
+      }
+    }
+    __syncthreads();
+    if (early) kth -= 1u;   // "above kth" below then means >= the early bound
+  }
+  // cut the ties after the need-th in position order (a no-op when need >= their count)
+  {
+    const int w0 = tid * wpt;
+    uint32_t mine = 0;
+    for (int j = 0; j < wpt; ++j) mine += (w0 + j < words) ? __popc(bits[w0 + j]) : 0u;
+    uint32_t total;
+    uint32_t before = block_scan(mine, sh, par, lane, warp, total);
+    if (total > need) {
+      for (int j = 0; j < wpt && w0 + j < words; ++j) {
+        uint32_t w = bits[w0 + j];
+        if (before >= need) {
+          w = 0u;
+        } else {
+          const uint32_t c = __popc(w);
+          if (before + c > need) {   // keep the first need - before set bits
+            uint32_t keep = need - before, kept = 0u, x = w;
+            while (keep--) { const uint32_t lowest = x & (0u - x); kept |= lowest; x ^= lowest; }
+            w = kept;
+          }
+          before += c;
+        }
+        bits[w0 + j] = w;
+      }
+    }
+    __syncthreads();
+  }
+  // the keys above kth
+  {
+    const int m = static_cast<int>(min(G, static_cast<uint32_t>(CAP)));
+    for (int i = tid; i < m; i += THREADS) {
+      const uint2 e = buf[i];
+      if (e.x > kth) atomicOr(&bits[e.y >> 5], 1u << (e.y & 31u));
+    }
+    __syncthreads();
+  }
+  // write the set bits' positions in order
+  {
+    const int w0 = tid * wpt;
+    uint32_t mine = 0;
+    for (int j = 0; j < wpt; ++j) mine += (w0 + j < words) ? __popc(bits[w0 + j]) : 0u;
+    uint32_t total;
+    uint32_t o = block_scan(mine, sh, par, lane, warp, total);
+    for (int j = 0; j < wpt && w0 + j < words; ++j) {
+      uint32_t w = bits[w0 + j];
+      while (w) {
+        const int b = __ffs(w) - 1;
+        w &= w - 1u;
+        if (o < static_cast<uint32_t>(k)) orow[o] = (w0 + j) * 32 + b;
+        ++o;
+      }
+    }
+    // (total == k by construction; pad defensively)
+    for (int i = static_cast<int>(total) + tid; i < k; i += THREADS) orow[i] = -1;
+  }
+}
+
+template <typename T, int THREADS, int MIN_BLOCKS>
+int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
+                    const int32_t* lengths, int64_t len_stride, int k, int32_t* out, int* stats,
+                    cudaStream_t stream, int dev) {
+  auto kern = stream_topk_kernel<T, THREADS, MIN_BLOCKS>;
+  const int words = (n + 31) / 32;
+  const size_t bytes = static_cast<size_t>(CAP) * 8 + static_cast<size_t>(words) * 4;
+  static size_t ready[64] = {};   // the dynamic shared-memory limit raised so far, per device
+  if (bytes > 48 * 1024 && ready[dev] < bytes) {
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes)) != cudaSuccess) return 2;
+    ready[dev] = bytes;
+  }
+  kern<<<rows, THREADS, bytes, stream>>>(static_cast<const T*>(scores), row_stride, n, lengths,
+                                         len_stride, k, out, stats);
+  return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+// wide: 1 = one 1024-thread CTA an SM (batches of fewer rows than SMs), 0 = 256-thread CTAs,
+// three an SM; -1 = by the row count.
+template <typename T>
+int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_t* lengths,
+           int64_t len_stride, int k, int32_t* out, int* stats, int wide, cudaStream_t stream) {
+  if (n > MAX_KEYS) return 1;
+  if (k > CAP / 2) return 5;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 2;
+  if (rows <= 0) return 0;
+  if (wide < 0) {
+    static int sms[64] = {};
+    if (sms[dev] == 0 &&
+        cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 2;
+    wide = rows < sms[dev] ? 1 : 0;
+  }
+  if (wide)
+    return launch_geometry<T, STREAM_WIDE_THREADS, 1>(scores, row_stride, rows, n, lengths,
+                                                      len_stride, k, out, stats, stream, dev);
+  return launch_geometry<T, STREAM_THREADS, STREAM_MIN_BLOCKS>(
+      scores, row_stride, rows, n, lengths, len_stride, k, out, stats, stream, dev);
+}
+
+}  // namespace
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 (rows longer than MAX_KEYS keys),
+// 2 (no current device, or its shared-memory limit could not be raised), 3 (the launch failed),
+// 4 (unknown dtype), 5 (k above CAP / 2). stats: null, or an int the kernel adds its retries to.
+// wide: the geometry (-1: by the row count; 1: 1024-thread CTAs; 0: 256-thread CTAs).
+extern "C" int kreg_stream_topk(const void* scores, int dtype, int64_t row_stride, int rows,
+                                int n, const int32_t* lengths, int64_t len_stride, int k,
+                                int32_t* out, int* stats, int wide, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case 0:
+      return launch<float>(scores, row_stride, rows, n, lengths, len_stride, k, out, stats, wide, s);
+    case 1:
+      return launch<__nv_bfloat16>(scores, row_stride, rows, n, lengths, len_stride, k, out, stats,
+                                   wide, s);
+    case 2:
+      return launch<__half>(scores, row_stride, rows, n, lengths, len_stride, k, out, stats, wide, s);
+    default: return 4;
+  }
+}
+
+extern "C" int kreg_stream_topk_max_keys() { return MAX_KEYS; }
+extern "C" int kreg_stream_topk_max_k() { return CAP / 2; }
