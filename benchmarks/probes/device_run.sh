@@ -25,7 +25,8 @@
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
-# streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), cluster (the CUDA
+# streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
+# (its docs table through kreg bench), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
 # flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
@@ -284,6 +285,20 @@ for step in "$@"; do
         echo "memcheck rc=$? ($(grep -c exact "$OUT/stream_memcheck.log") of 25 exact)"
         tail -1 "$OUT/stream_memcheck.log"
       fi ;;
+    stream-bench)
+      # docs/BENCHMARKS.md's table of the streaming kernel: kreg bench of every distribution at
+      # STREAM_ROWS (default 32,64,1024,4096) in fp32, then bf16 at 64,1024,4096 (auto = the
+      # policy's choice, triton = the Triton kernels at their default config)
+      stage "stream-bench: fp32"
+      timeout 330 python3 cli.py bench indexer_topk --rows ${STREAM_ROWS:-32,64,1024,4096} \
+        --keys 131072 --dist randn,ties,zeros,recent,lowbits,relu,ramp \
+        --providers torch-topk,triton,auto --baseline triton --graphs --warmup 3 --iters 15 \
+        2>&1 | tee "$OUT/stream_bench_fp32.log" | grep -v "^-" | tail -40
+      stage "stream-bench: bf16"
+      timeout 200 python3 cli.py bench indexer_topk --rows 64,1024,4096 --keys 131072 \
+        --dtype bfloat16 --dist randn,ties,recent,relu --providers torch-topk,triton,auto \
+        --baseline triton --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/stream_bench_bf16.log" \
+        | grep -v "^-" | tail -20 ;;
     flashinfer)
       flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
     flashinfer-kit|flashinfer-bench|flashinfer-tune)

@@ -28,6 +28,26 @@ def nvcc_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "toolchain", lambda: (True, "nvcc at /x/nvcc (V13.0.88)"))
 
 
+MEASURED = pytest.mark.skipif(not hopper.STREAM_DEVICES, reason="no GPU has measured the "
+                              "kernel yet: the policy takes it nowhere (the test below)")
+
+
+@pytest.mark.usefixtures("nvcc_found")
+def test_unmeasured_it_runs_only_when_named_with_measure() -> None:
+    if hopper.STREAM_DEVICES:
+        pytest.skip(f"measured on {hopper.STREAM_DEVICES}: the tests above hold")
+    d = registry.select("indexer_topk", WL, device="h200")
+    assert d.implementation != NAME
+    row = next(line for line in d.explain().splitlines() if line.strip().startswith(NAME))
+    assert "rejected" in row and "no GPU has measured this kernel yet" in row
+    assert ":measure runs it [envelope]" in d.explain()
+    with registry.override("indexer_topk", f"{NAME}:measure"):
+        d = registry.select("indexer_topk", WL, device="h200")
+    assert d.implementation == NAME
+    assert any("not yet measured on a GPU" in n for n in d.notes), d.notes
+
+
+@MEASURED
 @pytest.mark.usefixtures("nvcc_found")
 @pytest.mark.parametrize("device", ["h200", "h100"])
 @pytest.mark.parametrize("rows", [hopper.STREAM_MIN_ROWS, 1024, 4096, 65536])
@@ -41,6 +61,7 @@ def test_taken_on_the_measured_parts_from_its_rows(device: str, rows: int, dtype
     assert f"from {hopper.STREAM_MIN_ROWS} rows" in text
 
 
+@MEASURED
 @pytest.mark.usefixtures("nvcc_found")
 @pytest.mark.parametrize("change, reason", [
     ({"num_rows": hopper.STREAM_MIN_ROWS - 1}, "num_rows"),
@@ -62,6 +83,7 @@ def test_other_devices_unaffected(device: str) -> None:
     assert registry.select("indexer_topk", WL, device=device).implementation != NAME
 
 
+@MEASURED
 def test_without_nvcc_the_reason_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "toolchain", lambda: (False, "no nvcc (CUDA_HOME/bin/nvcc or "
                                                             "PATH)"))
@@ -138,13 +160,15 @@ def test_a_failed_build_hands_over_to_the_triton_kernels(monkeypatch: pytest.Mon
     cluster._nvcc_version.cache_clear()
     cluster._probe_toolchain.cache_clear()
     try:
-        assert registry.select("indexer_topk", WL, device="h200").implementation == NAME
+        with registry.override("indexer_topk", f"{NAME}:measure"):
+            assert registry.select("indexer_topk", WL, device="h200").implementation == NAME
         with caplog.at_level("WARNING", logger="kreg"):
             assert stream._load_or_fail() is None
         assert "the Triton kernels serve instead" in caplog.text
         ok, seen = stream.toolchain()
         assert not ok and "Unsupported gpu architecture" in seen
-        d = registry.select("indexer_topk", WL, device="h200")   # the cache was dropped
+        with registry.override("indexer_topk", f"{NAME}:measure"):
+            d = registry.select("indexer_topk", WL, device="h200")   # the cache was dropped
         assert d.implementation == "generic.indexer_topk_radix"
         assert "cuda_toolchain: the kernel's build or load failed" in d.explain()
         assert stream._load_or_fail() is None   # no second build attempt
