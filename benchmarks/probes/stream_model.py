@@ -1,0 +1,127 @@
+"""A row-at-a-time NumPy model of the streaming kernel's algorithm (``cuda/stream_topk.cu``):
+the sample's window and bisection, the stream's buffer (above t) and ties (equal to t), the
+retries on a missed sample, the selection and the tie cut, with the kernel's constants
+(``backends/indexer_topk/stream.py``). It checks the algorithm, not the CUDA: on a CPU, any
+distribution's exactness and how many extra reads its rows would cost, before a GPU runs it.
+
+    python3 benchmarks/probes/stream_model.py [--dists randn,ties,...] [--rows 8] [--keys 131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from backends.indexer_topk import stream
+
+CAP = 2 * stream.MAX_K
+
+
+def order_keys(x: np.ndarray) -> np.ndarray:
+    """The kernel's unsigned fp32 order keys (topk_keys.cuh): NaN 1, -0 = +0."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+    b[b == 0x80000000] = 0
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    key = np.where(b & 0x80000000, b ^ 0x7FFFFFFF, b)
+    return np.where(nan, 1, key ^ 0x80000000)
+
+
+def bisect(vals: np.ndarray, lo: int, need: int, stop: int) -> tuple[int, bool]:
+    """The kernel's ``bisect``: the largest c with ``need`` values >= c, stopping early at a
+    count in [need, stop]; (c, stopped early)."""
+    vals = vals[vals != 0]
+    hi = int(vals.max()) if vals.size else 0
+    if hi <= lo:
+        return hi, False
+    top = (lo ^ hi).bit_length() - 1
+    c0 = lo & ~((2 << top) - 1) & 0xFFFFFFFF
+    for b in range(top, -1, -1):
+        c = c0 | (1 << b)
+        got = int((vals >= c).sum())
+        if got >= need:
+            c0 = c
+            if got <= stop:
+                return c0, True
+    return c0, False
+
+
+def row_topk(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[list[int], int]:
+    """One row's selected positions (ascending, -1 padded) and its extra reads."""
+    n = len(x)
+    if n <= k:
+        return list(range(n)) + [-1] * (k - n), 0
+    u = order_keys(x)
+    if n <= stream.SAMPLE:
+        sample, r_lo, r_hi = u, k, k
+    else:
+        sample = u[stream.sample_positions(n)]
+        f = stream.SAMPLE / n
+        a, b = k * f, CAP * f
+        lo, hi = math.ceil(a + 4 * math.sqrt(a)), math.floor(b - 4 * math.sqrt(b))
+        if lo > hi:
+            lo = hi = max(1, math.floor(0.5 * (a + b)))
+        r_lo, r_hi = max(lo, 1), max(hi, 1)
+    t = max(bisect(sample, 1, r_lo, r_hi)[0], 1)
+    reads = 0
+    while True:
+        reads += 1
+        gt, eq = np.nonzero(u > t)[0], np.nonzero(u == t)[0]
+        if len(gt) > CAP:   # the kernel keeps the first CAP appended, in no set order
+            t = bisect(u[rng.permutation(gt)[:CAP]], t + 1, k, k)[0]
+            continue
+        if len(gt) + len(eq) < k:
+            t = 1
+            continue
+        break
+    chosen = np.zeros(n, dtype=bool)
+    kth, need = t, k - len(gt)
+    if len(gt) >= k:
+        kth, early = bisect(u[gt], t + 1, k, k)
+        need = 0 if early else k - int((u[gt] > kth).sum())
+        ties = gt[u[gt] == kth] if need else gt[:0]
+        if early:
+            kth -= 1
+    else:
+        ties = eq
+    chosen[np.sort(ties)[:need]] = True
+    chosen[gt[u[gt] > kth]] = True
+    return np.nonzero(chosen)[0].tolist(), reads - 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dists", default="randn,ties,zeros,recent,lowbits,relu,relu10,quant256,"
+                                       "fp8,ramp")
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--keys", type=int, default=131072)
+    ap.add_argument("--k", type=int, default=2048)
+    a = ap.parse_args()
+    import torch
+
+    from backends.indexer_topk.distributions import make_scores
+    from backends.indexer_topk.reference import indexer_topk_reference
+
+    rng = np.random.default_rng(0)
+    bad = 0
+    print("| dist | rows exact | extra reads |\n|---|---:|---:|")
+    for name in a.dists.split(","):
+        s = make_scores(name, a.rows, a.keys, seed=1)
+        want = indexer_topk_reference(s, torch.full((a.rows,), a.keys, dtype=torch.int32), a.k)
+        exact = reads = 0
+        for r in range(a.rows):
+            got, extra = row_topk(s[r].float().numpy(), a.k, rng)
+            exact += got == want[r].tolist()
+            reads += extra
+        bad += a.rows - exact
+        print(f"| {name} | {exact} / {a.rows} | {reads} |")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
