@@ -144,7 +144,7 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
             lib: ctypes.CDLL | None = None, stats: Any = None, wide: int = -1) -> Any:
     """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked.
     ``stats``: an int32 CUDA tensor of one element the kernel adds its extra row reads to.
-    ``wide``: the CTA geometry (-1: by the row count, one 1024-thread CTA an SM below the SM
+    ``wide``: the CTA geometry (-1: by the row count, one 512-thread CTA an SM below the SM
     count and three 256-thread CTAs an SM from it; 1 / 0: one of them, for tests and probes)."""
     import torch
 

@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--cluster", action="store_true", help="time the cluster kernel too")
     ap.add_argument("--geometries", action="store_true",
-                    help="time both CTA geometries of the product build (w1: 1024 threads, one "
+                    help="time both CTA geometries of the product build (w1: 512 threads, one "
                          "CTA an SM; w0: 256 threads, three an SM) beside its own choice")
     a = ap.parse_args()
     import torch

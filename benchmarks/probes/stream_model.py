@@ -32,9 +32,26 @@ def order_keys(x: np.ndarray) -> np.ndarray:
     return np.where(nan, 1, key ^ 0x80000000)
 
 
+def key_float(u: int) -> np.float32:
+    """The float of an fp32 order key (the kernel's ``Floats<float>::of_key``)."""
+    bits = (u ^ 0x80000000) if u >= 0x80000000 else (~u & 0xFFFFFFFF)
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+def above_equal(x: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stream's compares (STREAM_LOOP 1) against a real key t: in floats, NaN's key t = 1
+    taking every number as above and NaN as equal."""
+    x = np.asarray(x, dtype=np.float32)
+    if t == 1:
+        return ~np.isnan(x), np.isnan(x)
+    ft = key_float(t)
+    with np.errstate(invalid="ignore"):
+        return x > ft, x == ft
+
+
 def bisect(vals: np.ndarray, lo: int, need: int, stop: int) -> tuple[int, bool]:
     """The kernel's ``bisect``: the largest c with ``need`` values >= c, stopping early at a
-    count in [need, stop]; (c, stopped early)."""
+    count in [need, stop] and then snapping up to the least value >= c; (c, stopped early)."""
     vals = vals[vals != 0]
     hi = int(vals.max()) if vals.size else 0
     if hi <= lo:
@@ -47,7 +64,7 @@ def bisect(vals: np.ndarray, lo: int, need: int, stop: int) -> tuple[int, bool]:
         if got >= need:
             c0 = c
             if got <= stop:
-                return c0, True
+                return int(vals[vals >= c0].min()), True
     return c0, False
 
 
@@ -71,7 +88,9 @@ def row_topk(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[list[int]
     reads = 0
     while True:
         reads += 1
-        gt, eq = np.nonzero(u > t)[0], np.nonzero(u == t)[0]
+        above, equal = above_equal(x, t)
+        assert (above == (u > t)).all() and (equal == (u == t)).all(), t   # the float rule
+        gt, eq = np.nonzero(above)[0], np.nonzero(equal)[0]
         if len(gt) > CAP:   # the kernel keeps the first CAP appended, in no set order
             t = bisect(u[rng.permutation(gt)[:CAP]], t + 1, k, k)[0]
             continue

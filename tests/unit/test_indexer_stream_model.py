@@ -74,3 +74,21 @@ def test_negative_control_a_wrong_tie_cut_is_caught(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(model.np, "sort", lambda a: a[::-1])   # the last ties, not the first
     got, _ = model.row_topk(x, 2048, rng)
     assert got != _want(x, 2048)
+
+
+def test_float_compares_equal_order_key_compares_at_every_real_key() -> None:
+    """The stream compares scores with the float of its threshold (a real key: the bisections
+    snap to one); that must agree with the order keys' compares for NaN, +-0, +-inf,
+    subnormals and the extremes, at every one of them as the threshold."""
+    f32 = np.finfo(np.float32)
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, f32.max, -f32.max,
+                         f32.tiny, -f32.tiny, f32.tiny / 8, -f32.tiny / 8, 1.0, -1.0, 2.5,
+                         -2.5, np.float32(1.0) + f32.eps], dtype=np.float32)
+    keys = model.order_keys(specials)
+    for t in sorted({int(k) for k in keys}):
+        above, equal = model.above_equal(specials, t)
+        assert (above == (keys > t)).all() and (equal == (keys == t)).all(), hex(t)
+    # and a key that is no real score's (between -0's and +0's) would break the rule: the
+    # reason the bisections snap
+    above, _ = model.above_equal(specials, 0x7FFFFFFF)
+    assert not (above == (keys > 0x7FFFFFFF)).all()

@@ -8,10 +8,14 @@
 //      it, the window chosen so that the row holds between k and CAP keys above t with a margin
 //      of four standard deviations of the sampling. Rows of at most SAMPLE keys are their own
 //      sample: t is then their exact k-th key.
-//   2. stream: every key once (16-byte vectors, UNROLL in flight a thread): keys above t are
-//      appended, (key, position), to a shared-memory buffer of CAP entries (warp scan, one
-//      shared atomic a warp); keys equal to t set their bit in a bitmap of the row's positions
-//      (each 32-position word owned by one group of lanes in one step: plain stores).
+//   2. stream: every key once (16-byte vectors, UNROLL in flight a thread). The bisections snap
+//      t to a real key, so the compares are float compares against t's float (NaN compares
+//      false, -0 equals +0: the order keys' rule); keys above t are appended, (key, position),
+//      to a shared-memory buffer of CAP entries (one warp scan and one shared atomic a warp per
+//      UNROLL vectors; each lane converts and stores only its own hits); keys equal to t set
+//      their bit in a bitmap of the row's positions (each 32-position word owned by one group
+//      of lanes in one step: plain stores). STREAM_LOOP=0 keeps the first form (order keys and
+//      a scan per vector) for A/B.
 //   3. select: G keys above t, E equal to it. G >= k: T = the k-th largest of the buffer (a
 //      bisection over its keys, held in registers); the bitmap is cleared and gets the
 //      buffer's keys equal to T. G < k <= G + E: T = t, the bitmap holds the ties already.
@@ -24,7 +28,9 @@
 //
 // Keys are kreg's order keys as unsigned (topk_keys.cuh): NaN lowest, -0 = +0, 0 = no key (past
 // the row's length). bf16 / fp16 rows are read as 2-byte keys (8 a 16-byte vector). Rows of at
-// most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2.
+// most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2. Two CTA
+// geometries: three 256-thread CTAs an SM, and for batches of fewer rows than SMs one 512-thread
+// CTA a row (twice the bytes in flight for a row that has an SM to itself).
 //
 // Host entry: `kreg_stream_topk` (extern "C"; backends/indexer_topk/stream.py). History and
 // measurements: docs/notes/indexer_topk.md ("Session 36").
@@ -39,7 +45,7 @@
 #define STREAM_THREADS 256
 #endif
 #ifndef STREAM_WIDE_THREADS   // the geometry of batches of fewer rows than SMs (one CTA an SM)
-#define STREAM_WIDE_THREADS 1024
+#define STREAM_WIDE_THREADS 512
 #endif
 #ifndef STREAM_CAP
 #define STREAM_CAP 6144
@@ -52,6 +58,9 @@
 #endif
 #ifndef STREAM_MIN_BLOCKS
 #define STREAM_MIN_BLOCKS 3
+#endif
+#ifndef STREAM_LOOP   // the stream's loop: 1 = float compares, appends once per UNROLL vectors
+#define STREAM_LOOP 1   // 0 = order keys and a warp scan per vector (v54's first form)
 #endif
 #ifndef STREAM_EVICT_FIRST   // the stream's loads: ld.global.cs (1) or ld.global.nc (0)
 #define STREAM_EVICT_FIRST 1
@@ -98,6 +107,16 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v, Shared<WARPS>& sh, int
   par ^= 1;
   return __reduce_max_sync(FULL, x);
 }
+template <int WARPS>
+__device__ __forceinline__ uint32_t block_min(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
+                                              int warp) {
+  v = __reduce_min_sync(FULL, v);
+  if (lane == 0) sh.red[par][warp] = v;
+  __syncthreads();
+  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0xFFFFFFFFu;
+  par ^= 1;
+  return __reduce_min_sync(FULL, x);
+}
 // Exclusive scan in thread order; `total` gets the sum.
 template <int WARPS>
 __device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
@@ -118,7 +137,8 @@ __device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared<WARPS>& sh, in
 
 // The largest c with at least `need` of the N values a thread holds (all threads' `vals`, 0 =
 // none) at or above it; lo <= every counted value. Stops early at a c whose count is in
-// [need, stop] (then returns it; it need not be a key). A bisection over the bits below the
+// [need, stop] and then returns the least value at or above c (the same count; a value, so a
+// real key: the stream compares scores against its float). A bisection over the bits below the
 // common prefix of lo and the largest value; *cnt gets the count at the result when it stopped
 // early, else the count at or above the exact result.
 template <int N, int WARPS>
@@ -152,6 +172,12 @@ __device__ __forceinline__ uint32_t bisect(const uint32_t (&vals)[N], uint32_t l
       best = got;
       if (got <= stop) { *early = true; break; }
     }
+  }
+  if (*early) {   // snap up to the least value >= c0 (no value lies in between: same count)
+    uint32_t m = 0xFFFFFFFFu;
+#pragma unroll
+    for (int j = 0; j < N; ++j) m = vals[j] >= c0 ? min(m, vals[j]) : m;
+    c0 = block_min(m, sh, par, lane, warp);
   }
   if (!*early) {
     // c0 is the exact need-th largest value; count at or above it
@@ -191,13 +217,14 @@ __device__ __forceinline__ uint4 load_raw(const T* __restrict__ src, int v, int 
 template <typename T, bool VEC, int THREADS>
 __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int len, uint32_t t,
                                                uint2* __restrict__ buf, uint32_t* __restrict__ bits,
-                                               Shared<THREADS / 32>& sh, int tid, int lane) {
+                                               Shared<THREADS / 32>& sh, int tid, int lane,
+                                               int v_begin = 0) {
   using KT = Keys<T>;
   constexpr int NV = KT::NV;
   constexpr int LPW = 32 / NV;   // lanes a bitmap word
   const int nvec = (len + NV - 1) / NV;
   uint32_t eqc = 0;
-  for (int v0 = 0; v0 < nvec; v0 += THREADS * UNROLL) {
+  for (int v0 = v_begin; v0 < nvec; v0 += THREADS * UNROLL) {
     uint4 x[UNROLL];
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
@@ -252,6 +279,128 @@ __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int le
     }
   }
   return eqc;
+}
+
+// A score as float (exact for every dtype) and the float of a real order key.
+template <typename T> struct Floats;
+template <> struct Floats<float> {
+  __device__ static float of(uint32_t w, int) { return __uint_as_float(w); }
+  __device__ static float of_key(uint32_t u) {
+    return __uint_as_float(u >= 0x80000000u ? (u ^ 0x80000000u) : ~u);
+  }
+};
+template <> struct Floats<__nv_bfloat16> {
+  __device__ static float of(uint32_t w, int half) {
+    return __uint_as_float(half ? (w & 0xFFFF0000u) : (w << 16));
+  }
+  __device__ static float of_key(uint32_t u) {
+    return __uint_as_float((u >= 0x8000u ? (u ^ 0x8000u) : (~u & 0xFFFFu)) << 16);
+  }
+};
+template <> struct Floats<__half> {
+  __device__ static float of(uint32_t w, int half) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(half ? (w >> 16) : w)));
+  }
+  __device__ static float of_key(uint32_t u) {
+    return __half2float(__ushort_as_half(
+        static_cast<unsigned short>(u >= 0x8000u ? (u ^ 0x8000u) : (~u & 0xFFFFu))));
+  }
+};
+
+// The stream with float compares (STREAM_LOOP 1): t is a real key (the bisections snap to one),
+// so for a score x, key(x) > t <=> x > ft and key(x) == t <=> x == ft (NaN compares false; -0
+// equals +0), where ft is t's float; t = 1 (NaN's key: NANT) takes every number above it and NaN
+// as equal. The vectors whose keys are all inside the row run here; the lanes' above-t masks of
+// UNROLL vectors go to the buffer in one warp scan, each lane then converting and storing only
+// its own hits; the rest of the row (its last partial vectors) runs through stream_row.
+template <typename T, bool VEC, int THREADS, bool NANT>
+__device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, int len,
+                                                    uint32_t t, float ft,
+                                                    uint2* __restrict__ buf,
+                                                    uint32_t* __restrict__ bits,
+                                                    Shared<THREADS / 32>& sh, int tid, int lane) {
+  using KT = Keys<T>;
+  constexpr int NV = KT::NV;
+  constexpr int LPW = 32 / NV;
+  constexpr int STEP = THREADS * UNROLL;
+  static_assert(UNROLL * NV <= 64, "one 64-bit mask a step");
+  const int v_end = (len / NV) / STEP * STEP;   // steps whose every key is valid
+  uint32_t eqc = 0;
+  for (int v0 = 0; v0 < v_end; v0 += STEP) {
+    uint4 x[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int v = v0 + j * THREADS + tid;
+      if (VEC) {
+        const uint4* p4 = reinterpret_cast<const uint4*>(src) + v;
+        x[j] = STREAM_EVICT_FIRST ? __ldcs(p4) : __ldg(p4);
+      } else {
+        x[j] = load_raw<T, false>(src, v, len);
+      }
+    }
+    uint64_t gm = 0;
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const uint32_t w4[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
+      uint32_t em = 0;
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        const float f = Floats<T>::of(w4[NV == 4 ? e : e / 2], NV == 4 ? 0 : (e & 1));
+        const bool g = NANT ? (f == f) : (f > ft);
+        const bool q = NANT ? (f != f) : (f == ft);
+        gm |= static_cast<uint64_t>(g) << (j * NV + e);
+        em |= static_cast<uint32_t>(q) << e;
+      }
+      eqc += __popc(em);
+      if (__any_sync(FULL, em != 0u)) {
+        const int v = v0 + j * THREADS + tid;
+        uint32_t w = em << ((v % LPW) * NV);
+#pragma unroll
+        for (int o = 1; o < LPW; o <<= 1) w |= __shfl_xor_sync(FULL, w, o);
+        if ((lane % LPW) == 0) bits[(v * NV) >> 5] = w;
+      }
+    }
+    if (__any_sync(FULL, gm != 0ull)) {
+      const uint32_t c = __popcll(gm);
+      uint32_t incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += y;
+      }
+      uint32_t base = 0;
+      if (lane == 31) base = atomicAdd(&sh.count, incl);
+      base = __shfl_sync(FULL, base, 31);
+      uint32_t o = base + incl - c;
+      while (gm) {   // this lane's hits only (divergent; no collective inside)
+        const int b = __ffsll(static_cast<long long>(gm)) - 1;
+        gm &= gm - 1ull;
+        const int j = b / NV, e = b % NV;
+        uint4 xv = x[0];
+#pragma unroll
+        for (int jj = 1; jj < UNROLL; ++jj) if (jj == j) xv = x[jj];
+        const int c4 = NV == 4 ? e : e / 2;
+        const uint32_t w = c4 == 0 ? xv.x : c4 == 1 ? xv.y : c4 == 2 ? xv.z : xv.w;
+        const uint32_t raw = NV == 4 ? w : ((w >> (16 * (e & 1))) & 0xFFFFu);
+        if (o < static_cast<uint32_t>(CAP))
+          buf[o] = make_uint2(KT::key(raw), (v0 + j * THREADS + tid) * NV + e);
+        ++o;
+      }
+    }
+  }
+  return eqc + stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane, v_end);
+}
+
+template <typename T, bool VEC, int THREADS>
+__device__ __forceinline__ uint32_t stream_pass(const T* __restrict__ src, int len, uint32_t t,
+                                                uint2* __restrict__ buf,
+                                                uint32_t* __restrict__ bits,
+                                                Shared<THREADS / 32>& sh, int tid, int lane) {
+  if (!STREAM_LOOP) return stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane);
+  if (t == 1u)
+    return stream_row_fast<T, VEC, THREADS, true>(src, len, t, 0.0f, buf, bits, sh, tid, lane);
+  return stream_row_fast<T, VEC, THREADS, false>(src, len, t, Floats<T>::of_key(t), buf, bits,
+                                                 sh, tid, lane);
 }
 
 template <typename T, int THREADS, int MIN_BLOCKS>
@@ -325,8 +474,8 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
     if (tid == 0) sh.count = 0u;
     __syncthreads();
-    const uint32_t eqc = vec ? stream_row<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane)
-                             : stream_row<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
+    const uint32_t eqc = vec ? stream_pass<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane)
+                             : stream_pass<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
     E = block_sum(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
     G = sh.count;
     if (G > static_cast<uint32_t>(CAP)) {   // too many above t: t = the k-th of the kept CAP
@@ -460,7 +609,7 @@ int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
   return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
-// wide: 1 = one 1024-thread CTA an SM (batches of fewer rows than SMs), 0 = 256-thread CTAs,
+// wide: 1 = one 512-thread CTA an SM (batches of fewer rows than SMs), 0 = 256-thread CTAs,
 // three an SM; -1 = by the row count.
 template <typename T>
 int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_t* lengths,
@@ -489,7 +638,7 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 (rows longer than MAX_KEYS keys),
 // 2 (no current device, or its shared-memory limit could not be raised), 3 (the launch failed),
 // 4 (unknown dtype), 5 (k above CAP / 2). stats: null, or an int the kernel adds its retries to.
-// wide: the geometry (-1: by the row count; 1: 1024-thread CTAs; 0: 256-thread CTAs).
+// wide: the geometry (-1: by the row count; 1: 512-thread CTAs; 0: 256-thread CTAs).
 extern "C" int kreg_stream_topk(const void* scores, int dtype, int64_t row_stride, int rows,
                                 int n, const int32_t* lengths, int64_t len_stride, int k,
                                 int32_t* out, int* stats, int wide, void* stream) {
