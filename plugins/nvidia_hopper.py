@@ -26,6 +26,12 @@ cells, 1.04-3.2x (seven distributions; docs/BENCHMARKS.md, "indexer_topk: the cl
 1-64 rows"); from 32 rows the Triton kernels win on most distributions. It needs ``nvcc``
 once, to build the kernel (``cuda_toolchain``); ``nvidia_hopper.indexer_topk_cluster:measure``
 waives the envelope.
+
+``nvidia_hopper.indexer_topk_stream``: a one-read streaming select for large batches (a CUDA
+kernel, ``backends/indexer_topk/stream.py``; one CTA a row, a sampled threshold, no workspace).
+No GPU has run it yet, so its envelope holds no part (``STREAM_DEVICES``) and only
+``nvidia_hopper.indexer_topk_stream:measure`` selects it (docs/notes/indexer_topk.md,
+"Session 36").
 """
 
 from __future__ import annotations
