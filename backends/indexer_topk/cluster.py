@@ -33,8 +33,8 @@ from typing import Any
 
 from registry.errors import KernelUnavailableError, WorkloadError
 
-__all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "library_path",
-           "load_library", "nvcc", "toolchain"]
+__all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "library_or_answer",
+           "library_path", "load_library", "nvcc", "toolchain"]
 
 SOURCE = Path(__file__).with_name("cuda") / "cluster_topk.cu"
 #: 8 CTAs of at most 16,384 keys (64 KiB of fp32 keys in shared memory each, plus an 8 KiB
@@ -242,6 +242,24 @@ def indexer_topk_cluster(scores: Any, lengths: Any, k: int = 2048) -> Any:
     return _launch(scores, lengths, k, out, index)
 
 
+def library_or_answer(scores: Any, lengths: Any, k: int, out: Any, lib: ctypes.CDLL | None,
+                      load: Any) -> tuple[ctypes.CDLL | None, Any]:
+    """``(library, None)`` to launch, or ``(None, out answered)`` when the call needs no kernel
+    (no rows; no keys: all -1) or has none (``load()`` gave None after a failed build or load:
+    the Triton kernels answer it exactly). Shared by the CUDA kernels' launchers."""
+    rows, n = scores.shape
+    if rows == 0:
+        return None, out
+    if n == 0:
+        return None, out.fill_(-1)
+    lib = lib or load()
+    if lib is None:   # this call still gets the exact answer, from the Triton kernels
+        from backends.indexer_topk.triton_kernels import indexer_topk_triton
+
+        return None, out.copy_(indexer_topk_triton(scores, lengths, k, config={}))
+    return lib, None
+
+
 def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
             lib: ctypes.CDLL | None = None) -> Any:
     """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked.
@@ -249,15 +267,9 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
     import torch
 
     rows, n = scores.shape
-    if rows == 0:
-        return out
-    if n == 0:
-        return out.fill_(-1)
-    lib = lib or _load_or_fail()
-    if lib is None:   # this call still gets the exact answer, from the Triton kernels
-        from backends.indexer_topk.triton_kernels import indexer_topk_triton
-
-        return out.copy_(indexer_topk_triton(scores, lengths, k, config={}))
+    lib, answered = library_or_answer(scores, lengths, k, out, lib, _load_or_fail)
+    if lib is None:
+        return answered
     code = _DTYPE_CODES[str(scores.dtype).removeprefix("torch.")]
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(index).cuda_stream

@@ -27,3 +27,20 @@ def poison_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(real_empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
+
+
+def cuda_kernel_marks(what: str) -> tuple[Any, Any]:
+    """``(needs_nvcc, gpu90)`` for a CUDA kernel's tests (``what`` names it in skip reasons):
+    a build test needs nvcc (a CPU machine too); a GPU test is marked ``gpu`` and skipped, with
+    the reason, off sm_90."""
+    from backends.indexer_topk.cluster import nvcc
+
+    needs_nvcc = pytest.mark.skipif(nvcc() is None, reason=f"no nvcc here: {what} cannot be "
+                                                           "built (CUDA_HOME/bin/nvcc or PATH)")
+    sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+    def gpu90(fn: Any) -> Any:
+        return pytest.mark.gpu(pytest.mark.skipif(not sm90, reason=f"{what} needs an sm_90 "
+                                                                   "GPU")(fn))
+
+    return needs_nvcc, gpu90

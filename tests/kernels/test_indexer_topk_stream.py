@@ -24,20 +24,11 @@ from backends.indexer_topk import cluster, stream  # noqa: E402
 from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 
+from kernel_helpers import cuda_kernel_marks  # noqa: E402
+
 NVCC = cluster.nvcc()
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no nvcc here: the CUDA kernel cannot be "
-                                                     "built (CUDA_HOME/bin/nvcc or PATH)")
+needs_nvcc, gpu90 = cuda_kernel_marks("the streaming kernel")
 POISON = 0x77777777
-
-
-def _sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-def gpu90(fn):
-    """A GPU test of the kernel: skipped, with the reason, off sm_90."""
-    return pytest.mark.gpu(pytest.mark.skipif(not _sm90(), reason="the streaming kernel needs "
-                                                                  "an sm_90 GPU")(fn))
 
 
 @needs_nvcc

@@ -86,36 +86,24 @@ struct Shared {
   uint32_t count;           // buffer appends (may pass CAP: then the buffer holds the first CAP)
 };
 
-// The CTA's sum of v (one __syncthreads; calls alternate the rows of sh.red through `par`).
-template <int WARPS>
-__device__ __forceinline__ uint32_t block_sum(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
-                                              int warp) {
-  v = __reduce_add_sync(FULL, v);
-  if (lane == 0) sh.red[par][warp] = v;
-  __syncthreads();
-  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0u;
-  par ^= 1;
-  return __reduce_add_sync(FULL, x);
+// The CTA's sum / maximum / minimum of v (one __syncthreads; calls alternate the rows of sh.red
+// through `par`).
+enum class Op { kSum, kMax, kMin };
+template <Op OP>
+__device__ __forceinline__ uint32_t warp_reduce(uint32_t v) {
+  if constexpr (OP == Op::kSum) return __reduce_add_sync(FULL, v);
+  if constexpr (OP == Op::kMax) return __reduce_max_sync(FULL, v);
+  return __reduce_min_sync(FULL, v);
 }
-template <int WARPS>
-__device__ __forceinline__ uint32_t block_max(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
-                                              int warp) {
-  v = __reduce_max_sync(FULL, v);
+template <Op OP, int WARPS>
+__device__ __forceinline__ uint32_t block_reduce(uint32_t v, Shared<WARPS>& sh, int& par,
+                                                 int lane, int warp) {
+  v = warp_reduce<OP>(v);
   if (lane == 0) sh.red[par][warp] = v;
   __syncthreads();
-  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0u;
+  const uint32_t x = lane < WARPS ? sh.red[par][lane] : (OP == Op::kMin ? 0xFFFFFFFFu : 0u);
   par ^= 1;
-  return __reduce_max_sync(FULL, x);
-}
-template <int WARPS>
-__device__ __forceinline__ uint32_t block_min(uint32_t v, Shared<WARPS>& sh, int& par, int lane,
-                                              int warp) {
-  v = __reduce_min_sync(FULL, v);
-  if (lane == 0) sh.red[par][warp] = v;
-  __syncthreads();
-  const uint32_t x = lane < WARPS ? sh.red[par][lane] : 0xFFFFFFFFu;
-  par ^= 1;
-  return __reduce_min_sync(FULL, x);
+  return warp_reduce<OP>(x);
 }
 // Exclusive scan in thread order; `total` gets the sum.
 template <int WARPS>
@@ -148,13 +136,13 @@ __device__ __forceinline__ uint32_t bisect(const uint32_t (&vals)[N], uint32_t l
   uint32_t hi = 0;
 #pragma unroll
   for (int j = 0; j < N; ++j) hi = max(hi, vals[j]);
-  hi = block_max(hi, sh, par, lane, warp);
+  hi = block_reduce<Op::kMax>(hi, sh, par, lane, warp);
   *early = false;
   if (hi <= lo) {   // one value (or none) at or above lo
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) m += (vals[j] >= hi && vals[j] != 0u) ? 1u : 0u;
-    *cnt = block_sum(m, sh, par, lane, warp);
+    *cnt = block_reduce<Op::kSum>(m, sh, par, lane, warp);
     return hi;
   }
   const int top = 31 - __clz(lo ^ hi);   // the highest bit where lo and hi differ
@@ -166,7 +154,7 @@ __device__ __forceinline__ uint32_t bisect(const uint32_t (&vals)[N], uint32_t l
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) m += vals[j] >= c ? 1u : 0u;
-    const uint32_t got = block_sum(m, sh, par, lane, warp);
+    const uint32_t got = block_reduce<Op::kSum>(m, sh, par, lane, warp);
     if (got >= need) {
       c0 = c;
       best = got;
@@ -177,14 +165,14 @@ __device__ __forceinline__ uint32_t bisect(const uint32_t (&vals)[N], uint32_t l
     uint32_t m = 0xFFFFFFFFu;
 #pragma unroll
     for (int j = 0; j < N; ++j) m = vals[j] >= c0 ? min(m, vals[j]) : m;
-    c0 = block_min(m, sh, par, lane, warp);
+    c0 = block_reduce<Op::kMin>(m, sh, par, lane, warp);
   }
   if (!*early) {
     // c0 is the exact need-th largest value; count at or above it
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) m += vals[j] >= c0 ? 1u : 0u;
-    best = block_sum(m, sh, par, lane, warp);
+    best = block_reduce<Op::kSum>(m, sh, par, lane, warp);
   }
   *cnt = best;
   return c0;
@@ -476,7 +464,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     __syncthreads();
     const uint32_t eqc = vec ? stream_pass<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane)
                              : stream_pass<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
-    E = block_sum(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
+    E = block_reduce<Op::kSum>(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
     G = sh.count;
     if (G > static_cast<uint32_t>(CAP)) {   // too many above t: t = the k-th of the kept CAP
       uint32_t bv[BPT];
@@ -518,7 +506,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
       uint32_t m = 0;
 #pragma unroll
       for (int j = 0; j < BPT; ++j) m += bv[j] > kth ? 1u : 0u;
-      above = block_sum(m, sh, par, lane, warp);
+      above = block_reduce<Op::kSum>(m, sh, par, lane, warp);
     }
     need = static_cast<uint32_t>(k) - above;
     for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
