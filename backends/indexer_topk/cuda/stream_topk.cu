@@ -200,6 +200,34 @@ __device__ __forceinline__ uint4 load_raw(const T* __restrict__ src, int v, int 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The warp's slots in the buffer: lane's first of its c appends (one warp scan, one shared
+// atomic by lane 31). Every lane of the warp calls it.
+template <int WARPS>
+__device__ __forceinline__ uint32_t append_slots(uint32_t c, Shared<WARPS>& sh, int lane) {
+  uint32_t incl = c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  uint32_t base = 0;
+  if (lane == 31) base = atomicAdd(&sh.count, incl);
+  return __shfl_sync(FULL, base, 31) + incl - c;
+}
+
+// The bitmap word of vector v's NV keys (em: which equal t) and its LPW - 1 neighbours, OR-ed
+// across their lanes and stored by the first (each word belongs to one lane group of one step).
+// Every lane of the warp calls it.
+template <int NV>
+__device__ __forceinline__ void store_ties(uint32_t em, int v, int len, uint32_t* bits,
+                                           int lane) {
+  constexpr int LPW = 32 / NV;
+  uint32_t w = em << ((v % LPW) * NV);
+#pragma unroll
+  for (int o = 1; o < LPW; o <<= 1) w |= __shfl_xor_sync(FULL, w, o);
+  if ((lane % LPW) == 0 && v * NV < len) bits[(v * NV) >> 5] = w;
+}
+
 // One read of the row: keys above t to the buffer, keys equal to t to the bitmap; returns this
 // thread's count of keys equal to t.
 template <typename T, bool VEC, int THREADS>
@@ -209,7 +237,6 @@ __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int le
                                                int v_begin = 0) {
   using KT = Keys<T>;
   constexpr int NV = KT::NV;
-  constexpr int LPW = 32 / NV;   // lanes a bitmap word
   const int nvec = (len + NV - 1) / NV;
   uint32_t eqc = 0;
   for (int v0 = v_begin; v0 < nvec; v0 += THREADS * UNROLL) {
@@ -239,17 +266,7 @@ __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int le
       }
       eqc += __popc(em);
       if (__any_sync(FULL, gm != 0u)) {
-        const uint32_t c = __popc(gm);
-        uint32_t incl = c;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const uint32_t y = __shfl_up_sync(FULL, incl, o);
-          if (lane >= o) incl += y;
-        }
-        uint32_t base = 0;
-        if (lane == 31) base = atomicAdd(&sh.count, incl);
-        base = __shfl_sync(FULL, base, 31);
-        uint32_t o = base + incl - c;
+        uint32_t o = append_slots(__popc(gm), sh, lane);
 #pragma unroll
         for (int e = 0; e < NV; ++e) {
           if ((gm >> e) & 1u) {
@@ -258,12 +275,7 @@ __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int le
           }
         }
       }
-      if (__any_sync(FULL, em != 0u)) {
-        uint32_t w = em << ((v % LPW) * NV);
-#pragma unroll
-        for (int o = 1; o < LPW; o <<= 1) w |= __shfl_xor_sync(FULL, w, o);
-        if ((lane % LPW) == 0 && v * NV < len) bits[(v * NV) >> 5] = w;
-      }
+      if (__any_sync(FULL, em != 0u)) store_ties<NV>(em, v, len, bits, lane);
     }
   }
   return eqc;
@@ -309,7 +321,6 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
                                                     Shared<THREADS / 32>& sh, int tid, int lane) {
   using KT = Keys<T>;
   constexpr int NV = KT::NV;
-  constexpr int LPW = 32 / NV;
   constexpr int STEP = THREADS * UNROLL;
   static_assert(UNROLL * NV <= 64, "one 64-bit mask a step");
   const int v_end = (len / NV) / STEP * STEP;   // steps whose every key is valid
@@ -340,26 +351,10 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
         em |= static_cast<uint32_t>(q) << e;
       }
       eqc += __popc(em);
-      if (__any_sync(FULL, em != 0u)) {
-        const int v = v0 + j * THREADS + tid;
-        uint32_t w = em << ((v % LPW) * NV);
-#pragma unroll
-        for (int o = 1; o < LPW; o <<= 1) w |= __shfl_xor_sync(FULL, w, o);
-        if ((lane % LPW) == 0) bits[(v * NV) >> 5] = w;
-      }
+      if (__any_sync(FULL, em != 0u)) store_ties<NV>(em, v0 + j * THREADS + tid, len, bits, lane);
     }
     if (__any_sync(FULL, gm != 0ull)) {
-      const uint32_t c = __popcll(gm);
-      uint32_t incl = c;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(FULL, incl, o);
-        if (lane >= o) incl += y;
-      }
-      uint32_t base = 0;
-      if (lane == 31) base = atomicAdd(&sh.count, incl);
-      base = __shfl_sync(FULL, base, 31);
-      uint32_t o = base + incl - c;
+      uint32_t o = append_slots(__popcll(gm), sh, lane);
       while (gm) {   // this lane's hits only (divergent; no collective inside)
         const int b = __ffsll(static_cast<long long>(gm)) - 1;
         gm &= gm - 1ull;
