@@ -238,6 +238,9 @@ def _copy_gbps() -> float | None:
 _COPY: dict[str, float] = {}
 
 
+_NO_WORKSPACE = ("nvidia_hopper.indexer_topk_cluster", "nvidia_hopper.indexer_topk_stream")
+
+
 def _floor(scores: Any, trials: list[Any], case: BenchCase) -> dict[str, Any]:
     """The case's HBM floor (one read of the scores at the measured copy bandwidth) and the
     scratch bytes a row of each Triton provider's config, for the table and the JSON."""
@@ -248,6 +251,8 @@ def _floor(scores: Any, trials: list[Any], case: BenchCase) -> dict[str, Any]:
     floor_us = read / (gbps * 1e9) * 1e6 if gbps else None
     scratch = {t.label: scratch_bytes_per_row(t.config, case.k, case.keys)
                for t in trials if t.config and "SLICE_KEYS" in t.config}
+    # the CUDA kernels keep nothing in global memory between their phases
+    scratch.update({t.label: 0 for t in trials if t.implementation in _NO_WORKSPACE})
     note = f"one read of the scores: {read / 1e6:.1f} MB"
     if floor_us is not None:
         note += f" = {floor_us:.1f} us at the measured copy bandwidth {gbps:.0f} GB/s"

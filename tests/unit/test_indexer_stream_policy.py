@@ -175,3 +175,40 @@ def test_a_failed_build_hands_over_to_the_triton_kernels(monkeypatch: pytest.Mon
     finally:
         cluster._nvcc_version.cache_clear()
         cluster._probe_toolchain.cache_clear()
+
+
+def test_the_bench_reports_no_scratch_for_the_cuda_kernels() -> None:
+    torch = pytest.importorskip("torch")
+    from backends.indexer_topk import bench
+    from backends.indexer_topk.config import default_config, scratch_bytes_per_row
+    from registry.tuning.measure import Trial
+
+    case = bench.BenchCase(rows=64, keys=131072)
+    cfg = default_config(64, 131072, 2048)
+    trials = [Trial("stream", lambda: None, implementation=NAME),
+              Trial("cluster", lambda: None, implementation="nvidia_hopper.indexer_topk_cluster"),
+              Trial("triton", lambda: None, implementation="generic.indexer_topk_radix",
+                    config=cfg)]
+    extra = bench._floor(torch.zeros(64, 131072), trials, case)
+    assert extra["scratch_bytes_per_row"] == {
+        "stream": 0, "cluster": 0, "triton": scratch_bytes_per_row(cfg, 2048, 131072)}
+    assert "stream 0 KiB" in extra["note"]
+
+
+def test_kreg_tune_measures_it_beside_the_triton_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's candidates include it at every row count (its envelope waived, as for the
+    cluster kernel), so `kreg tune indexer_topk` on a GPU measures it before any policy does."""
+    from registry.tuning.tune import implementation_candidates
+
+    facts = registry.get_registry().resolve_device("h200")
+    monkeypatch.setattr(stream, "toolchain", lambda: (True, "nvcc at /x/nvcc"))
+    found = {name: (cfg, why) for name, cfg, why in
+             implementation_candidates("indexer_topk", {**WL, "num_rows": 64}, facts,
+                                       family="generic.indexer_topk_radix")}
+    assert found[NAME] == ({}, "")
+    monkeypatch.setattr(stream, "toolchain", lambda: (False, "no nvcc"))
+    found = {name: (cfg, why) for name, cfg, why in
+             implementation_candidates("indexer_topk", WL, facts,
+                                       family="generic.indexer_topk_radix")}
+    cfg, why = found[NAME]
+    assert cfg is None and "cuda_toolchain" in why and "no nvcc" in why
