@@ -34,7 +34,7 @@ from typing import Any
 from registry.errors import KernelUnavailableError, WorkloadError
 
 __all__ = ["DTYPES", "MAX_KEYS", "SOURCE", "build", "indexer_topk_cluster", "library_or_answer",
-           "library_path", "load_library", "nvcc", "toolchain"]
+           "library_path", "load_library", "nvcc", "open_library", "toolchain"]
 
 SOURCE = Path(__file__).with_name("cuda") / "cluster_topk.cu"
 #: 8 CTAs of at most 16,384 keys (64 KiB of fp32 keys in shared memory each, plus an 8 KiB
@@ -190,19 +190,26 @@ def _load() -> ctypes.CDLL:
     return _lib
 
 
-def load_library(path: Path) -> ctypes.CDLL:
-    """A built kernel library, loaded, its entry point's signature declared (the probes load a
-    patched build beside the product's this way)."""
+def open_library(path: Path, entry: str, argtypes: list[Any]) -> ctypes.CDLL:
+    """A built kernel library, loaded, its entry point ``entry`` declared (int return,
+    ``argtypes``); a library that will not load is a KernelUnavailableError naming the fix."""
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise KernelUnavailableError(f"cannot load {path}: {exc}; delete it to rebuild, "
                                      f"or select another implementation") from exc
-    lib.kreg_cluster_topk.restype = ctypes.c_int
-    lib.kreg_cluster_topk.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    fn = getattr(lib, entry)
+    fn.restype = ctypes.c_int
+    fn.argtypes = argtypes
     return lib
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """A built kernel library, loaded, its entry point's signature declared (the probes load a
+    patched build beside the product's this way)."""
+    return open_library(path, "kreg_cluster_topk", [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p])
 
 
 @functools.lru_cache(maxsize=16)

@@ -72,17 +72,10 @@ def build(out: Path | None = None) -> Path:
 
 def load_library(path: Path) -> ctypes.CDLL:
     """A built library, loaded, its entry point's signature declared."""
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise KernelUnavailableError(f"cannot load {path}: {exc}; delete it to rebuild, "
-                                     f"or select another implementation") from exc
-    lib.kreg_stream_topk.restype = ctypes.c_int
-    lib.kreg_stream_topk.argtypes = [
+    return _cluster.open_library(path, "kreg_stream_topk", [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_int, ctypes.c_void_p]
-    return lib
+        ctypes.c_int, ctypes.c_void_p])
 
 
 def _load_or_fail() -> ctypes.CDLL | None:
