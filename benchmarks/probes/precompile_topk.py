@@ -72,8 +72,11 @@ def _worker(spec: str) -> int:
         got = tk.indexer_topk_triton(s, ln, job["k"], config=cfg)
         mm = topk_mismatches(got[:want.shape[0]], want)
         bad += bool(mm)
-        print(f"{r}x{n} {lab}: {time.time() - t0:.1f}s {'exact' if not mm else mm[0]}",
-              flush=True)
+        # one write a line: the workers share the pipe, and print() writes the text and its
+        # newline apart, so two workers' lines could run together (a CI run saw it)
+        sys.stdout.write(f"{r}x{n} {lab}: {time.time() - t0:.1f}s "
+                         f"{'exact' if not mm else mm[0]}\n")
+        sys.stdout.flush()
     return 1 if bad else 0
 
 
