@@ -44,3 +44,33 @@ def cuda_kernel_marks(what: str) -> tuple[Any, Any]:
                                                                    "GPU")(fn))
 
     return needs_nvcc, gpu90
+
+
+def check_topk_graph_replay(topk: Any, rows: int) -> None:
+    """An indexer_topk kernel (``topk(scores, lengths, k)``) captured in a CUDA graph on random
+    rows answers exactly for the scores the replay finds (``recent`` rows)."""
+    from backends.indexer_topk import distributions as D
+    from backends.indexer_topk.reference import indexer_topk_reference
+
+    n, k = 131072, 2048
+    s = D.make_scores("randn", rows, n, seed=2, device="cuda")
+    lengths = torch.full((rows,), n, dtype=torch.int32, device="cuda")
+    topk(s, lengths, k)   # built and loaded outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = topk(s, lengths, k)
+    s.copy_(D.make_scores("recent", rows, n, seed=9, device="cuda"))
+    want = indexer_topk_reference(s, lengths, k)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+def check_wrong_tie_rule_is_caught(got: Any, scores: Any, lengths: Any, k: int) -> None:
+    """Negative control: on rows whose k-th key sits in a tie, the last positions of the tie
+    (the reference of the flipped rows, mapped back) differ from ``got`` entry by entry."""
+    from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches
+
+    n = scores.shape[1]
+    wrong = (n - 1 - indexer_topk_reference(scores.flip(1), lengths, k)).flip(1)
+    assert topk_mismatches(got, wrong) != []

@@ -24,7 +24,11 @@ from backends.indexer_topk import cluster  # noqa: E402
 from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 
-from kernel_helpers import cuda_kernel_marks  # noqa: E402
+from kernel_helpers import (  # noqa: E402
+    check_topk_graph_replay,
+    check_wrong_tie_rule_is_caught,
+    cuda_kernel_marks,
+)
 
 NVCC = cluster.nvcc()
 needs_nvcc, gpu90 = cuda_kernel_marks("the cluster kernel")
@@ -214,25 +218,12 @@ def test_negative_control_a_wrong_tie_rule_is_caught():
     s = D.make_scores("ties", 2, n, seed=1, device="cuda")
     lengths = torch.full((2,), n, dtype=torch.int32, device="cuda")
     got = _check(s, lengths, k)
-    flipped = indexer_topk_reference(s.flip(1), lengths, k)
-    wrong = (n - 1 - flipped).flip(1)
-    assert topk_mismatches(got, wrong) != []
+    check_wrong_tie_rule_is_caught(got, s, lengths, k)
 
 
 @gpu90
 def test_cuda_graph_replay():
-    n, k = 131072, 2048
-    s = D.make_scores("randn", 4, n, seed=2, device="cuda")
-    lengths = torch.full((4,), n, dtype=torch.int32, device="cuda")
-    cluster.indexer_topk_cluster(s, lengths, k)   # built and loaded outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cluster.indexer_topk_cluster(s, lengths, k)
-    s.copy_(D.make_scores("recent", 4, n, seed=9, device="cuda"))
-    want = indexer_topk_reference(s, lengths, k)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    check_topk_graph_replay(cluster.indexer_topk_cluster, rows=4)
 
 
 @gpu90

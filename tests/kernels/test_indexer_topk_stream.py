@@ -24,7 +24,11 @@ from backends.indexer_topk import cluster, stream  # noqa: E402
 from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 
-from kernel_helpers import cuda_kernel_marks  # noqa: E402
+from kernel_helpers import (  # noqa: E402
+    check_topk_graph_replay,
+    check_wrong_tie_rule_is_caught,
+    cuda_kernel_marks,
+)
 
 NVCC = cluster.nvcc()
 needs_nvcc, gpu90 = cuda_kernel_marks("the streaming kernel")
@@ -69,6 +73,15 @@ def test_sample_positions_are_spread_and_inside_the_row():
     for p in pos:
         per[p * 16 // 131072] += 1
     assert min(per) >= stream.SAMPLE // 16 - stream.SAMPLE_CHUNK
+
+
+def test_the_negative_control_sees_a_wrong_tie_rule_on_the_cpu():
+    """The GPU tests' negative control, on the reference's own answer here: taking the last
+    tied positions instead of the first must be told apart."""
+    n, k = 131072, 2048
+    s = D.make_scores("ties", 2, n, seed=1)
+    lengths = torch.full((2,), n, dtype=torch.int32)
+    check_wrong_tie_rule_is_caught(indexer_topk_reference(s, lengths, k), s, lengths, k)
 
 
 # ---------------------------------------------------------------------------------------- GPU
@@ -213,30 +226,19 @@ def test_half_precision_scores(dtype):
 
 @gpu90
 def test_negative_control_a_wrong_tie_rule_is_caught():
+    # ties at the k-th key: the reference takes the first positions; the last positions of the
+    # same tie are a different answer, and the comparison must see it
     n, k = 131072, 2048
     s = D.make_scores("ties", 2, n, seed=1, device="cuda")
     lengths = torch.full((2,), n, dtype=torch.int32, device="cuda")
     _check(s, lengths, k)
     got = stream.indexer_topk_stream(s, lengths, k)
-    flipped = indexer_topk_reference(s.flip(1), lengths, k)
-    wrong = (n - 1 - flipped).flip(1)
-    assert topk_mismatches(got, wrong) != []
+    check_wrong_tie_rule_is_caught(got, s, lengths, k)
 
 
 @gpu90
 def test_cuda_graph_replay():
-    n, k = 131072, 2048
-    s = D.make_scores("randn", 64, n, seed=2, device="cuda")
-    lengths = torch.full((64,), n, dtype=torch.int32, device="cuda")
-    stream.indexer_topk_stream(s, lengths, k)   # built and loaded outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = stream.indexer_topk_stream(s, lengths, k)
-    s.copy_(D.make_scores("recent", 64, n, seed=9, device="cuda"))
-    want = indexer_topk_reference(s, lengths, k)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    check_topk_graph_replay(stream.indexer_topk_stream, rows=64)
 
 
 @gpu90
