@@ -581,8 +581,10 @@ int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
   auto kern = stream_topk_kernel<T, THREADS, MIN_BLOCKS>;
   const int words = (n + 31) / 32;
   const size_t bytes = static_cast<size_t>(CAP) * 8 + static_cast<size_t>(words) * 4;
-  static size_t ready[64] = {};   // the dynamic shared-memory limit raised so far, per device
-  if (bytes > 48 * 1024 && ready[dev] < bytes) {
+  // the dynamic shared-memory limit raised so far, per device (raised for every size: the
+  // static part counts against the default 48 KB too, so a dynamic part just under it fails)
+  static size_t ready[64] = {};
+  if (ready[dev] < bytes) {
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(bytes)) != cudaSuccess) return 2;
     ready[dev] = bytes;
