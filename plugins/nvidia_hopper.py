@@ -28,10 +28,11 @@ once, to build the kernel (``cuda_toolchain``); ``nvidia_hopper.indexer_topk_clu
 waives the envelope.
 
 ``nvidia_hopper.indexer_topk_stream``: a one-read streaming select for large batches (a CUDA
-kernel, ``backends/indexer_topk/stream.py``; one CTA a row, a sampled threshold, no workspace).
-No GPU has run it yet, so its envelope holds no part (``STREAM_DEVICES``) and only
-``nvidia_hopper.indexer_topk_stream:measure`` selects it (docs/notes/indexer_topk.md,
-"Session 36").
+kernel, ``backends/indexer_topk/stream.py``; one CTA a row, a sampled threshold, no workspace)
+from ``STREAM_MIN_ROWS`` rows of at least ``STREAM_MIN_KEYS`` keys on the cluster kernel's parts,
+where it beat the Triton kernels on six of seven distributions, 1.15-1.78x, and lost on all-zero
+rows, 1.05-1.15x their time (docs/BENCHMARKS.md, "indexer_topk: the streaming kernel at 64-4096
+rows"); ``nvidia_hopper.indexer_topk_stream:measure`` waives the envelope.
 """
 
 from __future__ import annotations
@@ -394,14 +395,15 @@ CLUSTER_REQUIREMENTS = (
 )
 
 
-#: The streaming kernel's envelope: none yet. It builds and its logic was checked against the
-#: reference in a model on the CPU, but no GPU ran it in session 36 (no device machine could be
-#: started), so the policy takes it nowhere; ``nvidia_hopper.indexer_topk_stream:measure``
-#: waives the envelope for the GPU tests and ``kreg bench``. Once measured: the parts (the
-#: cluster kernel's), the rows from which it beats the Triton kernels, the row lengths.
-STREAM_DEVICES: tuple[tuple[str, int], ...] = ()
-STREAM_MIN_ROWS = CLUSTER_MAX_ROWS + 1
-#: The row lengths it would be measured at start here (131,072 keys and up).
+#: The streaming kernel's envelope (session 37, the H100 SXM; the H200 is the same GH100 with
+#: more memory bandwidth, which a one-read kernel gains from at least as much as the Triton
+#: kernels, so it takes the cluster kernel's parts): at 1024 and 4096 rows of 131,072 fp32 keys
+#: it ran in 0.56-0.87x the Triton kernels' time on six of seven distributions and 1.05-1.15x on
+#: all-zero rows (one value: every key a tie); bf16 0.56-0.78x. At 64 rows it won on three of
+#: seven, so the Triton kernels (and the cluster kernel up to 16 rows) keep the smaller batches.
+STREAM_DEVICES = CLUSTER_DEVICES
+STREAM_MIN_ROWS = 1024
+#: The row lengths it was measured at (131,072 keys) start here; shorter rows stay on Triton.
 STREAM_MIN_KEYS = 65536
 
 
@@ -411,8 +413,7 @@ def _stream_toolchain(f: DeviceFacts, w: IndexerTopkWorkload) -> tuple[bool, str
 
 
 def _describe_stream(config: Any) -> str:
-    where = (f"from {STREAM_MIN_ROWS} rows" if STREAM_DEVICES else
-             "not yet measured on a GPU: taken only when named with :measure")
+    where = f"from {STREAM_MIN_ROWS} rows of at least {STREAM_MIN_KEYS} keys"
     return (f"CUDA one-read streaming select (one CTA a row: a sampled threshold, the row read "
             f"once into a shared-memory buffer and bitmap, no workspace; built with nvcc into "
             f"$KREG_HOME/cuda on first use), {where}")
@@ -427,11 +428,7 @@ STREAM_REQUIREMENTS = (
     field_at_most("k", _stream.MAX_K),
     predicate("cuda_toolchain", CAPABILITY, _stream_toolchain),
     # envelope
-    device_in(*STREAM_DEVICES) if STREAM_DEVICES else predicate(
-        "measured", ENVELOPE, lambda f, w: (
-            False, "no GPU has measured this kernel yet",
-            "a measurement on this part (docs/notes/indexer_topk.md, \"Session 36\"); "
-            "until then only nvidia_hopper.indexer_topk_stream:measure runs it")),
+    device_in(*STREAM_DEVICES),
     field_at_least("num_rows", STREAM_MIN_ROWS),
     field_at_least("max_keys", STREAM_MIN_KEYS),
 )

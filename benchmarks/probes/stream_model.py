@@ -1,6 +1,6 @@
 """A row-at-a-time NumPy model of the streaming kernel's algorithm (``cuda/stream_topk.cu``):
 the sample's window and bisection, the stream's buffer (above t) and ties (equal to t), the
-retries on a missed sample, the selection and the tie cut, with the kernel's constants
+retries on a missed sample (the second one by radix counts), the selection and the tie cut, with the kernel's constants
 (``backends/indexer_topk/stream.py``). It checks the algorithm, not the CUDA: on a CPU, any
 distribution's exactness and how many extra reads its rows would cost, before a GPU runs it.
 
@@ -68,7 +68,10 @@ def bisect(vals: np.ndarray, lo: int, need: int, stop: int) -> tuple[int, bool]:
     return c0, False
 
 
-def row_topk(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[list[int], int]:
+RADIX_READS = 3   # radix_kth's reads of a row of 32-bit keys (digits of 11, 11 and 10 bits)
+
+
+def row_topk(x: np.ndarray, k: int) -> tuple[list[int], int]:
     """One row's selected positions (ascending, -1 padded) and its extra reads."""
     n = len(x)
     if n <= k:
@@ -85,14 +88,22 @@ def row_topk(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[list[int]
             lo = hi = max(1, math.floor(0.5 * (a + b)))
         r_lo, r_hi = max(lo, 1), max(hi, 1)
     t = max(bisect(sample, 1, r_lo, r_hi)[0], 1)
-    reads = 0
+    reads = overflows = 0
     while True:
         reads += 1
         above, equal = above_equal(x, t)
         assert (above == (u > t)).all() and (equal == (u == t)).all(), t   # the float rule
         gt, eq = np.nonzero(above)[0], np.nonzero(equal)[0]
-        if len(gt) > CAP:   # the kernel keeps the first CAP appended, in no set order
-            t = bisect(u[rng.permutation(gt)[:CAP]], t + 1, k, k)[0]
+        if len(gt) > CAP:
+            if t == 1 or (overflows := overflows + 1) > 1:
+                # radix_kth: the exact k-th key, in RADIX_READS counting reads
+                reads += RADIX_READS
+                t = int(np.sort(u[gt])[-k])
+                continue
+            # the kernel keeps the first CAP appended: the warps' appends run in position
+            # order step by step, so model it as the first CAP by position (the prefix a row
+            # whose keys above t rise with position biases)
+            t = bisect(u[gt[:CAP]], t + 1, k, k)[0]
             continue
         if len(gt) + len(eq) < k:
             t = 1
@@ -126,7 +137,6 @@ def main() -> int:
     from backends.indexer_topk.distributions import make_scores
     from backends.indexer_topk.reference import indexer_topk_reference
 
-    rng = np.random.default_rng(0)
     bad = 0
     print("| dist | rows exact | extra reads |\n|---|---:|---:|")
     for name in a.dists.split(","):
@@ -134,7 +144,7 @@ def main() -> int:
         want = indexer_topk_reference(s, torch.full((a.rows,), a.keys, dtype=torch.int32), a.k)
         exact = reads = 0
         for r in range(a.rows):
-            got, extra = row_topk(s[r].float().numpy(), a.k, rng)
+            got, extra = row_topk(s[r].float().numpy(), a.k)
             exact += got == want[r].tolist()
             reads += extra
         bad += a.rows - exact

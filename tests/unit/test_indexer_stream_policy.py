@@ -28,26 +28,6 @@ def nvcc_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "toolchain", lambda: (True, "nvcc at /x/nvcc (V13.0.88)"))
 
 
-MEASURED = pytest.mark.skipif(not hopper.STREAM_DEVICES, reason="no GPU has measured the "
-                              "kernel yet: the policy takes it nowhere (the test below)")
-
-
-@pytest.mark.usefixtures("nvcc_found")
-def test_unmeasured_it_runs_only_when_named_with_measure() -> None:
-    if hopper.STREAM_DEVICES:
-        pytest.skip(f"measured on {hopper.STREAM_DEVICES}: the tests above hold")
-    d = registry.select("indexer_topk", WL, device="h200")
-    assert d.implementation != NAME
-    row = next(line for line in d.explain().splitlines() if line.strip().startswith(NAME))
-    assert "rejected" in row and "no GPU has measured this kernel yet" in row
-    assert ":measure runs it [envelope]" in d.explain()
-    with registry.override("indexer_topk", f"{NAME}:measure"):
-        d = registry.select("indexer_topk", WL, device="h200")
-    assert d.implementation == NAME
-    assert any("not yet measured on a GPU" in n for n in d.notes), d.notes
-
-
-@MEASURED
 @pytest.mark.usefixtures("nvcc_found")
 @pytest.mark.parametrize("device", ["h200", "h100"])
 @pytest.mark.parametrize("rows", [hopper.STREAM_MIN_ROWS, 1024, 4096, 65536])
@@ -61,7 +41,6 @@ def test_taken_on_the_measured_parts_from_its_rows(device: str, rows: int, dtype
     assert f"from {hopper.STREAM_MIN_ROWS} rows" in text
 
 
-@MEASURED
 @pytest.mark.usefixtures("nvcc_found")
 @pytest.mark.parametrize("change, reason", [
     ({"num_rows": hopper.STREAM_MIN_ROWS - 1}, "num_rows"),
@@ -83,7 +62,6 @@ def test_other_devices_unaffected(device: str) -> None:
     assert registry.select("indexer_topk", WL, device=device).implementation != NAME
 
 
-@MEASURED
 def test_without_nvcc_the_reason_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream, "toolchain", lambda: (False, "no nvcc (CUDA_HOME/bin/nvcc or "
                                                             "PATH)"))

@@ -24,7 +24,10 @@
 //      positions: ascending, exactly k (kreg's contract: membership by score, then position).
 //   A missed sample reads the row again: G > CAP raises t to the k-th largest of the CAP keys
 //   the buffer kept (k keys reach it, so the next pass cannot come up short), G + E < k lowers
-//   t to the lowest real key. Each retry is counted in `stats` when it is given.
+//   t to the lowest real key. A second G > CAP (the kept CAP are the first appended, a biased
+//   prefix when the keys above t rise with position), or one at t = 1, finds the exact k-th key
+//   by radix counts (radix_kth: two or three reads) before the last read: at most six reads a
+//   row whatever the scores. Each extra read is counted in `stats` when it is given.
 //
 // Keys are kreg's order keys as unsigned (topk_keys.cuh): NaN lowest, -0 = +0, 0 = no key (past
 // the row's length). bf16 / fp16 rows are read as 2-byte keys (8 a 16-byte vector). Rows of at
@@ -35,9 +38,13 @@
 // Host entry: `kreg_stream_topk` (extern "C"; backends/indexer_topk/stream.py). History and
 // measurements: docs/notes/indexer_topk.md ("Session 36").
 #include <cstdint>
+#ifdef KREG_CUDA_EMU   // built for the CPU emulator of tests/kernels/cuda_emu (the kernel alone)
+#include "cuda_emu.h"
+#else
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#endif
 
 #include "topk_keys.cuh"
 
@@ -84,6 +91,7 @@ template <int WARPS>
 struct Shared {
   uint32_t red[2][WARPS];   // block reductions and scans, alternating
   uint32_t count;           // buffer appends (may pass CAP: then the buffer holds the first CAP)
+  uint32_t bin, above;      // a radix pass's bin of the need-th key, the keys in bins above it
 };
 
 // The CTA's sum / maximum / minimum of v (one __syncthreads; calls alternate the rows of sh.red
@@ -386,6 +394,71 @@ __device__ __forceinline__ uint32_t stream_pass(const T* __restrict__ src, int l
                                                  sh, tid, lane);
 }
 
+// The exact k-th largest key of the row among its keys above t (a row with more than k of
+// them), by radix counts: one read a digit of RADIX_BITS (or fewer: 32-bit keys take three
+// reads, 16-bit keys two), each counting the keys above t whose higher digits match the ones
+// chosen so far into a histogram in `hist` (1 << RADIX_BITS words: the buffer's space, unused
+// between passes). The bound on the retries of a row whose sample and first retry both missed
+// (keys above t that rise with position make the buffer's first CAP a biased prefix). Adds its
+// reads to *reads.
+constexpr int RADIX_BITS = 11;
+template <typename T, bool VEC, int THREADS>
+__device__ __noinline__ uint32_t radix_kth(const T* __restrict__ src, int len, uint32_t t,
+                                           uint32_t k, uint32_t* __restrict__ hist,
+                                           Shared<THREADS / 32>& sh, int& par, int tid, int lane,
+                                           int warp, int* reads) {
+  using KT = Keys<T>;
+  constexpr int NV = KT::NV, KEY_BITS = 8 * KT::KB, BINS = 1 << RADIX_BITS;
+  constexpr int HB = BINS / THREADS;   // bins a thread (the bin search)
+  static_assert(BINS % THREADS == 0, "geometry");
+  const int nvec = (len + NV - 1) / NV;
+  uint32_t prefix = 0u, need = k;
+  int done = 0;   // the key's high bits fixed so far
+  while (done < KEY_BITS) {
+    const int d = min(RADIX_BITS, KEY_BITS - done);
+    const int shift = KEY_BITS - done - d;
+    for (int i = tid; i < BINS; i += THREADS) hist[i] = 0u;
+    __syncthreads();
+    for (int v = tid; v < nvec; v += THREADS) {
+      const uint4 x = load_raw<T, VEC>(src, v, len);
+      const uint32_t w4[4] = {x.x, x.y, x.z, x.w};
+      const int rem = len - v * NV;
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        const uint32_t raw = NV == 4 ? w4[e] : ((w4[e / 2] >> (16 * (e & 1))) & 0xFFFFu);
+        const uint32_t u = e < rem ? KT::key(raw) : 0u;
+        // (u >> shift) >> d: the digits above this one (a shift by 32 is undefined)
+        if (u > t && ((u >> shift) >> d) == prefix)
+          atomicAdd(&hist[(u >> shift) & ((1u << d) - 1u)], 1u);
+      }
+    }
+    ++*reads;
+    __syncthreads();
+    // the bin b (counted from the top) with above(b) < need <= above(b) + hist[b]
+    uint32_t mine = 0;
+#pragma unroll
+    for (int j = 0; j < HB; ++j) mine += hist[tid * HB + j];
+    uint32_t total;
+    const uint32_t below = block_scan(mine, sh, par, lane, warp, total);
+    uint32_t above = total - below - mine;
+#pragma unroll
+    for (int j = HB - 1; j >= 0; --j) {
+      const uint32_t c = hist[tid * HB + j];
+      if (above < need && need <= above + c) {
+        sh.bin = static_cast<uint32_t>(tid * HB + j);
+        sh.above = above;
+      }
+      above += c;
+    }
+    __syncthreads();
+    prefix = (prefix << d) | sh.bin;
+    need -= sh.above;
+    done += d;
+    __syncthreads();   // every thread has read sh.bin / sh.above and hist before they change
+  }
+  return prefix;
+}
+
 template <typename T, int THREADS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
@@ -396,10 +469,15 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   constexpr int SPT = SAMPLE / THREADS;   // sampled keys a thread
   constexpr int BPT = CAP / THREADS;      // buffer entries a thread (the selection)
   static_assert(SAMPLE % THREADS == 0 && CAP % THREADS == 0, "geometry");
+#ifdef KREG_CUDA_EMU   // one CTA at a time on the CPU
+  uint32_t* smem = kreg_emu::dynamic_shared();
+  static Shared<WARPS> sh;
+#else
   extern __shared__ __align__(16) uint32_t smem[];
+  __shared__ Shared<WARPS> sh;
+#endif
   uint2* buf = reinterpret_cast<uint2*>(smem);   // CAP (key, position)
   uint32_t* bits = smem + 2 * CAP;               // a bit a position (wpt words a thread)
-  __shared__ Shared<WARPS> sh;
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int par = 0;
@@ -450,10 +528,10 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
 
   // 2. stream (again when the sample missed)
   const bool vec = (reinterpret_cast<uintptr_t>(src) & 15u) == 0;
-  int attempts = 0;
+  int reads = 0, overflows = 0;   // extra reads of the row (stats); passes with G > CAP
   uint32_t G = 0, E = 0;
   for (;;) {
-    ++attempts;
+    ++reads;
     for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
     if (tid == 0) sh.count = 0u;
     __syncthreads();
@@ -461,6 +539,16 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
                              : stream_pass<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
     E = block_reduce<Op::kSum>(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
     G = sh.count;
+    if (G > static_cast<uint32_t>(CAP) && (t == 1u || ++overflows > 1)) {
+      // a second miss, or a miss at t = 1 (the buffer kept the row's first CAP keys: their
+      // k-th is no estimate of the row's): the exact k-th key by radix counts (at most three
+      // reads), then the last read (fewer than k keys above it, at least k at or above it)
+      __syncthreads();   // the buffer's space becomes the histogram
+      t = vec ? radix_kth<T, true, THREADS>(src, len, t, k, smem, sh, par, tid, lane, warp, &reads)
+              : radix_kth<T, false, THREADS>(src, len, t, k, smem, sh, par, tid, lane, warp,
+                                             &reads);
+      continue;
+    }
     if (G > static_cast<uint32_t>(CAP)) {   // too many above t: t = the k-th of the kept CAP
       uint32_t bv[BPT];
 #pragma unroll
@@ -479,7 +567,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     }
     break;
   }
-  if (stats != nullptr && attempts > 1 && tid == 0) atomicAdd(stats, attempts - 1);
+  if (stats != nullptr && reads > 1 && tid == 0) atomicAdd(stats, reads - 1);
 
   // 3. select: kth (the k-th key, or a bound exactly k keys reach), the keys above it (taken)
   // and the ties at it (the first `need` by position)
@@ -574,6 +662,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   }
 }
 
+#ifndef KREG_CUDA_EMU
 template <typename T, int THREADS, int MIN_BLOCKS>
 int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
                     const int32_t* lengths, int64_t len_stride, int k, int32_t* out, int* stats,
@@ -589,9 +678,12 @@ int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
                              static_cast<int>(bytes)) != cudaSuccess) return 2;
     ready[dev] = bytes;
   }
-  kern<<<rows, THREADS, bytes, stream>>>(static_cast<const T*>(scores), row_stride, n, lengths,
-                                         len_stride, k, out, stats);
-  return cudaGetLastError() == cudaSuccess ? 0 : 3;
+  // cudaLaunchKernel returns this launch's own error (cudaGetLastError after <<<>>> would also
+  // report, and clear, an earlier unrelated one)
+  const T* src = static_cast<const T*>(scores);
+  void* args[] = {&src, &row_stride, &n, &lengths, &len_stride, &k, &out, &stats};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(kern), dim3(rows), dim3(THREADS), args,
+                          bytes, stream) == cudaSuccess ? 0 : 3;
 }
 
 // wide: 1 = one 512-thread CTA an SM (batches of fewer rows than SMs), 0 = 256-thread CTAs,
@@ -617,9 +709,11 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
   return launch_geometry<T, STREAM_THREADS, STREAM_MIN_BLOCKS>(
       scores, row_stride, rows, n, lengths, len_stride, k, out, stats, stream, dev);
 }
+#endif  // !KREG_CUDA_EMU
 
 }  // namespace
 
+#ifndef KREG_CUDA_EMU
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 (rows longer than MAX_KEYS keys),
 // 2 (no current device, or its shared-memory limit could not be raised), 3 (the launch failed),
 // 4 (unknown dtype), 5 (k above CAP / 2). stats: null, or an int the kernel adds its retries to.
@@ -642,3 +736,4 @@ extern "C" int kreg_stream_topk(const void* scores, int dtype, int64_t row_strid
 
 extern "C" int kreg_stream_topk_max_keys() { return MAX_KEYS; }
 extern "C" int kreg_stream_topk_max_k() { return CAP / 2; }
+#endif  // !KREG_CUDA_EMU

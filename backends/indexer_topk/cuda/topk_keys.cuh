@@ -6,8 +6,10 @@
 // order over the 16-bit pattern.
 #pragma once
 #include <cstdint>
+#ifndef KREG_CUDA_EMU   // (the CPU emulator of tests/kernels/cuda_emu brings its own stand-ins)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#endif
 
 namespace kreg_topk {
 
