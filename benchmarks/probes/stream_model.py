@@ -1,7 +1,8 @@
 """A row-at-a-time NumPy model of the streaming kernel's algorithm (``cuda/stream_topk.cu``):
 the sample's window and bisection, the stream's buffer (above t) and ties (equal to t), the
-retries on a missed sample (the second one by radix counts), the selection and the tie cut, with the kernel's constants
-(``backends/indexer_topk/stream.py``). It checks the algorithm, not the CUDA: on a CPU, any
+retries on a missed sample (the second one by radix counts), the selection and the tie cut,
+with the kernel's constants (``backends/indexer_topk/stream.py``). It checks the algorithm, not
+the CUDA (tests/kernels/test_indexer_topk_stream_emu.py runs the CUDA source on the CPU): any
 distribution's exactness and how many extra reads its rows would cost, before a GPU runs it.
 
     python3 benchmarks/probes/stream_model.py [--dists randn,ties,...] [--rows 8] [--keys 131072]
