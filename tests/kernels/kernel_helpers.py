@@ -29,6 +29,22 @@ def poison_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(real_like(*a, **kw)))
 
 
+def nasty_scores(n: int, g: torch.Generator) -> torch.Tensor:
+    """Six fp32 rows of ``n`` N(0,1) keys striped with NaN, +-inf, -0.0 and +0.0; row 0 only
+    NaN (selectable, last, by position), row 1 one value (the first k positions win), row 2 the
+    k-th key inside a tie from position 3000 on; rows 3-5 for the caller to specialise."""
+    s = torch.randn(6, n, generator=g)
+    s[:, ::97] = float("nan")
+    s[:, 5::101] = float("inf")
+    s[:, 9::103] = float("-inf")
+    s[:, 7::89] = -0.0
+    s[:, 11::89] = 0.0
+    s[0] = float("nan")
+    s[1, :] = 2.0
+    s[2, 3000:] = -1.0
+    return s
+
+
 def cuda_kernel_marks(what: str) -> tuple[Any, Any]:
     """``(needs_nvcc, gpu90)`` for a CUDA kernel's tests (``what`` names it in skip reasons):
     a build test needs nvcc (a CPU machine too); a GPU test is marked ``gpu`` and skipped, with

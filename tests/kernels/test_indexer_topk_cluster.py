@@ -28,6 +28,7 @@ from kernel_helpers import (  # noqa: E402
     check_topk_graph_replay,
     check_wrong_tie_rule_is_caught,
     cuda_kernel_marks,
+    nasty_scores,
 )
 
 NVCC = cluster.nvcc()
@@ -97,15 +98,7 @@ def test_every_distribution_exact(name, rows):
 def test_nasty_cases():
     g = torch.Generator().manual_seed(5)
     n = 131072
-    s = torch.randn(6, n, generator=g)
-    s[:, ::97] = float("nan")
-    s[:, 5::101] = float("inf")
-    s[:, 9::103] = float("-inf")
-    s[:, 7::89] = -0.0
-    s[:, 11::89] = 0.0
-    s[0] = float("nan")            # only NaN keys: selectable, last, by position
-    s[1, :] = 2.0                  # one value: the first k positions
-    s[2, 3000:] = -1.0             # the k-th key inside a tie that spans CTAs
+    s = nasty_scores(n, g)   # row 2: the k-th key inside a tie that spans CTAs
     s = s.cuda()
     full = torch.full((6,), n, dtype=torch.int32, device="cuda")
     for k in (1, 2048, 4096):

@@ -29,6 +29,8 @@ from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk import stream  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 
+from kernel_helpers import nasty_scores  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
@@ -40,8 +42,8 @@ CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 MAX_EXTRA_READS = 5
 
 
-def _build(out: Path, source: Path) -> Path:
-    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", f"-I{EMU_DIR}",
+def _build(out: Path, source: Path, *defines: str) -> Path:
+    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", *defines, f"-I{EMU_DIR}",
                           f"-I{source.parent}", f"-I{stream.SOURCE.parent}",
                           str(EMU_DIR / "stream_driver.cpp"), "-o", str(out)],
                          capture_output=True, text=True, timeout=300, check=False)
@@ -54,6 +56,15 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
     return _build(tmp_path_factory.mktemp("emu") / "stream_emu", stream.SOURCE)
+
+
+@pytest.fixture(scope="module")
+def emu_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The STREAM_PACKED=1 variant (2-byte keys compared two at a time), for its A/B on a GPU."""
+    if CXX is None:
+        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
+    return _build(tmp_path_factory.mktemp("emu") / "stream_emu_packed", stream.SOURCE,
+                  "-DSTREAM_PACKED=1")
 
 
 def run_emu(binary: Path, scores: torch.Tensor, lengths: torch.Tensor, k: int, *,
@@ -122,15 +133,7 @@ def test_two_byte_keys(emu, tmp_path, dtype, name):
 
 
 def _nasty(n: int, g: torch.Generator) -> torch.Tensor:
-    s = torch.randn(6, n, generator=g)
-    s[:, ::97] = float("nan")
-    s[:, 5::101] = float("inf")
-    s[:, 9::103] = float("-inf")
-    s[:, 7::89] = -0.0
-    s[:, 11::89] = 0.0
-    s[0] = float("nan")                       # all NaN
-    s[1] = 2.0                                # all equal
-    s[2, 3000:] = -1.0                        # the k-th key inside a long tie
+    s = nasty_scores(n, g)                    # stripes; all NaN, all equal, the k-th in a tie
     s[3, 1::2] = -0.0                         # -0 and +0 alternating: one value
     s[3, ::2] = 0.0
     s[4] = torch.where(torch.rand(n, generator=g) < 0.5, torch.tensor(float("nan")), s[4])
@@ -220,6 +223,32 @@ def test_rising_keys_at_2_20_and_the_largest_k(emu, tmp_path):
     s[0, pos] = -2.0
     extra = check(emu, tmp_path, s, full(1, n), stream.MAX_K, threads=512)
     assert extra <= MAX_EXTRA_READS
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_two_byte_compares(emu_packed, tmp_path, dtype):
+    """STREAM_PACKED=1 (an A/B variant, not the product's build): the distributions, the nasty
+    rows (NaN, +-inf, +-0, subnormals: HSET2's compares must keep the float rule), unaligned
+    views (the element-load loop), and a too-few sample (the t = 1 path, NaN as the tie)."""
+    n = 65536
+    for name in ("randn", "ties", "zeros", "recent", "relu", "lowbits", "ramp"):
+        s = D.make_scores(name, 1, n, seed=6, dtype=dtype)
+        check(emu_packed, tmp_path, s, full(1, n), 2048, threads=512)
+    g = torch.Generator().manual_seed(9)
+    s = _nasty(20000, g).to(dtype)
+    fi = torch.finfo(dtype)
+    s[5, 19::227] = fi.tiny / 4
+    s[5, 13::211] = fi.max
+    check(emu_packed, tmp_path, s, full(6, 20000), 2048)
+    check(emu_packed, tmp_path, s, torch.tensor([20000, 0, 2049, 19999, 5, 20000],
+                                                dtype=torch.int32), 3, offset=3,
+          row_stride=20005)
+    pos = torch.tensor(stream.sample_positions(n))
+    under = torch.randn(1, n, generator=g)
+    under[0, ::3] = float("nan")
+    under[0, pos] = 100.0 + torch.arange(pos.numel()).float()   # few keys above any t
+    assert check(emu_packed, tmp_path, under.to(dtype), full(1, n), 2048) >= 1
 
 
 @needs_cxx

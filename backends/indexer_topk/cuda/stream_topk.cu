@@ -72,6 +72,9 @@
 #ifndef STREAM_EVICT_FIRST   // the stream's loads: ld.global.cs (1) or ld.global.nc (0)
 #define STREAM_EVICT_FIRST 1
 #endif
+#ifndef STREAM_PACKED   // 2-byte keys: 1 = compare two keys an instruction (HSET2), masks by
+#define STREAM_PACKED 0   // byte permutes and a multiply; 0 = one float compare a key (measured)
+#endif
 
 namespace {
 
@@ -315,6 +318,32 @@ template <> struct Floats<__half> {
   }
 };
 
+#if STREAM_PACKED
+// 2-byte keys two at a time: a 32-bit word of two scores against t's pair (HSET2: 0xFFFF a half
+// where the compare holds; NaN compares false, -0 equals +0, the float rule). P::raw: a 16-bit
+// order key's score bits.
+template <typename T> struct Pairs;
+template <> struct Pairs<__nv_bfloat16> { using V = __nv_bfloat162; };
+template <> struct Pairs<__half> { using V = __half2; };
+template <typename T>
+__device__ __forceinline__ typename Pairs<T>::V pair_of(uint32_t w) {
+  return *reinterpret_cast<const typename Pairs<T>::V*>(&w);
+}
+__device__ __forceinline__ uint32_t raw16(uint32_t u) {
+  return u >= 0x8000u ? (u ^ 0x8000u) : (~u & 0xFFFFu);
+}
+// Four words of 0x0000 / 0xFFFF halves (keys 0-7 of a vector) as an 8-bit mask: the halves'
+// high bytes gathered four to a word, then each word's bytes to four bits by one multiply (the
+// partial products land on distinct bits: no carries).
+__device__ __forceinline__ uint32_t nibble(uint32_t bytes) {
+  return ((bytes & 0x01010101u) * 0x01020408u) >> 24;
+}
+__device__ __forceinline__ uint32_t halves_to_bits(uint32_t m0, uint32_t m1, uint32_t m2,
+                                                   uint32_t m3) {
+  return nibble(__byte_perm(m0, m1, 0x7531u)) | (nibble(__byte_perm(m2, m3, 0x7531u)) << 4);
+}
+#endif
+
 // The stream with float compares (STREAM_LOOP 1): t is a real key (the bisections snap to one),
 // so for a score x, key(x) > t <=> x > ft and key(x) == t <=> x == ft (NaN compares false; -0
 // equals +0), where ft is t's float; t = 1 (NaN's key: NANT) takes every number above it and NaN
@@ -350,13 +379,29 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
     for (int j = 0; j < UNROLL; ++j) {
       const uint32_t w4[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
       uint32_t em = 0;
+#if STREAM_PACKED
+      if constexpr (NV == 8) {
+        const typename Pairs<T>::V t2 = pair_of<T>(raw16(t) | (raw16(t) << 16));
+        uint32_t g4[4], q4[4];
 #pragma unroll
-      for (int e = 0; e < NV; ++e) {
-        const float f = Floats<T>::of(w4[NV == 4 ? e : e / 2], NV == 4 ? 0 : (e & 1));
-        const bool g = NANT ? (f == f) : (f > ft);
-        const bool q = NANT ? (f != f) : (f == ft);
-        gm |= static_cast<uint64_t>(g) << (j * NV + e);
-        em |= static_cast<uint32_t>(q) << e;
+        for (int c = 0; c < 4; ++c) {
+          const typename Pairs<T>::V v = pair_of<T>(w4[c]);
+          g4[c] = NANT ? __heq2_mask(v, v) : __hgt2_mask(v, t2);
+          q4[c] = NANT ? ~g4[c] : __heq2_mask(v, t2);
+        }
+        gm |= static_cast<uint64_t>(halves_to_bits(g4[0], g4[1], g4[2], g4[3])) << (j * NV);
+        em = halves_to_bits(q4[0], q4[1], q4[2], q4[3]);
+      } else
+#endif
+      {
+#pragma unroll
+        for (int e = 0; e < NV; ++e) {
+          const float f = Floats<T>::of(w4[NV == 4 ? e : e / 2], NV == 4 ? 0 : (e & 1));
+          const bool g = NANT ? (f == f) : (f > ft);
+          const bool q = NANT ? (f != f) : (f == ft);
+          gm |= static_cast<uint64_t>(g) << (j * NV + e);
+          em |= static_cast<uint32_t>(q) << e;
+        }
       }
       eqc += __popc(em);
       if (__any_sync(FULL, em != 0u)) store_ties<NV>(em, v0 + j * THREADS + tid, len, bits, lane);
