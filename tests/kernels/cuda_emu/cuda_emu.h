@@ -53,29 +53,21 @@ struct __half2 { __half x, y; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
 inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-inline float bf16_float(__nv_bfloat16 h) {
+inline float lane_float(__nv_bfloat16 h) {
   const uint32_t u = static_cast<uint32_t>(h.x) << 16; float f; memcpy(&f, &u, 4); return f;
 }
+inline float lane_float(__half h) { return __half2float(h); }
 // HSET2's masks: 0xFFFF in each half where the (ordered) compare holds
-template <typename F> inline uint32_t pair_mask(float a0, float a1, float b0, float b1, F cmp) {
-  return (cmp(a0, b0) ? 0xFFFFu : 0u) | (cmp(a1, b1) ? 0xFFFF0000u : 0u);
+template <typename P> inline uint32_t pair_mask(P a, P b, bool greater) {
+  const float a0 = lane_float(a.x), a1 = lane_float(a.y);
+  const float b0 = lane_float(b.x), b1 = lane_float(b.y);
+  const bool lo = greater ? a0 > b0 : a0 == b0, hi = greater ? a1 > b1 : a1 == b1;
+  return (lo ? 0xFFFFu : 0u) | (hi ? 0xFFFF0000u : 0u);
 }
-inline uint32_t __hgt2_mask(__nv_bfloat162 a, __nv_bfloat162 b) {
-  return pair_mask(bf16_float(a.x), bf16_float(a.y), bf16_float(b.x), bf16_float(b.y),
-                   [](float p, float q) { return p > q; });
-}
-inline uint32_t __heq2_mask(__nv_bfloat162 a, __nv_bfloat162 b) {
-  return pair_mask(bf16_float(a.x), bf16_float(a.y), bf16_float(b.x), bf16_float(b.y),
-                   [](float p, float q) { return p == q; });
-}
-inline uint32_t __hgt2_mask(__half2 a, __half2 b) {
-  return pair_mask(__half2float(a.x), __half2float(a.y), __half2float(b.x), __half2float(b.y),
-                   [](float p, float q) { return p > q; });
-}
-inline uint32_t __heq2_mask(__half2 a, __half2 b) {
-  return pair_mask(__half2float(a.x), __half2float(a.y), __half2float(b.x), __half2float(b.y),
-                   [](float p, float q) { return p == q; });
-}
+inline uint32_t __hgt2_mask(__nv_bfloat162 a, __nv_bfloat162 b) { return pair_mask(a, b, true); }
+inline uint32_t __heq2_mask(__nv_bfloat162 a, __nv_bfloat162 b) { return pair_mask(a, b, false); }
+inline uint32_t __hgt2_mask(__half2 a, __half2 b) { return pair_mask(a, b, true); }
+inline uint32_t __heq2_mask(__half2 a, __half2 b) { return pair_mask(a, b, false); }
 // PRMT without its sign-replicate mode: result byte i is byte (s >> 4i) & 7 of {y, x}
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
