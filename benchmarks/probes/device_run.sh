@@ -26,7 +26,8 @@
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
-# (its docs table through kreg bench), cluster (the CUDA
+# (its docs table through kreg bench), fi-build and fi-wait (FlashInfer's top-k JIT build
+# in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
 # flashinfer (issue #27: the conformance kit on the flashinfer plugin, kreg bench of both ops
@@ -269,7 +270,7 @@ for step in "$@"; do
       [ $rc = 0 ] || { grep -E "^E |FAILED|Error" "$OUT/stream_tests.log" | head -20; continue; }
       va=""; for v in ${STREAM_VARIANTS:-}; do va="$va --variant $v"; done
       stage "stream: A/B fp32"
-      timeout 280 python3 benchmarks/probes/stream_ab.py $va --geometries --rows ${STREAM_ROWS:-32,64,1024,4096} \
+      timeout 280 python3 benchmarks/probes/stream_ab.py $va ${STREAM_GEOM---geometries} --rows ${STREAM_ROWS:-32,64,1024,4096} \
         --dists ${STREAM_DISTS:-randn,ties,zeros,recent,lowbits,relu,ramp} --iters 12 \
         ${STREAM_CLUSTER:+--cluster} > "$OUT/stream_ab_fp32.log" 2>&1
       echo "rc=$?"; grep -A60 "^| dist" "$OUT/stream_ab_fp32.log"; grep MISMATCH "$OUT/stream_ab_fp32.log"
@@ -304,6 +305,24 @@ for step in "$@"; do
         --dtype bfloat16 --dist randn,ties,recent,relu --providers $sb_providers \
         --baseline triton --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/stream_bench_bf16.log" \
         | grep -v "^-" | tail -20 ;;
+    fi-build)
+      # FlashInfer's top-k JIT build (fp32 and bf16 keys) in the background while later steps
+      # run; fi-wait waits for it and packs the built modules into $OUT/fiws.tgz (carry them back
+      # as .fi-ws/fiws.tgz). For correctness steps beside it: its compiles load the CPU.
+      stage "fi-build: FlashInfer's top-k JIT build in the background"
+      fi_restore
+      ( timeout 540 python3 -c "
+import torch, plugins.flashinfer as p
+for dt in (torch.float32, torch.bfloat16):
+    s = torch.randn(4, 131072, device='cuda').to(dt)
+    ln = torch.full((4,), 131072, dtype=torch.int32, device='cuda')
+    print(dt, p.indexer_topk(s, ln, 2048)[0, :4].tolist(), flush=True)
+" > "$OUT/fi_build.log" 2>&1; echo "fi-build rc=$?" >> "$OUT/fi_build.log" ) &
+      FI_PID=$! ;;
+    fi-wait)
+      stage "fi-wait"
+      [ -n "${FI_PID:-}" ] && wait "$FI_PID"; tail -3 "$OUT/fi_build.log"
+      find .fi-ws -name '*.so' | tar czf "$OUT/fiws.tgz" -T - ; ls -la "$OUT/fiws.tgz" ;;
     flashinfer)
       flashinfer_part kit; flashinfer_part bench; flashinfer_part tune ;;
     flashinfer-kit|flashinfer-bench|flashinfer-tune)
