@@ -72,6 +72,9 @@
 #ifndef STREAM_EVICT_FIRST   // the stream's loads: ld.global.cs (1) or ld.global.nc (0)
 #define STREAM_EVICT_FIRST 1
 #endif
+#ifndef STREAM_STOP   // probes only (benchmarks/probes/stream_ab.py's phase split): 1 = return
+#define STREAM_STOP 0   // after the sample's threshold, 2 = after the stream; 0 = the whole kernel
+#endif
 #ifndef STREAM_PACKED   // 2-byte keys: 1 = compare two keys an instruction (HSET2), masks by
 #define STREAM_PACKED 0   // byte permutes and a multiply; 0 = one float compare a key (measured)
 #endif
@@ -570,6 +573,10 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     t = bisect<SPT>(s, 1u, r_lo, r_hi, sh, par, lane, warp, &cnt, &early);
     t = max(t, 1u);   // 0 is "no key"
   }
+  if (STREAM_STOP == 1) {
+    if (tid == 0) orow[0] = static_cast<int32_t>(t);
+    return;
+  }
 
   // 2. stream (again when the sample missed)
   const bool vec = (reinterpret_cast<uintptr_t>(src) & 15u) == 0;
@@ -613,6 +620,10 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
     break;
   }
   if (stats != nullptr && reads > 1 && tid == 0) atomicAdd(stats, reads - 1);
+  if (STREAM_STOP == 2) {
+    if (tid == 0) orow[0] = static_cast<int32_t>(G + E);
+    return;
+  }
 
   // 3. select: kth (the k-th key, or a bound exactly k keys reach), the keys above it (taken)
   // and the ties at it (the first `need` by position)
