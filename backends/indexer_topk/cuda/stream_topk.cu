@@ -14,8 +14,9 @@
 //      to a shared-memory buffer of CAP entries (one warp scan and one shared atomic a warp per
 //      UNROLL vectors; each lane converts and stores only its own hits); keys equal to t set
 //      their bit in a bitmap of the row's positions (each 32-position word owned by one group
-//      of lanes in one step: plain stores). STREAM_LOOP=0 keeps the first form (order keys and
-//      a scan per vector) for A/B.
+//      of lanes in one step: plain stores; a step's masks go out together, transposed across
+//      the lane group, STREAM_TIES=0 keeps a shuffle tree a vector for A/B). STREAM_LOOP=0 keeps
+//      the first form (order keys and a scan per vector) for A/B.
 //   3. select: G keys above t, E equal to it. G >= k: T = the k-th largest of the buffer (a
 //      bisection over its keys, held in registers); the bitmap is cleared and gets the
 //      buffer's keys equal to T. G < k <= G + E: T = t, the bitmap holds the ties already.
@@ -72,6 +73,9 @@
 #ifndef STREAM_EVICT_FIRST   // the stream's loads: ld.global.cs (1) or ld.global.nc (0)
 #define STREAM_EVICT_FIRST 1
 #endif
+#ifndef STREAM_TIES   // the fast loop's bitmap of ties: 1 = a step's masks by one transpose
+#define STREAM_TIES 1   // across the lane group (log2(32 / NV) shuffles a step); 0 = a shuffle
+#endif                  // tree a vector (sessions 36-37)
 #ifndef STREAM_STOP   // probes only (benchmarks/probes/stream_ab.py's phase split): 1 = return
 #define STREAM_STOP 0   // after the sample's threshold, 2 = after the stream; 0 = the whole kernel
 #endif
@@ -242,6 +246,28 @@ __device__ __forceinline__ void store_ties(uint32_t em, int v, int len, uint32_t
   if ((lane % LPW) == 0 && v * NV < len) bits[(v * NV) >> 5] = w;
 }
 
+// A step's bitmap words at once (STREAM_TIES 1): `eq` holds this lane's tie masks of LPW
+// vectors (NV bits each: field j = vector j of the chunk). Transposed across the LPW lanes of
+// the group (log2(LPW) xor shuffles, each swapping half the fields with the partner lane),
+// lane l of the group holds vector l's word: field f = lane f's mask, the 32 positions from
+// the group's first vector (v_first: vector 0 of the chunk of the group's first lane). Words
+// that hold no tie are not stored (the pass cleared the bitmap). Every lane of the warp calls it.
+template <int NV>
+__device__ __forceinline__ void store_ties_step(uint32_t eq, int v_first, int stride,
+                                                uint32_t* bits, int lane) {
+  constexpr int LPW = 32 / NV;
+  const int l = lane % LPW;
+#pragma unroll
+  for (int d = LPW / 2; d >= 1; d /= 2) {
+    uint32_t m = 0;   // the fields f with (f & d) != 0
+#pragma unroll
+    for (int f = 0; f < LPW; ++f) if (f & d) m |= ((1u << NV) - 1u) << (f * NV);
+    const uint32_t y = __shfl_xor_sync(FULL, eq, d);
+    eq = (l & d) ? ((eq & m) | ((y >> (d * NV)) & ~m)) : ((eq & ~m) | ((y << (d * NV)) & m));
+  }
+  if (eq != 0u) bits[((v_first + l * stride) * NV) >> 5] = eq;
+}
+
 // One read of the row: keys above t to the buffer, keys equal to t to the bitmap; returns this
 // thread's count of keys equal to t.
 template <typename T, bool VEC, int THREADS>
@@ -377,7 +403,7 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
         x[j] = load_raw<T, false>(src, v, len);
       }
     }
-    uint64_t gm = 0;
+    uint64_t gm = 0, eall = 0;   // above / equal t: bit j * NV + e (vector j, key e)
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
       const uint32_t w4[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
@@ -406,8 +432,23 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
           em |= static_cast<uint32_t>(q) << e;
         }
       }
-      eqc += __popc(em);
-      if (__any_sync(FULL, em != 0u)) store_ties<NV>(em, v0 + j * THREADS + tid, len, bits, lane);
+      if (STREAM_TIES && UNROLL % (32 / NV) == 0) {
+        eall |= static_cast<uint64_t>(em) << (j * NV);
+      } else {
+        eqc += __popc(em);
+        if (__any_sync(FULL, em != 0u)) store_ties<NV>(em, v0 + j * THREADS + tid, len, bits, lane);
+      }
+    }
+    if (STREAM_TIES && UNROLL % (32 / NV) == 0) {
+      eqc += __popcll(eall);
+      if (__any_sync(FULL, eall != 0ull)) {
+        constexpr int LPW = 32 / NV;
+        const int v_first = v0 + tid - lane % LPW;
+#pragma unroll
+        for (int c = 0; c < UNROLL / LPW; ++c)
+          store_ties_step<NV>(static_cast<uint32_t>(eall >> (32 * c)), v_first + c * LPW * THREADS,
+                              THREADS, bits, lane);
+      }
     }
     if (__any_sync(FULL, gm != 0ull)) {
       uint32_t o = append_slots(__popcll(gm), sh, lane);
