@@ -41,6 +41,7 @@ _ERRORS = {
     3: "the launch failed (the kernel needs an sm_90 GPU)",
     4: "an unsupported dtype",
     5: f"k above {MAX_K}",
+    6: "an unknown CTA geometry (wide: -1, 0, 1, 2 or 4)",
 }
 _DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 _lock = threading.Lock()
@@ -137,8 +138,9 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
             lib: ctypes.CDLL | None = None, stats: Any = None, wide: int = -1) -> Any:
     """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked.
     ``stats``: an int32 CUDA tensor of one element the kernel adds its extra row reads to.
-    ``wide``: the CTA geometry (-1: by the row count, one 512-thread CTA an SM below the SM
-    count and three 256-thread CTAs an SM from it; 1 / 0: one of them, for tests and probes)."""
+    ``wide``: the CTA geometry (-1: by the row count: a cluster of four, then two, 512-thread
+    CTAs a row while the rows' CTAs fit the SMs, one 512-thread CTA an SM below the SM count,
+    three 256-thread CTAs an SM from it; 4 / 2 / 1 / 0: one of them, for tests and probes)."""
     import torch
 
     rows, n = scores.shape

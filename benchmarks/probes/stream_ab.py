@@ -21,6 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+GEOMETRIES = (0, 1, 2, 4)   # the kernel's `wide` values
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", action="append", default=[])
@@ -30,8 +33,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--cluster", action="store_true", help="time the cluster kernel too")
     ap.add_argument("--geometries", action="store_true",
-                    help="time both CTA geometries of the product build (w1: 512 threads, one "
-                         "CTA an SM; w0: 256 threads, three an SM) beside its own choice")
+                    help="time every CTA geometry of the product build (w0: 256 threads, three "
+                         "CTAs an SM; w1: 512 threads, one CTA an SM; w2 / w4: a cluster of two "
+                         "/ four 512-thread CTAs a row) beside its own choice")
     a = ap.parse_args()
     import torch
 
@@ -44,13 +48,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp())
     nvcc = cluster.nvcc()
     assert nvcc, "no nvcc"
-    libs = {"stream": stream.load_library(stream.build())}
+    builds = {}   # every variant's nvcc at once (the product's build beside them)
     for spec in a.variant:
         name, _, flags = spec.partition("=")
-        subprocess.run([nvcc, *cluster.NVCC_FLAGS, *flags.split(","), "-o",
-                        str(tmp / f"{name}.so"), str(stream.SOURCE)], check=True)
+        builds[name] = subprocess.Popen([nvcc, *cluster.NVCC_FLAGS, *flags.split(","), "-o",
+                                         str(tmp / f"{name}.so"), str(stream.SOURCE)])
+    libs = {"stream": stream.load_library(stream.build())}
+    for name, proc in builds.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"variant {name}: nvcc failed")
         libs[name] = stream.load_library(tmp / f"{name}.so")
-    variants = [m for m in libs if m != "stream"] + (["w0", "w1"] if a.geometries else [])
+    variants = [m for m in libs if m != "stream"] + ([f"w{w}" for w in GEOMETRIES] if a.geometries else [])
     dtype = getattr(torch, a.dtype)
     print(torch.cuda.get_device_name(), torch.__version__, a.dtype, flush=True)
     n, k, bad, table = 131072, 2048, 0, []
@@ -62,7 +70,7 @@ def main() -> int:
             outs = {m: torch.empty((rows, k), dtype=torch.int32, device="cuda") for m in libs}
             fns = {m: (lambda o=outs[m], lib=libs[m], s=s, ln=ln:
                        stream._launch(s, ln, k, o, 0, lib)) for m in libs}
-            for w in ((0, 1) if a.geometries else ()):
+            for w in (GEOMETRIES if a.geometries else ()):
                 outs[f"w{w}"] = torch.empty((rows, k), dtype=torch.int32, device="cuda")
                 fns[f"w{w}"] = (lambda o=outs[f"w{w}"], s=s, ln=ln, w=w:
                                 stream._launch(s, ln, k, o, 0, libs["stream"], wide=w))

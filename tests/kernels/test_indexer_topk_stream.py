@@ -95,11 +95,12 @@ def _run(scores, lengths, k, stats=None, wide=-1):
 
 
 def _check(scores, lengths, k):
-    """Both CTA geometries into poisoned outputs, and the public entry, against the reference;
-    returns the extra row reads of the first."""
+    """Every CTA geometry (256- and 512-thread CTAs, clusters of two and four a row) into
+    poisoned outputs, and the public entry, against the reference; returns the extra row reads
+    of the first."""
     want = indexer_topk_reference(scores, lengths, k)
     retries = []
-    for wide in (0, 1):
+    for wide in (0, 1, 2, 4):
         stats = torch.zeros(1, dtype=torch.int32, device=scores.device)
         got = _run(scores, lengths, k, stats, wide)
         assert topk_mismatches(got, want) == [], f"wide={wide}"

@@ -69,10 +69,11 @@ def emu_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_emu(binary: Path, scores: torch.Tensor, lengths: torch.Tensor, k: int, *,
             threads: int = 256, offset: int = 0, row_stride: int | None = None,
-            len_stride: int = 1, mode: int = 0, seed: int = 1,
+            len_stride: int = 1, mode: int = 0, seed: int = 1, split: int = 1,
             tmp: Path) -> tuple[torch.Tensor, int, int]:
     """The kernel's output for ``scores`` ([rows, n], stored ``offset`` elements into a 16-byte
-    aligned buffer with ``row_stride``), its extra reads (stats) and the emulator's errors."""
+    aligned buffer with ``row_stride``; ``split`` CTAs a row, a cluster), its extra reads (stats)
+    and the emulator's errors."""
     rows, n = scores.shape
     rs = n if row_stride is None else row_stride
     total = max(offset + (rows - 1) * rs + n if rows else offset, 1)
@@ -82,7 +83,7 @@ def run_emu(binary: Path, scores: torch.Tensor, lengths: torch.Tensor, k: int, *
     raw = store.view(torch.int16 if scores.element_size() == 2 else torch.int32).numpy()
     lens = lengths.to(torch.int32).numpy()
     head = np.array([CODES[scores.dtype], threads, rows, n, k, rs, offset, len_stride,
-                     len(lens), total], dtype=np.int32)
+                     len(lens), total, split], dtype=np.int32)
     fin, fout = tmp / "in.bin", tmp / "out.bin"
     fin.write_bytes(head.tobytes() + raw.tobytes() + lens.tobytes())
     res = subprocess.run([str(binary), str(fin), str(fout), str(mode)], capture_output=True,
@@ -303,3 +304,70 @@ def test_negative_control_a_missing_barrier_is_caught(tmp_path):
         want = indexer_topk_reference(s, full(2, n), 2048)
         caught += errors > 0 or topk_mismatches(got, want) != []
     assert caught > 0
+
+
+def _late_ties(rows: int, n: int, parts: int, g: torch.Generator) -> torch.Tensor:
+    """Rows whose k-th key sits in a tie that lies only in the last part of a split row (and in
+    row 1 only in the first part, its positives in the last): the first CTA's own bitmap cannot
+    answer them; the other parts' tie words must reach it."""
+    s = torch.full((rows, n), -1.0)
+    lo = n - n // parts
+    s[:, lo:] = 0.0
+    for r in range(rows):
+        s[r, lo + torch.randperm(n // parts, generator=g)[:300]] = torch.rand(300, generator=g) + 1
+    if rows > 1:
+        s[1] = s[1].flip(0)
+    return s
+
+
+@needs_cxx
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_rows_a_cluster_a_row(emu, tmp_path, split, dtype):
+    """A row read by a cluster of 2 or 4 CTAs (the geometry of small batches): each reads a
+    part, the first takes the others' buffers and tie words through their shared memory and
+    selects alone. Every distribution; a second row too short to split (the first CTA alone);
+    ties only in a later part; unaligned views (the element loads); rows that make the sample
+    miss (the first CTA alone re-reads the row: the reads stay within MAX_EXTRA_READS)."""
+    n = 65536 if dtype == torch.float32 else 131072
+    short = n // 2 + 7   # fewer vectors than split x a step at split 4 (bf16: at 2 and 4)
+    lens = torch.tensor([n, short], dtype=torch.int32)
+    for name in ("randn", "ties", "zeros", "relu", "recent", "lowbits", "ramp"):
+        s = D.make_scores(name, 2, n, seed=8, dtype=dtype)
+        assert check(emu, tmp_path, s, lens, 2048, threads=512, split=split) == 0, name
+    g = torch.Generator().manual_seed(split)
+    check(emu, tmp_path, _late_ties(2, n, split, g).to(dtype), full(2, n), 2048, threads=512,
+          split=split)
+    s = D.make_scores("randn", 2, n, seed=9, dtype=dtype)
+    check(emu, tmp_path, s, lens, 2048, threads=512, split=split, offset=3, row_stride=n + 5)
+    if dtype == torch.float32:
+        pos = torch.tensor(stream.sample_positions(n))
+        hidden = torch.ones(n, dtype=torch.bool)
+        hidden[pos] = False
+        hid = hidden.nonzero().flatten()
+        miss = torch.randn(3, n, generator=g)
+        miss[0, hid[torch.randperm(hid.numel(), generator=g)[:9000]]] = 50.0   # too many
+        miss[1, pos] = 100.0 + torch.rand(pos.numel(), generator=g)            # too few
+        miss[2] = -1.0
+        miss[2, hid] = torch.arange(hid.numel()).float()   # rising: the radix counts
+        for r in range(3):
+            extra = check(emu, tmp_path, miss[r:r + 1], full(1, n), 2048, threads=512,
+                          split=split)
+            assert 1 <= extra <= MAX_EXTRA_READS, (r, extra)
+
+
+@needs_cxx
+def test_negative_control_split_rows_need_the_other_parts(tmp_path):
+    """The split row's first CTA without the other parts' tie words: the rows whose ties lie in
+    a later part must come out wrong (the test above would see it)."""
+    src = stream.SOURCE.read_text()
+    marker = "bits[w] = rbits[w];"
+    assert src.count(marker) == 1, "the negative control's copy moved: update the marker"
+    broken = tmp_path / "stream_topk.cu"
+    broken.write_text(src.replace(marker, "(void)rbits;"))
+    binary = _build(tmp_path / "broken_emu", broken)
+    n = 65536
+    s = _late_ties(2, n, 2, torch.Generator().manual_seed(2))
+    got, _, errors = run_emu(binary, s, full(2, n), 2048, threads=512, split=2, tmp=tmp_path)
+    assert errors == 0
+    assert topk_mismatches(got, indexer_topk_reference(s, full(2, n), 2048)) != []

@@ -32,9 +32,13 @@
 //
 // Keys are kreg's order keys as unsigned (topk_keys.cuh): NaN lowest, -0 = +0, 0 = no key (past
 // the row's length). bf16 / fp16 rows are read as 2-byte keys (8 a 16-byte vector). Rows of at
-// most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2. Two CTA
-// geometries: three 256-thread CTAs an SM, and for batches of fewer rows than SMs one 512-thread
-// CTA a row (twice the bytes in flight for a row that has an SM to itself).
+// most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2. CTA
+// geometries: three 256-thread CTAs an SM; for batches of fewer rows than SMs one 512-thread CTA
+// a row (twice the bytes in flight for a row that has an SM to itself); and for batches whose
+// rows x 2 (x 4) CTAs fit the SMs, a thread-block cluster of 2 (4) 512-thread CTAs a row: each
+// reads a part of the row on the first pass (the same sample and t in each), then the first
+// CTA copies the others' buffer entries and tie words from their shared memory into its own
+// and goes on alone (a miss re-reads the whole row there, as a CTA's own pass would).
 //
 // Host entry: `kreg_stream_topk` (extern "C"; backends/indexer_topk/stream.py). History and
 // measurements: docs/notes/indexer_topk.md ("Session 36").
@@ -45,6 +49,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #endif
 
 #include "topk_keys.cuh"
@@ -76,6 +81,9 @@
 #ifndef STREAM_TIES   // the fast loop's bitmap of ties: 1 = a step's masks by one transpose
 #define STREAM_TIES 1   // across the lane group (log2(32 / NV) shuffles a step); 0 = a shuffle
 #endif                  // tree a vector (sessions 36-37)
+#ifndef STREAM_SPLIT_MAX   // the most CTAs (a cluster) a row of a small batch is read by: 1, 2, 4
+#define STREAM_SPLIT_MAX 4
+#endif
 #ifndef STREAM_STOP   // probes only (benchmarks/probes/stream_ab.py's phase split): 1 = return
 #define STREAM_STOP 0   // after the sample's threshold, 2 = after the stream; 0 = the whole kernel
 #endif
@@ -102,7 +110,27 @@ struct Shared {
   uint32_t red[2][WARPS];   // block reductions and scans, alternating
   uint32_t count;           // buffer appends (may pass CAP: then the buffer holds the first CAP)
   uint32_t bin, above;      // a radix pass's bin of the need-th key, the keys in bins above it
+  uint32_t eq;              // a split row's part: its keys equal to t (read by the first CTA)
 };
+
+// The thread-block cluster of a split row (launches with split > 1 only): this CTA's rank, a
+// barrier of every thread of the cluster (release / acquire), another CTA's copy of a shared
+// address.
+#ifdef KREG_CUDA_EMU
+__device__ __forceinline__ int cta_rank() { return kreg_emu::cluster_rank(); }
+__device__ __forceinline__ void cluster_barrier() { kreg_emu::cluster_sync(); }
+template <typename P>
+__device__ __forceinline__ P* on_rank(P* p, int r) { return kreg_emu::map_rank(p, r); }
+#else
+__device__ __forceinline__ int cta_rank() {
+  return static_cast<int>(cooperative_groups::this_cluster().block_rank());
+}
+__device__ __forceinline__ void cluster_barrier() { cooperative_groups::this_cluster().sync(); }
+template <typename P>
+__device__ __forceinline__ P* on_rank(P* p, int r) {
+  return cooperative_groups::this_cluster().map_shared_rank(p, r);
+}
+#endif
 
 // The CTA's sum / maximum / minimum of v (one __syncthreads; calls alternate the rows of sh.red
 // through `par`).
@@ -268,16 +296,16 @@ __device__ __forceinline__ void store_ties_step(uint32_t eq, int v_first, int st
   if (eq != 0u) bits[((v_first + l * stride) * NV) >> 5] = eq;
 }
 
-// One read of the row: keys above t to the buffer, keys equal to t to the bitmap; returns this
-// thread's count of keys equal to t.
+// One read of the row's vectors [v_begin, v_stop) (v_stop < 0: to the row's end): keys above t
+// to the buffer, keys equal to t to the bitmap; returns this thread's count of keys equal to t.
 template <typename T, bool VEC, int THREADS>
 __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int len, uint32_t t,
                                                uint2* __restrict__ buf, uint32_t* __restrict__ bits,
                                                Shared<THREADS / 32>& sh, int tid, int lane,
-                                               int v_begin = 0) {
+                                               int v_begin = 0, int v_stop = -1) {
   using KT = Keys<T>;
   constexpr int NV = KT::NV;
-  const int nvec = (len + NV - 1) / NV;
+  const int nvec = v_stop < 0 ? (len + NV - 1) / NV : v_stop;
   uint32_t eqc = 0;
   for (int v0 = v_begin; v0 < nvec; v0 += THREADS * UNROLL) {
     uint4 x[UNROLL];
@@ -291,7 +319,7 @@ __device__ __forceinline__ uint32_t stream_row(const T* __restrict__ src, int le
     for (int j = 0; j < UNROLL; ++j) {
       const int v = v0 + j * THREADS + tid;
       const uint32_t w4[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
-      const int rem = len - v * NV;   // valid keys of the vector (<= 0 past the row)
+      const int rem = v < nvec ? len - v * NV : 0;   // valid keys of the vector (<= 0 past)
       uint32_t u[NV];
 #pragma unroll
       for (int e = 0; e < NV; ++e) {
@@ -384,14 +412,17 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
                                                     uint32_t t, float ft,
                                                     uint2* __restrict__ buf,
                                                     uint32_t* __restrict__ bits,
-                                                    Shared<THREADS / 32>& sh, int tid, int lane) {
+                                                    Shared<THREADS / 32>& sh, int tid, int lane,
+                                                    int v_begin, int v_stop) {
   using KT = Keys<T>;
   constexpr int NV = KT::NV;
   constexpr int STEP = THREADS * UNROLL;
   static_assert(UNROLL * NV <= 64, "one 64-bit mask a step");
-  const int v_end = (len / NV) / STEP * STEP;   // steps whose every key is valid
+  // the steps whose every key is valid (v_begin: a multiple of STEP)
+  const int full = min(v_stop, len / NV);
+  const int v_end = full > v_begin ? v_begin + (full - v_begin) / STEP * STEP : v_begin;
   uint32_t eqc = 0;
-  for (int v0 = 0; v0 < v_end; v0 += STEP) {
+  for (int v0 = v_begin; v0 < v_end; v0 += STEP) {
     uint4 x[UNROLL];
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
@@ -468,19 +499,23 @@ __device__ __forceinline__ uint32_t stream_row_fast(const T* __restrict__ src, i
       }
     }
   }
-  return eqc + stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane, v_end);
+  return eqc + stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane, v_end, v_stop);
 }
 
+// A read of the row's vectors [v_begin, v_stop) (v_begin a multiple of THREADS * UNROLL).
 template <typename T, bool VEC, int THREADS>
 __device__ __forceinline__ uint32_t stream_pass(const T* __restrict__ src, int len, uint32_t t,
                                                 uint2* __restrict__ buf,
                                                 uint32_t* __restrict__ bits,
-                                                Shared<THREADS / 32>& sh, int tid, int lane) {
-  if (!STREAM_LOOP) return stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane);
+                                                Shared<THREADS / 32>& sh, int tid, int lane,
+                                                int v_begin, int v_stop) {
+  if (!STREAM_LOOP)
+    return stream_row<T, VEC, THREADS>(src, len, t, buf, bits, sh, tid, lane, v_begin, v_stop);
   if (t == 1u)
-    return stream_row_fast<T, VEC, THREADS, true>(src, len, t, 0.0f, buf, bits, sh, tid, lane);
+    return stream_row_fast<T, VEC, THREADS, true>(src, len, t, 0.0f, buf, bits, sh, tid, lane,
+                                                  v_begin, v_stop);
   return stream_row_fast<T, VEC, THREADS, false>(src, len, t, Floats<T>::of_key(t), buf, bits,
-                                                 sh, tid, lane);
+                                                 sh, tid, lane, v_begin, v_stop);
 }
 
 // The exact k-th largest key of the row among its keys above t (a row with more than k of
@@ -552,7 +587,7 @@ template <typename T, int THREADS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
                    const int32_t* __restrict__ lengths, int64_t len_stride, int k,
-                   int32_t* __restrict__ out, int* __restrict__ stats) {
+                   int32_t* __restrict__ out, int* __restrict__ stats, int split) {
   using KT = Keys<T>;
   constexpr int WARPS = THREADS / 32;
   constexpr int SPT = SAMPLE / THREADS;   // sampled keys a thread
@@ -560,14 +595,15 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   static_assert(SAMPLE % THREADS == 0 && CAP % THREADS == 0, "geometry");
 #ifdef KREG_CUDA_EMU   // one CTA at a time on the CPU
   uint32_t* smem = kreg_emu::dynamic_shared();
-  static Shared<WARPS> sh;
+  Shared<WARPS>& sh = kreg_emu::static_shared<Shared<WARPS>>();
 #else
   extern __shared__ __align__(16) uint32_t smem[];
   __shared__ Shared<WARPS> sh;
 #endif
   uint2* buf = reinterpret_cast<uint2*>(smem);   // CAP (key, position)
   uint32_t* bits = smem + 2 * CAP;               // a bit a position (wpt words a thread)
-  const int64_t row = blockIdx.x;
+  const int rank = split > 1 ? cta_rank() : 0;   // this CTA's part of a split row
+  const int64_t row = blockIdx.x / split;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int par = 0;
   int len = n;
@@ -575,11 +611,21 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   int32_t* orow = out + row * k;
   const T* src = scores + row * row_stride;
   if (len <= k) {   // every valid key is taken
-    for (int i = tid; i < k; i += THREADS) orow[i] = i < len ? i : -1;
+    if (rank == 0)
+      for (int i = tid; i < k; i += THREADS) orow[i] = i < len ? i : -1;
     return;
   }
   const int words = (len + 31) >> 5;
   const int wpt = (words + THREADS - 1) / THREADS;   // bitmap words a thread (the scans)
+  // A split row (a cluster of `split` CTAs): each CTA reads a part of the row on the first pass
+  // (`part` vectors, a multiple of a step: whole bitmap words), and the first CTA takes the
+  // others' buffers and tie words into its own and goes on alone. Rows shorter than a step a
+  // CTA: the first CTA alone.
+  const int nvec = (len + KT::NV - 1) / KT::NV;
+  constexpr int STEP = THREADS * UNROLL;
+  const bool split_row = split > 1 && nvec >= split * STEP;
+  if (split > 1 && !split_row && rank != 0) return;
+  const int part = split_row ? (nvec + split * STEP - 1) / (split * STEP) * STEP : nvec;
 
   // 1. the sample's threshold
   uint32_t t;
@@ -623,15 +669,46 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   const bool vec = (reinterpret_cast<uintptr_t>(src) & 15u) == 0;
   int reads = 0, overflows = 0;   // extra reads of the row (stats); passes with G > CAP
   uint32_t G = 0, E = 0;
+  bool parts = split_row;   // this pass reads this CTA's part
   for (;;) {
     ++reads;
     for (int i = tid; i < words; i += THREADS) bits[i] = 0u;
     if (tid == 0) sh.count = 0u;
     __syncthreads();
-    const uint32_t eqc = vec ? stream_pass<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane)
-                             : stream_pass<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane);
+    const int vb = parts ? rank * part : 0, ve = parts ? min(nvec, vb + part) : nvec;
+    const uint32_t eqc =
+        vb >= ve ? 0u
+        : vec    ? stream_pass<T, true, THREADS>(src, len, t, buf, bits, sh, tid, lane, vb, ve)
+                 : stream_pass<T, false, THREADS>(src, len, t, buf, bits, sh, tid, lane, vb, ve);
     E = block_reduce<Op::kSum>(eqc, sh, par, lane, warp);   // (its barrier also publishes sh.count)
     G = sh.count;
+    if (parts) {   // a split row's first pass: the parts become this (the first) CTA's pass
+      parts = false;
+      if (tid == 0) sh.eq = E;
+      cluster_barrier();   // every part's counts, buffer and tie words visible
+      if (rank != 0) {     // read by the first CTA until the next cluster barrier
+        cluster_barrier();
+        return;
+      }
+      // the parts' kept entries after this CTA's own (up to CAP: on an overflow the buffer then
+      // holds CAP keys above t, all the retry below needs), their tie words into its bitmap
+      uint32_t off = min(G, static_cast<uint32_t>(CAP));
+      for (int r = 1; r < split; ++r) {
+        const Shared<WARPS>* o = on_rank(&sh, r);
+        const uint32_t gr = o->count;
+        E += o->eq;
+        G += gr;
+        const uint32_t take = min(min(gr, static_cast<uint32_t>(CAP)), CAP - off);
+        const uint2* rb = on_rank(buf, r);
+        for (int i = tid; i < static_cast<int>(take); i += THREADS) buf[off + i] = rb[i];
+        off += take;
+        const uint32_t* rbits = on_rank(bits, r);
+        const int w_hi = min(words, (r + 1) * part * KT::NV / 32);
+        for (int w = r * part * KT::NV / 32 + tid; w < w_hi; w += THREADS) bits[w] = rbits[w];
+      }
+      cluster_barrier();   // (also this CTA's barrier: its copies visible to all its threads)
+      // G and E are the row's: a miss retries as a CTA's own pass would, reading the whole row
+    }
     if (G > static_cast<uint32_t>(CAP) && (t == 1u || ++overflows > 1)) {
       // a second miss, or a miss at t = 1 (the buffer kept the row's first CAP keys: their
       // k-th is no estimate of the row's): the exact k-th key by radix counts (at most three
@@ -763,7 +840,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
 template <typename T, int THREADS, int MIN_BLOCKS>
 int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
                     const int32_t* lengths, int64_t len_stride, int k, int32_t* out, int* stats,
-                    cudaStream_t stream, int dev) {
+                    int split, cudaStream_t stream, int dev) {
   auto kern = stream_topk_kernel<T, THREADS, MIN_BLOCKS>;
   const int words = (n + 31) / 32;
   const size_t bytes = static_cast<size_t>(CAP) * 8 + static_cast<size_t>(words) * 4;
@@ -778,13 +855,31 @@ int launch_geometry(const void* scores, int64_t row_stride, int rows, int n,
   // cudaLaunchKernel returns this launch's own error (cudaGetLastError after <<<>>> would also
   // report, and clear, an earlier unrelated one)
   const T* src = static_cast<const T*>(scores);
-  void* args[] = {&src, &row_stride, &n, &lengths, &len_stride, &k, &out, &stats};
+  if (split > 1) {   // a cluster of `split` CTAs a row
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(rows) * split);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, src, row_stride, n, lengths, len_stride, k, out, stats,
+                              split) == cudaSuccess ? 0 : 3;
+  }
+  void* args[] = {&src, &row_stride, &n, &lengths, &len_stride, &k, &out, &stats, &split};
   return cudaLaunchKernel(reinterpret_cast<const void*>(kern), dim3(rows), dim3(THREADS), args,
                           bytes, stream) == cudaSuccess ? 0 : 3;
 }
 
 // wide: 1 = one 512-thread CTA an SM (batches of fewer rows than SMs), 0 = 256-thread CTAs,
-// three an SM; -1 = by the row count.
+// three an SM, 2 / 4 = a cluster of two / four 512-thread CTAs a row (each reads a part of it);
+// -1 = by the row count (a split of up to STREAM_SPLIT_MAX CTAs while the rows' CTAs fit the
+// SMs, then 512-thread CTAs below the SM count, then 256-thread ones).
 template <typename T>
 int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_t* lengths,
            int64_t len_stride, int k, int32_t* out, int* stats, int wide, cudaStream_t stream) {
@@ -799,12 +894,16 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
         cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
       return 2;
     wide = rows < sms[dev] ? 1 : 0;
+    for (int s = 2; s <= STREAM_SPLIT_MAX; s *= 2)
+      if (static_cast<int64_t>(rows) * s <= sms[dev]) wide = s;
   }
+  if (wide != 0 && wide != 1 && wide != 2 && wide != 4) return 6;
   if (wide)
     return launch_geometry<T, STREAM_WIDE_THREADS, 1>(scores, row_stride, rows, n, lengths,
-                                                      len_stride, k, out, stats, stream, dev);
+                                                      len_stride, k, out, stats, wide, stream,
+                                                      dev);
   return launch_geometry<T, STREAM_THREADS, STREAM_MIN_BLOCKS>(
-      scores, row_stride, rows, n, lengths, len_stride, k, out, stats, stream, dev);
+      scores, row_stride, rows, n, lengths, len_stride, k, out, stats, 1, stream, dev);
 }
 #endif  // !KREG_CUDA_EMU
 
@@ -813,8 +912,10 @@ int launch(const void* scores, int64_t row_stride, int rows, int n, const int32_
 #ifndef KREG_CUDA_EMU
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 (rows longer than MAX_KEYS keys),
 // 2 (no current device, or its shared-memory limit could not be raised), 3 (the launch failed),
-// 4 (unknown dtype), 5 (k above CAP / 2). stats: null, or an int the kernel adds its retries to.
-// wide: the geometry (-1: by the row count; 1: 512-thread CTAs; 0: 256-thread CTAs).
+// 4 (unknown dtype), 5 (k above CAP / 2), 6 (an unknown geometry). stats: null, or an int the
+// kernel adds its retries to.
+// wide: the geometry (-1: by the row count; 1: 512-thread CTAs; 0: 256-thread CTAs; 2 / 4: a
+// cluster of two / four 512-thread CTAs a row).
 extern "C" int kreg_stream_topk(const void* scores, int dtype, int64_t row_stride, int rows,
                                 int n, const int32_t* lengths, int64_t len_stride, int k,
                                 int32_t* out, int* stats, int wide, void* stream) {

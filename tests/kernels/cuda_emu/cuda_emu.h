@@ -2,7 +2,9 @@
 // (backends/indexer_topk/cuda/stream_topk.cu, built with -DKREG_CUDA_EMU), so that the kernel's
 // own source runs in CI on a machine without a GPU (tests/kernels/test_indexer_topk_stream_emu.py).
 //
-// One CTA at a time; each CUDA thread is a ucontext fiber, and the scheduler switches fibers at
+// One cluster at a time (one CTA, or the `ncta` CTAs of a thread-block cluster with their own
+// shared memories, cluster barriers and mapped shared addresses); each CUDA thread is a ucontext
+// fiber, and the scheduler switches fibers at
 // every barrier, warp collective, global load and shared atomic, in a random order (mode 0) or
 // letting a few threads run far ahead of the rest (mode 1), so a missing __syncthreads or a
 // read-before-write shows up as a wrong answer. It also reports, as errors the test fails on:
@@ -10,7 +12,8 @@
 //     (a shuffle or ballot inside divergent code);
 //   * a deadlock (a barrier some threads never reach);
 //   * a global read outside the current row's [start, start + len) or misaligned for its width;
-//   * writes past the dynamic shared memory the launch would give (a guard after it).
+//   * writes past the dynamic shared memory the launch would give (a guard after it);
+//   * a mapped shared address (another CTA's) that is not inside this CTA's shared memory.
 // Not modelled: memory-model subtleties beyond barrier ordering (every access is sequentially
 // consistent here), timing, registers, and everything the host code does (not compiled here).
 #pragma once
@@ -92,20 +95,30 @@ struct Warp {   // one collective in progress (two generations: a lane may re-ar
 };
 struct Block { int count = 0; std::vector<int> waiters; };
 
+constexpr int kMaxCta = 4, kMaxFibers = 4096;
 inline Fiber* fibers;
-inline int nthreads, cur;
+inline int nthreads, cur;       // threads a CTA; the running fiber (CTA cur / nthreads)
+inline int ncta = 1;            // CTAs of the cluster
 inline ucontext_t scheduler;
-inline Dim3 thread_idx[1024];
-inline Dim3 block_idx;
-inline uint32_t* shared_base;   // the launch's dynamic shared memory
+inline Dim3 thread_idx[kMaxFibers];
+inline Dim3 block_idx[kMaxCta];
+inline uint32_t* shared_base[kMaxCta];   // each CTA's dynamic shared memory
+inline size_t shared_bytes = 0;
+alignas(16) inline char static_shared_mem[kMaxCta][4096];   // each CTA's static __shared__
 inline const char* row_lo;      // the current row's readable bytes
 inline const char* row_hi;
 inline long errors = 0;
-inline Warp warps[32];
-inline Block block;
+inline Warp warps[kMaxFibers / 32];
+inline Block block[kMaxCta];
+inline Block cluster;
 inline uint32_t yield_state = 88172645u;
 
-inline uint32_t* dynamic_shared() { return shared_base; }
+inline int cta() { return cur / nthreads; }
+inline uint32_t* dynamic_shared() { return shared_base[cta()]; }
+template <typename S> inline S& static_shared() {
+  static_assert(sizeof(S) <= sizeof(static_shared_mem[0]), "static shared");
+  return *reinterpret_cast<S*>(static_shared_mem[cta()]);
+}
 inline void yield() { swapcontext(&fibers[cur].ctx, &scheduler); }
 inline void maybe_yield() {   // a switch at one in four loads and shared atomics
   yield_state ^= yield_state << 13; yield_state ^= yield_state >> 17; yield_state ^= yield_state << 5;
@@ -167,19 +180,39 @@ template <typename T> inline void check_read(const T* p) {
 
 }  // namespace kreg_emu
 
-#define threadIdx kreg_emu::thread_idx[kreg_emu::cur]
-#define blockIdx kreg_emu::block_idx
-inline void __syncthreads() {
-  using namespace kreg_emu;
-  if (++block.count == nthreads) {
-    block.count = 0;
-    for (int f : block.waiters) fibers[f].state = kRun;
-    block.waiters.clear();
+namespace kreg_emu {
+// A barrier of `size` fibers: the last to arrive releases the rest.
+inline void arrive(Block& b, int size) {
+  if (++b.count == size) {
+    b.count = 0;
+    for (int f : b.waiters) fibers[f].state = kRun;
+    b.waiters.clear();
     yield();
   } else {
-    fibers[cur].state = kWait; block.waiters.push_back(cur); yield();
+    fibers[cur].state = kWait; b.waiters.push_back(cur); yield();
   }
 }
+// The cluster's API (cooperative_groups::this_cluster(): block_rank, sync, map_shared_rank).
+inline int cluster_rank() { return cta(); }
+inline void cluster_sync() { arrive(cluster, nthreads * ncta); }
+template <typename P> inline P* map_rank(P* p, int rank) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int me = cta();
+  if (rank < 0 || rank >= ncta) { error("map_shared_rank: no such CTA (rank, CTAs)", rank, ncta); return p; }
+  const char* d = reinterpret_cast<const char*>(shared_base[me]);
+  if (c >= d && c + sizeof(P) <= d + shared_bytes)
+    return reinterpret_cast<P*>(reinterpret_cast<char*>(shared_base[rank]) + (c - d));
+  const char* st = static_shared_mem[me];
+  if (c >= st && c + sizeof(P) <= st + sizeof(static_shared_mem[0]))
+    return reinterpret_cast<P*>(static_shared_mem[rank] + (c - st));
+  error("map_shared_rank of an address outside this CTA's shared memory (rank)", rank);
+  return p;
+}
+}  // namespace kreg_emu
+
+#define threadIdx kreg_emu::thread_idx[kreg_emu::cur]
+#define blockIdx kreg_emu::block_idx[kreg_emu::cta()]
+inline void __syncthreads() { kreg_emu::arrive(kreg_emu::block[kreg_emu::cta()], kreg_emu::nthreads); }
 #define __shfl_up_sync(m, v, o) kreg_emu::shfl_up((m), (v), (o), __LINE__)
 #define __shfl_sync(m, v, s) kreg_emu::shfl((m), (v), (s), __LINE__)
 #define __shfl_xor_sync(m, v, o) kreg_emu::shfl_xor((m), (v), (o), __LINE__)

@@ -5,7 +5,8 @@
 // Usage: stream_emu IN OUT [MODE] (MODE 0: random fiber order, 1: a few threads run ahead; SEED
 // from the environment variable KREG_EMU_SEED). IN: int32 header [dtype (0 fp32, 1 bf16,
 // 2 fp16), threads (256 or 512), rows, n, k, row_stride, offset (elements before row 0),
-// len_stride, number of lengths, total elements], the scores' raw elements, the int32 lengths.
+// len_stride, number of lengths, total elements, split (CTAs a row: 1, 2 or 4, a cluster)], the
+// scores' raw elements, the int32 lengths.
 // OUT: the int32 [rows, k] output, the kernel's stats int (extra reads), the emulator's error
 // count. Shared memory starts as garbage and the output as a poison value; guards around both
 // catch stray writes.
@@ -31,35 +32,48 @@ void entry() {
 template <typename T, int THREADS>
 struct Launch {
   const T* scores; int64_t row_stride; int n; const int32_t* lengths; int64_t len_stride; int k;
-  int32_t* out; int* stats;
+  int32_t* out; int* stats; int split;
   static void call(void* p) {
     auto* a = static_cast<Launch*>(p);
     stream_topk_kernel<T, THREADS, 1>(a->scores, a->row_stride, a->n, a->lengths, a->len_stride,
-                                       a->k, a->out, a->stats);
+                                       a->k, a->out, a->stats, a->split);
   }
 };
 
+// rows clusters of `split` CTAs (split 1: a CTA a row), one cluster at a time
 template <typename T, int THREADS>
 void run(Launch<T, THREADS> launch, int rows) {
   using namespace kreg_emu;
+  const int S = launch.split;
   const size_t words = static_cast<size_t>(CAP) * 2 + (launch.n + 31) / 32;
-  std::vector<uint32_t> smem(words + 64);
+  std::vector<std::vector<uint32_t>> smem(S, std::vector<uint32_t>(words + 64));
   nthreads = THREADS;
-  std::vector<Fiber> fib(THREADS);
+  ncta = S;
+  shared_bytes = words * 4;
+  const int NF = THREADS * S;
+  std::vector<Fiber> fib(NF);
   for (auto& f : fib) f.stack.resize(1 << 17);
   fibers = fib.data();
   body = &Launch<T, THREADS>::call;
   body_arg = &launch;
   for (int r = 0; r < rows; ++r) {
-    for (auto& x : smem) x = rng();   // garbage shared memory
-    const std::vector<uint32_t> guard(smem.begin() + words, smem.end());
-    shared_base = smem.data();
-    block_idx = {static_cast<unsigned>(r), 0, 0};
+    std::vector<std::vector<uint32_t>> guard(S);
+    for (int c = 0; c < S; ++c) {
+      for (auto& x : smem[c]) x = rng();   // garbage shared memory
+      for (auto& x : static_shared_mem[c]) x = static_cast<char>(rng());
+      guard[c].assign(smem[c].begin() + words, smem[c].end());
+      shared_base[c] = smem[c].data();
+      block_idx[c] = {static_cast<unsigned>(r * S + c), 0, 0};
+      block[c].count = 0;
+      block[c].waiters.clear();
+    }
+    cluster.count = 0;
+    cluster.waiters.clear();
     const int len = min(max(launch.lengths[r * launch.len_stride], 0), launch.n);
     row_lo = reinterpret_cast<const char*>(launch.scores + r * launch.row_stride);
     row_hi = row_lo + static_cast<size_t>(len) * sizeof(T);
-    for (int t = 0; t < THREADS; ++t) {
-      thread_idx[t] = {static_cast<unsigned>(t), 0, 0};
+    for (int t = 0; t < NF; ++t) {
+      thread_idx[t] = {static_cast<unsigned>(t % THREADS), 0, 0};
       getcontext(&fib[t].ctx);
       fib[t].ctx.uc_stack.ss_sp = fib[t].stack.data();
       fib[t].ctx.uc_stack.ss_size = fib[t].stack.size();
@@ -68,19 +82,17 @@ void run(Launch<T, THREADS> launch, int rows) {
       fib[t].state = kRun;
     }
     for (auto& w : warps) { w.count = 0; w.gen = 0; w.waiters.clear(); }
-    block.count = 0;
-    block.waiters.clear();
     std::vector<int> runnable;
-    std::vector<uint32_t> prio(THREADS);
+    std::vector<uint32_t> prio(NF);
     for (auto& x : prio) x = rng();
     for (;;) {
       runnable.clear();
       int done = 0;
-      for (int t = 0; t < THREADS; ++t) {
+      for (int t = 0; t < NF; ++t) {
         if (fib[t].state == kRun) runnable.push_back(t);
         else if (fib[t].state == kDone) ++done;
       }
-      if (done == THREADS) break;
+      if (done == NF) break;
       if (runnable.empty()) { error("deadlock (row, threads done)", r, done); break; }
       if (mode == 0) {
         cur = runnable[rng() % runnable.size()];
@@ -91,8 +103,9 @@ void run(Launch<T, THREADS> launch, int rows) {
       }
       swapcontext(&scheduler, &fib[cur].ctx);
     }
-    if (!std::equal(guard.begin(), guard.end(), smem.begin() + words))
-      error("write past the dynamic shared memory (row)", r);
+    for (int c = 0; c < S; ++c)
+      if (!std::equal(guard[c].begin(), guard[c].end(), smem[c].begin() + words))
+        error("write past the dynamic shared memory (row, CTA)", r, c);
   }
 }
 
@@ -104,11 +117,12 @@ int main(int argc, char** argv) {
   if (const char* s = getenv("KREG_EMU_SEED")) rng.seed(static_cast<unsigned>(atoi(s)));
   FILE* f = fopen(argv[1], "rb");
   if (!f) { perror(argv[1]); return 2; }
-  int32_t h[10];
-  if (fread(h, 4, 10, f) != 10) { fprintf(stderr, "short header\n"); return 2; }
+  int32_t h[11];
+  if (fread(h, 4, 11, f) != 11) { fprintf(stderr, "short header\n"); return 2; }
   const int dtype = h[0], threads = h[1], rows = h[2], n = h[3], k = h[4];
   const int64_t row_stride = h[5], offset = h[6], len_stride = h[7], total = h[9];
-  const int nlen = h[8];
+  const int nlen = h[8], split = h[10];
+  if (split != 1 && split != 2 && split != 4) { fprintf(stderr, "split %d\n", split); return 2; }
   const int es = dtype == 0 ? 4 : 2;
   std::vector<char> raw(total * es + 64);   // 16-byte aligned base
   char* base = raw.data() + ((16 - (reinterpret_cast<uintptr_t>(raw.data()) & 15)) & 15);
@@ -128,10 +142,10 @@ int main(int argc, char** argv) {
 #define RUN(T)                                                                               \
   if (threads == 256)                                                                        \
     run<T, 256>({reinterpret_cast<const T*>(sc), row_stride, n, lens.data(), len_stride, k, \
-                 out, &stats}, rows);                                                        \
+                 out, &stats, split}, rows);                                                 \
   else                                                                                       \
     run<T, 512>({reinterpret_cast<const T*>(sc), row_stride, n, lens.data(), len_stride, k, \
-                 out, &stats}, rows)
+                 out, &stats, split}, rows)
   if (dtype == 0) { RUN(float); } else if (dtype == 1) { RUN(__nv_bfloat16); } else { RUN(__half); }
   for (int i = 0; i < G; ++i)
     if (outbuf[i] != POISON || outbuf[G + static_cast<size_t>(rows) * k + i] != POISON) {
