@@ -58,7 +58,8 @@ def main() -> int:
         if proc.wait() != 0:
             raise SystemExit(f"variant {name}: nvcc failed")
         libs[name] = stream.load_library(tmp / f"{name}.so")
-    variants = [m for m in libs if m != "stream"] + ([f"w{w}" for w in GEOMETRIES] if a.geometries else [])
+    variants = [m for m in libs if m != "stream"]
+    variants += [f"w{w}" for w in GEOMETRIES] if a.geometries else []
     dtype = getattr(torch, a.dtype)
     print(torch.cuda.get_device_name(), torch.__version__, a.dtype, flush=True)
     n, k, bad, table = 131072, 2048, 0, []
