@@ -264,19 +264,19 @@ for step in "$@"; do
       # NAME=-DX=1,-DY=2) at STREAM_ROWS (fp32, every distribution; bf16 on three), then memcheck
       # (unless SKIP_MEMCHECK is set).
       stage "stream: GPU tests"
-      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+      timeout ${STREAM_TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -x \
         tests/kernels/test_indexer_topk_stream.py > "$OUT/stream_tests.log" 2>&1
       rc=$?; echo "stream gpu tests rc=$rc"; tail -1 "$OUT/stream_tests.log"
       [ $rc = 0 ] || { grep -E "^E |FAILED|Error" "$OUT/stream_tests.log" | head -20; continue; }
       va=""; for v in ${STREAM_VARIANTS:-}; do va="$va --variant $v"; done
       stage "stream: A/B fp32"
-      timeout 280 python3 benchmarks/probes/stream_ab.py $va ${STREAM_GEOM---geometries} --rows ${STREAM_ROWS:-32,64,1024,4096} \
+      timeout ${STREAM_AB_TIMEOUT:-280} python3 benchmarks/probes/stream_ab.py $va ${STREAM_GEOM---geometries} --rows ${STREAM_ROWS:-32,64,1024,4096} \
         --dists ${STREAM_DISTS:-randn,ties,zeros,recent,lowbits,relu,ramp} --iters 12 \
         ${STREAM_CLUSTER:+--cluster} > "$OUT/stream_ab_fp32.log" 2>&1
       echo "rc=$?"; grep -A60 "^| dist" "$OUT/stream_ab_fp32.log"; grep MISMATCH "$OUT/stream_ab_fp32.log"
       [ -n "${SKIP_BF16:-}" ] || stage "stream: A/B bf16"
       [ -n "${SKIP_BF16:-}" ] || timeout 150 python3 benchmarks/probes/stream_ab.py $va --dtype bfloat16 \
-        --rows ${STREAM_ROWS:-32,64,1024,4096} --dists randn,ties,recent --iters 12 \
+        --rows ${STREAM_BF16_ROWS:-${STREAM_ROWS:-32,64,1024,4096}} --dists randn,ties,recent --iters 12 \
         > "$OUT/stream_ab_bf16.log" 2>&1
       [ -n "${SKIP_BF16:-}" ] || { echo "rc=$?"; grep -A30 "^| dist" "$OUT/stream_ab_bf16.log"; grep MISMATCH "$OUT/stream_ab_bf16.log"; }
       if [ -z "${SKIP_MEMCHECK:-}" ]; then
