@@ -138,9 +138,10 @@ def _launch(scores: Any, lengths: Any, k: int, out: Any, index: int,
             lib: ctypes.CDLL | None = None, stats: Any = None, wide: int = -1) -> Any:
     """Fill ``out`` (int32 ``[rows, k]``, contiguous) on device ``index``; inputs checked.
     ``stats``: an int32 CUDA tensor of one element the kernel adds its extra row reads to.
-    ``wide``: the CTA geometry (-1: by the row count: a cluster of four, then two, 512-thread
-    CTAs a row while the rows' CTAs fit the SMs, one 512-thread CTA an SM below the SM count,
-    three 256-thread CTAs an SM from it; 4 / 2 / 1 / 0: one of them, for tests and probes)."""
+    ``wide``: the CTA geometry (-1: by the row count: one 512-thread CTA an SM below the SM
+    count, three 256-thread CTAs an SM from it, and clusters of two or four 512-thread CTAs a
+    row while those fit the SMs if the build's STREAM_SPLIT_MAX allows; 0 / 1 / 2 / 4: one of
+    them, for tests and probes)."""
     import torch
 
     rows, n = scores.shape

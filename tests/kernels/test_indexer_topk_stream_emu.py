@@ -253,28 +253,31 @@ def test_packed_two_byte_compares(emu_packed, tmp_path, dtype):
 
 
 @pytest.fixture(scope="module")
-def emu_ties0(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """STREAM_TIES=0 (the tie bitmap a vector at a time, the A/B baseline of the step's
-    transpose)."""
+def emu_ties1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """STREAM_TIES=1 (a step's tie masks transposed across the lane group: the A/B candidate
+    against the product's shuffle tree a vector)."""
     if CXX is None:
         pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
-    return _build(tmp_path_factory.mktemp("emu") / "stream_emu_ties0", stream.SOURCE,
-                  "-DSTREAM_TIES=0")
+    return _build(tmp_path_factory.mktemp("emu") / "stream_emu_ties1", stream.SOURCE,
+                  "-DSTREAM_TIES=1")
 
 
 @needs_cxx
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tie_bitmap_both_forms(emu, emu_ties0, tmp_path, dtype):
-    """The step's tie masks transposed across the lane group (the product, STREAM_TIES=1) and
-    the per-vector shuffle tree (STREAM_TIES=0) on the rows where ties decide: every key a tie,
-    the k-th inside a tie, ties scattered among the rows' positives, both geometries, and rows
-    whose length leaves a partial step (the tail runs the per-vector form in both)."""
+def test_tie_bitmap_both_forms(emu, emu_ties1, tmp_path, dtype):
+    """The per-vector shuffle tree (the product, STREAM_TIES=0) and the step's tie masks
+    transposed across the lane group (STREAM_TIES=1) on the rows where ties decide: every key
+    a tie, the k-th inside a tie, ties scattered among the rows' positives, both geometries, a
+    split row, and rows whose length leaves a partial step (the tail runs the per-vector form
+    in both)."""
     n = 65536
-    for binary in (emu, emu_ties0):
+    for binary in (emu, emu_ties1):
         for name, threads in (("zeros", 512), ("ties", 256), ("relu", 512), ("quant256", 256)):
             s = D.make_scores(name, 2, n, seed=4, dtype=dtype)
             check(binary, tmp_path, s, torch.tensor([n, n - 37], dtype=torch.int32), 2048,
                   threads=threads)
+        s = D.make_scores("relu", 1, n, seed=5, dtype=dtype)
+        check(binary, tmp_path, s, full(1, n), 2048, threads=512, split=2)
 
 
 @needs_cxx

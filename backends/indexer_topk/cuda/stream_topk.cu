@@ -14,9 +14,9 @@
 //      to a shared-memory buffer of CAP entries (one warp scan and one shared atomic a warp per
 //      UNROLL vectors; each lane converts and stores only its own hits); keys equal to t set
 //      their bit in a bitmap of the row's positions (each 32-position word owned by one group
-//      of lanes in one step: plain stores; a step's masks go out together, transposed across
-//      the lane group, STREAM_TIES=0 keeps a shuffle tree a vector for A/B). STREAM_LOOP=0 keeps
-//      the first form (order keys and a scan per vector) for A/B.
+//      of lanes in one step: plain stores; STREAM_TIES=1 sends a step's masks out together,
+//      transposed across the lane group, for A/B). STREAM_LOOP=0 keeps the first form (order
+//      keys and a scan per vector) for A/B.
 //   3. select: G keys above t, E equal to it. G >= k: T = the k-th largest of the buffer (a
 //      bisection over its keys, held in registers); the bitmap is cleared and gets the
 //      buffer's keys equal to T. G < k <= G + E: T = t, the bitmap holds the ties already.
@@ -34,8 +34,9 @@
 // the row's length). bf16 / fp16 rows are read as 2-byte keys (8 a 16-byte vector). Rows of at
 // most MAX_KEYS keys (the bitmap: MAX_KEYS / 8 bytes of shared memory); k <= CAP / 2. CTA
 // geometries: three 256-thread CTAs an SM; for batches of fewer rows than SMs one 512-thread CTA
-// a row (twice the bytes in flight for a row that has an SM to itself); and for batches whose
-// rows x 2 (x 4) CTAs fit the SMs, a thread-block cluster of 2 (4) 512-thread CTAs a row: each
+// a row (twice the bytes in flight for a row that has an SM to itself); and (wide = 2 / 4, or by
+// the row count with STREAM_SPLIT_MAX) for batches whose rows x 2 (x 4) CTAs fit the SMs, a
+// thread-block cluster of 2 (4) 512-thread CTAs a row: each
 // reads a part of the row on the first pass (the same sample and t in each), then the first
 // CTA copies the others' buffer entries and tie words from their shared memory into its own
 // and goes on alone (a miss re-reads the whole row there, as a CTA's own pass would).
@@ -79,11 +80,11 @@
 #define STREAM_EVICT_FIRST 1
 #endif
 #ifndef STREAM_TIES   // the fast loop's bitmap of ties: 1 = a step's masks by one transpose
-#define STREAM_TIES 1   // across the lane group (log2(32 / NV) shuffles a step); 0 = a shuffle
-#endif                  // tree a vector (sessions 36-37)
-#ifndef STREAM_SPLIT_MAX   // the most CTAs (a cluster) a row of a small batch is read by: 1, 2, 4
-#define STREAM_SPLIT_MAX 4
-#endif
+#define STREAM_TIES 0   // across the lane group (log2(32 / NV) shuffles a step; exact under the
+#endif                  // emulator, not yet timed on a GPU); 0 = a shuffle tree a vector (measured)
+#ifndef STREAM_SPLIT_MAX   // the most CTAs (a cluster) a row of a small batch is read by when the
+#define STREAM_SPLIT_MAX 1   // geometry is by the row count: 1, 2, 4 (1 until a GPU has timed and
+#endif                       // tested the split; `wide` 2 / 4 asks for it)
 #ifndef STREAM_STOP   // probes only (benchmarks/probes/stream_ab.py's phase split): 1 = return
 #define STREAM_STOP 0   // after the sample's threshold, 2 = after the stream; 0 = the whole kernel
 #endif
