@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 from backends.indexer_topk import cluster, stream  # noqa: E402
 from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
+from registry.errors import KernelUnavailableError  # noqa: E402
 
 from kernel_helpers import (  # noqa: E402
     check_topk_graph_replay,
@@ -228,6 +229,36 @@ def test_negative_control_a_wrong_tie_rule_is_caught():
     _check(s, lengths, k)
     got = stream.indexer_topk_stream(s, lengths, k)
     check_wrong_tie_rule_is_caught(got, s, lengths, k)
+
+
+@gpu90
+def test_an_unknown_geometry_is_named():
+    s = torch.randn(2, 8192, device="cuda")
+    lengths = torch.full((2,), 8192, dtype=torch.int32, device="cuda")
+    with pytest.raises(KernelUnavailableError, match="unknown CTA geometry"):
+        _run(s, lengths, 2048, wide=3)
+
+
+@gpu90
+@pytest.mark.parametrize("wide", [2, 4])
+def test_split_rows_in_a_cuda_graph(wide):
+    """A cluster launch captured and replayed (every replay exact, the output poisoned between
+    replays)."""
+    k, n = 2048, 131072
+    s = D.make_scores("relu", 24, n, seed=wide, device="cuda")
+    lengths = torch.full((24,), n, dtype=torch.int32, device="cuda")
+    want = indexer_topk_reference(s, lengths, k)
+    out = torch.full((24, k), POISON, dtype=torch.int32, device="cuda")
+    stream._launch(s, lengths, k, out, 0, wide=wide)   # build and warm outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        stream._launch(s, lengths, k, out, 0, wide=wide)
+    for _ in range(3):
+        out.fill_(POISON)
+        g.replay()
+        torch.cuda.synchronize()
+        assert topk_mismatches(out, want) == []
 
 
 @gpu90

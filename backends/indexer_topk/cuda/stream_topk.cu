@@ -594,7 +594,7 @@ stream_topk_kernel(const T* __restrict__ scores, int64_t row_stride, int n,
   constexpr int SPT = SAMPLE / THREADS;   // sampled keys a thread
   constexpr int BPT = CAP / THREADS;      // buffer entries a thread (the selection)
   static_assert(SAMPLE % THREADS == 0 && CAP % THREADS == 0, "geometry");
-#ifdef KREG_CUDA_EMU   // one CTA at a time on the CPU
+#ifdef KREG_CUDA_EMU   // one CTA (or cluster) at a time on the CPU
   uint32_t* smem = kreg_emu::dynamic_shared();
   Shared<WARPS>& sh = kreg_emu::static_shared<Shared<WARPS>>();
 #else
