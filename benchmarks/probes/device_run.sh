@@ -262,7 +262,8 @@ for step in "$@"; do
       # the streaming kernel (nvidia_hopper.indexer_topk_stream): its GPU tests, the A/B against
       # the Triton kernels and the compile-time variants in STREAM_VARIANTS (space-separated
       # NAME=-DX=1,-DY=2) at STREAM_ROWS (fp32, every distribution; bf16 on three), then memcheck
-      # (unless SKIP_MEMCHECK is set).
+      # (unless SKIP_MEMCHECK is set). The A/B times every geometry (w0 / w1 / w2 / w4) unless
+      # STREAM_GEOM is set, empty (STREAM_GEOM= drops those columns).
       stage "stream: GPU tests"
       timeout ${STREAM_TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -x \
         tests/kernels/test_indexer_topk_stream.py > "$OUT/stream_tests.log" 2>&1
