@@ -103,6 +103,16 @@ UNION           0          U > 0: rows that share most of their selections are c
                            bitmaps over pages x page size), a tile whose rows span two
                            requests is gathered, and the union is written as slots through
                            the request's page table.
+UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels above (gate, mark,
+                           size, count: bitmaps, prefixes and counts in global memory, built by
+                           global atomics); "cuda", one CUDA kernel a tile
+                           (``cuda/union_prep.cu``: the same rules and outputs, the tile's
+                           bitmap, prefixes and one row's counts in shared memory), built with
+                           nvcc on first use; sm_90 only, and where it cannot be had (no nvcc,
+                           another device, an id range whose bitmap does not fit the shared
+                           memory) the Triton kernels run, logged once. Prepared for the H200's
+                           A/B (issue 26: the pre-pass is 25-36% of the union path there); no
+                           policy takes it yet.
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of
@@ -144,11 +154,12 @@ REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
-                                   "UNION": 0, "ENGINE": "triton"}
+                                   "UNION": 0, "UNION_PREP": "triton", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
                                         "SLOT_ORDER": (0, 1),
+                                        "UNION_PREP": ("triton", "cuda"),
                                         "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # Keys (and one value) removed by issue 26's clean-up: no policy, default, tuner or table
 # selected them, docs/notes/sparse_prefill.md records them as losing, and every shipped config
@@ -176,7 +187,7 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "DENSE_TILE"})
+                         "UNION", "UNION_PREP", "DENSE_TILE"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -359,6 +370,8 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         if var["CHUNK_MODE"] == "pretranslate" and not var["DENSE"]:
             over = ("; chunk rows: the union counted over their token positions, a tile "
                     "spanning two requests gathered")
+        if var["UNION_PREP"] == "cuda":
+            over += "; pre-pass: one CUDA kernel a tile"
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
                      f"chosen per tile on the GPU{over})")

@@ -37,7 +37,7 @@ import triton.language as tl
 from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry
 from registry.errors import ConfigError
 
-__all__ = ["ChunkIds", "row_stats", "row_tiles"]
+__all__ = ["ChunkIds", "row_stats", "row_tiles", "union_prep_triton"]
 
 _DENSE_SCRATCH_BYTES = 256 << 20  # DENSE's count scratch at most (rows are done in chunks)
 _DENSE_COUNT_BLOCK = 512  # entries (and count words) a DENSE counting program handles per step
@@ -698,14 +698,90 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
 
 
+def union_prep_triton(idx: Any, lens: Any, has_lens: bool, stats: tuple[Any, Any, Any],
+                      flag: Any, dense_span: int, pct: int, rp: int, umax: int, num_ids: int,
+                      by_req: tuple[Any, Any, int, int] | None = None, *, tile0: int = 0,
+                      ntiles: int | None = None, out: tuple[Any, Any, Any] | None = None,
+                      scratch: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any, Any]:
+    """UNION's pre-pass by the four Triton kernels (gate, mark, size, count) for tiles
+    ``tile0 .. tile0 + ntiles`` (default: all): ``(FLAG, USZ, slots, counts)``, the last two
+    ``[ntiles, umax]`` and ``[ntiles, RP, umax / 2]`` (``out`` gives USZ, slots, counts;
+    ``scratch`` the bitmaps, prefixes and gates of a chunk). ``flag``: DENSE's per tile (it
+    keeps its tiles; ``dense_span`` 0 without DENSE). ``by_req``: (rows' requests, page table,
+    page size, page-table row stride) when ``idx`` holds chunk positions. The one-kernel CUDA
+    pre-pass (``union_prep.py``) writes the same outputs."""
+    import torch
+
+    total_q, topk = idx.shape
+    dev = idx.device
+    nt = -(-total_q // rp) - tile0 if ntiles is None else ntiles
+    if out is None:
+        usz = torch.empty_like(flag)
+        slots = torch.empty((nt, umax), device=dev, dtype=torch.int32)
+        cnt = torch.empty((nt, rp, umax // 2), device=dev, dtype=torch.int32)
+    else:
+        usz, slots, cnt = out
+    if scratch is None:
+        words = (num_ids + 31) // 32
+        bits = torch.empty((nt, words), device=dev, dtype=torch.int32)
+        scratch = (bits, torch.empty_like(bits), torch.empty((nt,), device=dev,
+                                                             dtype=torch.int32))
+    bits, wpre, gate = scratch
+    lo, hi, nv = stats
+    if by_req is not None:
+        row_req, pt, page_size, s_pb = by_req
+    else:
+        row_req = pt = idx  # dummy pointers, never read
+        page_size, s_pb = 1, 0
+    runs = mark_runs(topk, num_ids)
+    kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
+    _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, row_req, num_ids, topk,
+                       tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
+                       HAS_DENSE=dense_span > 0, WB=_UNION_WORDS, BY_REQ=by_req is not None,
+                       RUNS=runs, **kw)
+    _union_mark[(nt * rp,)](idx, lens, bits, gate, num_ids, topk, tile0, total_q,
+                            idx.stride(0), bits.stride(0), RUNS=runs, **kw)
+    _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, row_req, pt,
+                       tile0, total_q, pct, page_size, bits.stride(0), slots.stride(0),
+                       cnt.stride(0), cnt.stride(1), s_pb, RP=rp, BLOCK=_UNION_BLOCK,
+                       WB=_UNION_WORDS, BY_REQ=by_req is not None, num_warps=_UNION_WARPS)
+    _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
+                             total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
+                             cnt.stride(1), **kw)
+    return flag, usz, slots, cnt
+
+
+def _cuda_prep(var: dict[str, Any], idx: Any, num_ids: int, umax: int) -> bool:
+    """Whether this call's union pre-pass is the one-kernel CUDA one (UNION_PREP="cuda" where
+    it can be had; otherwise the Triton kernels, logged once a reason)."""
+    if var["UNION_PREP"] != "cuda":
+        return False
+    from backends.sparse_prefill import union_prep
+
+    ok, why = union_prep.available(idx.device, num_ids, umax)
+    if not ok and why not in _PREP_LOGGED:
+        import logging
+
+        _PREP_LOGGED.add(why)
+        logging.getLogger("kreg").warning("sparse_prefill UNION_PREP='cuda': the Triton "
+                                          "pre-pass runs instead (%s)", why)
+    import torch
+
+    return ok and idx.dtype == torch.int32 and idx.stride(1) == 1
+
+
+_PREP_LOGGED: set[str] = set()
+
+
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None,
            chunk_ids: ChunkIds | None = None) -> Any:
     """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
-    alone): per chunk of tiles the pre-pass and the union kernel. The union is over ``idx``'s
-    slot ids, or over ``chunk_ids``' positions (then ``stats`` are theirs). Returns ``FLAG``
-    (int32 per tile: 0 gather, 1 dense, 2 union) for the gathering kernel's skip."""
+    alone): per chunk of tiles the pre-pass (the Triton kernels, or with UNION_PREP="cuda" the
+    one CUDA kernel) and the union kernel. The union is over ``idx``'s slot ids, or over
+    ``chunk_ids``' positions (then ``stats`` are theirs). Returns ``FLAG`` (int32 per tile: 0
+    gather, 1 dense, 2 union) for the gathering kernel's skip."""
     import torch
 
     # here, not at the top: triton_kernels imports this module
@@ -716,15 +792,13 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     group, topk, (bm, bn, nw, ns), hp, rp, slack = _tile_shape(q, k, idx, var, "UNION")
     pct = int(var["UNION"])
     dev = q.device
-    lo, hi, nv = stats
-    by_req = chunk_ids is not None
-    if by_req:
+    by_req = None
+    if chunk_ids is not None:
         idx, num_ids = chunk_ids.ids, chunk_ids.num_ids
-        row_req, pt, page_size = chunk_ids.row_req, chunk_ids.page_table, chunk_ids.page_size
-        s_pb = pt.stride(0)
+        pt = chunk_ids.page_table
+        by_req = (chunk_ids.row_req, pt, chunk_ids.page_size, pt.stride(0))
     else:
-        num_ids, page_size, s_pb = num_slots, 1, 0
-        row_req = pt = idx  # dummy pointers, never read
+        num_ids = num_slots
     ntiles = -(-total_q // rp)
     if flag is None:
         flag = torch.empty((ntiles,), device=dev, dtype=torch.int32)
@@ -734,32 +808,31 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     # ids: U <= umax
     umax = max(2, min(num_ids, -(-topk * pct // 100)))
     umax += umax & 1
-    per_tile = 4 * (2 * words + umax + rp * (umax // 2))
+    cuda_prep = _cuda_prep(var, idx, num_ids, umax)
+    per_tile = 4 * ((0 if cuda_prep else 2 * words) + umax + rp * (umax // 2))
     chunk = max(1, min(ntiles, _UNION_SCRATCH_BYTES // per_tile))
-    bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
-    runs = mark_runs(topk, num_ids)
     offs32 = bool(var["OFFS32"]) and _offsets_fit_int32(num_slots, k.stride(0), v.stride(0),
                                                         d_pad)
-    wpre = torch.empty_like(bits)
-    gate = torch.empty((chunk,), device=dev, dtype=torch.int32)
     slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
     cnt = torch.empty((chunk, rp, umax // 2), device=dev, dtype=torch.int32)
+    scratch = None
     for tile0 in range(0, ntiles, chunk):
         nt = min(chunk, ntiles - tile0)
-        kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
-        _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, row_req, num_ids, topk,
-                           tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
-                           HAS_DENSE=bool(var["DENSE"]), WB=_UNION_WORDS, BY_REQ=by_req,
-                           RUNS=runs, **kw)
-        _union_mark[(nt * rp,)](idx, lens, bits, gate, num_ids, topk, tile0, total_q,
-                                idx.stride(0), bits.stride(0), RUNS=runs, **kw)
-        _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, row_req, pt,
-                           tile0, total_q, pct, page_size, bits.stride(0), slots.stride(0),
-                           cnt.stride(0), cnt.stride(1), s_pb, RP=rp, BLOCK=_UNION_BLOCK,
-                           WB=_UNION_WORDS, BY_REQ=by_req, num_warps=_UNION_WARPS)
-        _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
-                                 total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
-                                 cnt.stride(1), **kw)
+        done = False
+        if cuda_prep:
+            from backends.sparse_prefill import union_prep
+
+            done = union_prep.run(idx, lens if has_lens else None, stats, flag, usz, slots, cnt,
+                                  by_req, num_ids=num_ids, tile0=tile0, ntiles=nt, rp=rp,
+                                  dense_span=dense_span, pct=pct, umax=umax)
+        if not done:
+            if scratch is None:
+                bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
+                scratch = (bits, torch.empty_like(bits),
+                           torch.empty((chunk,), device=dev, dtype=torch.int32))
+            union_prep_triton(idx, lens, has_lens, stats, flag, dense_span, pct, rp, umax,
+                              num_ids, by_req, tile0=tile0, ntiles=nt, out=(usz, slots, cnt),
+                              scratch=scratch)
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

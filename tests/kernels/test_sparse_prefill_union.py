@@ -569,13 +569,85 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
 # ------------------------------------------------------------------ GPU
 
 
+def _cuda_prep_or_skip() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: UNION_PREP='cuda' is a CUDA kernel")
+    from backends.sparse_prefill import union_prep
+
+    ok, why = union_prep.available(torch.device("cuda"), 1 << 16, 8192)
+    if not ok:
+        pytest.skip(f"UNION_PREP='cuda' cannot run here: {why}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("indices", ["topk", "walk"])
+@pytest.mark.parametrize("by_req", [False, True])
+def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices: str) -> None:
+    # the one-kernel pre-pass (union_prep.cu) against tile_kernels' four Triton kernels on the
+    # GPU, output by output: FLAG, USZ, a union tile's slots and counts; rows an indexer emits
+    # (or the walk) with -1, negative, out-of-range, duplicate and past-length entries, ragged
+    # lengths, rows past the last full tile; by_req: chunk positions through a page table, a
+    # tile spanning two requests gathered
+    _cuda_prep_or_skip()
+    from backends.sparse_prefill import union_prep
+    from backends.sparse_prefill.indices import topk_indices, walk_indices
+
+    total_q, width, topk, rp, pct = 2003, 8192, 2051, 16, 300
+    vis = torch.arange(width - total_q + 1, width + 1, device="cuda")
+    make = topk_indices if indices == "topk" else walk_indices
+    idx, lens = make(vis, topk)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for val in (-1, -9, width + 5):
+        m = torch.rand(idx.shape, generator=g, device="cuda") < 0.002
+        idx[m] = val
+    idx[::5, 1:100] = idx[::5, :99].clone()   # duplicates (a slot listed twice counts twice)
+    lens = lens.clone()
+    lens[::7] = torch.randint(0, topk + 40, lens[::7].shape, generator=g, device="cuda",
+                              dtype=torch.int32)
+    lens[3] = -4
+    by = None
+    if by_req:
+        row_req = (torch.arange(total_q, device="cuda", dtype=torch.int32) >= 1000).int()
+        pt = torch.stack([torch.randperm(2 * width // 16, generator=g, device="cuda")[
+            : width // 16] for _ in range(2)]).int()
+        by = (row_req, pt, 16, pt.stride(0))
+    stats = tile_kernels.row_stats(idx, lens, True, width)
+    tiles = -(-total_q // rp)
+    umax = -(-topk * pct // 100)
+    umax += umax & 1
+    flag0 = torch.zeros((tiles,), device="cuda", dtype=torch.int32)
+    want = tile_kernels.union_prep_triton(idx, lens, True, stats, flag0.clone(), 0, pct, rp,
+                                          umax, width, by)
+    flag = flag0.clone()
+    usz = torch.full_like(flag, -7)
+    slots = torch.full((tiles, umax), -7, device="cuda", dtype=torch.int32)
+    cnt = torch.full((tiles, rp, umax // 2), -7, device="cuda", dtype=torch.int32)
+    assert union_prep.run(idx, lens, stats, flag, usz, slots, cnt, by, num_ids=width, tile0=0,
+                          ntiles=tiles, rp=rp, dense_span=0, pct=pct, umax=umax)
+    torch.cuda.synchronize()
+    assert flag.tolist() == want[0].tolist()
+    assert usz.tolist() == want[1].tolist()
+    union = [t for t in range(tiles) if flag[t] == UNION and usz[t] > 0]
+    if indices == "topk":
+        assert len(union) > tiles // 2, f"{len(union)} union tiles of {tiles}"
+    for t in union:
+        u = int(usz[t])
+        assert torch.equal(slots[t, :u], want[2][t, :u]), f"tile {t}: slots"
+        h = (u + 1) // 2
+        # (an odd U's last word: its high field is 0 in both, cleared before counting)
+        assert torch.equal(cnt[t, :, :h], want[3][t, :, :h]), f"tile {t}: counts"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("kind", ["prefill", "chunk"])
 @pytest.mark.parametrize("group", [6, 12])
-def test_gpu_union_through_dispatch(kind: str, group: int, indices: str) -> None:
+@pytest.mark.parametrize("prep", ["triton", "cuda"])
+def test_gpu_union_through_dispatch(kind: str, group: int, indices: str, prep: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA: the union kernels at the seed's shapes in bf16")
+    if prep == "cuda":
+        _cuda_prep_or_skip()
     import registry
     from backends.sparse_prefill.bench import BenchCase, make_inputs
     from registry import Implementation, hookimpl
@@ -583,7 +655,8 @@ def test_gpu_union_through_dispatch(kind: str, group: int, indices: str) -> None
 
     union = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 1,
              "num_stages": 2, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
-             "REVERSE_ROWS": 1, "UNION": 300, "DENSE_TILE": "128x32x8x3"}
+             "REVERSE_ROWS": 1, "UNION": 300, "DENSE_TILE": "128x32x8x3",
+             "UNION_PREP": prep}
     if kind == "chunk":
         union = {**union, "CHUNK_MODE": "pretranslate"}
 
@@ -724,3 +797,24 @@ def test_gpu_union_tiles_with_the_wgmma_per_row_kernel(kind: str, group: int,
         assert flags.count(UNION) > 0, flags
     elif kind == "chunk":   # the walk at KV 16K: rows share few slots, the per-row kernel
         assert flags.count(GATHER) > 0, flags
+
+
+def test_cuda_pre_pass_off_a_gpu_falls_back_to_the_triton_one(poisoned: list[Any],
+                                                             caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    # UNION_PREP="cuda" where its kernel cannot run (CPU tensors here): the Triton pre-pass
+    # runs, the answer and the tiles' paths are the rule's, the reason is logged; explain
+    # names the pre-pass; a bad value is a config error naming the choices
+    from backends.sparse_prefill.config import describe_path
+
+    q, k, v, idx, lengths = _shared_case(3, group=6, hkv=1, dtype=torch.float16)
+    want = _tile_paths(idx, lengths, k.shape[0], _rp("32x16x4x2", 6), 250)
+    cfg = {**BASE, "UNION": 250, "DENSE_TILE": "32x16x4x2", "UNION_PREP": "cuda"}
+    with caplog.at_level("WARNING", logger="kreg"):
+        tile_kernels._PREP_LOGGED.clear()
+        _run(q, k, v, idx, cfg, lengths=lengths)
+    assert poisoned[0].tolist() == want
+    assert "the Triton pre-pass runs instead" in caplog.text
+    assert "pre-pass: one CUDA kernel a tile" in describe_path(cfg)
+    with pytest.raises(ConfigError, match=r"UNION_PREP='nvcc': expected one of"):
+        validate_config({**cfg, "UNION_PREP": "nvcc"}, 6, 16)

@@ -10,24 +10,10 @@
 // OUT: the int32 [rows, k] output, the kernel's stats int (extra reads), the emulator's error
 // count. Shared memory starts as garbage and the output as a poison value; guards around both
 // catch stray writes.
-#include <random>
-
-#include "cuda_emu.h"
+#include "emu_launch.h"
 #include "stream_topk.cu"
 
 namespace {
-
-std::mt19937 rng(12345);
-int mode = 0;
-std::vector<kreg_emu::Fiber>* fiber_store;
-void (*body)(void*);
-void* body_arg;
-
-void entry() {
-  body(body_arg);
-  kreg_emu::fibers[kreg_emu::cur].state = kreg_emu::kDone;
-  swapcontext(&kreg_emu::fibers[kreg_emu::cur].ctx, &kreg_emu::scheduler);
-}
 
 template <typename T, int THREADS>
 struct Launch {
@@ -46,66 +32,12 @@ void run(Launch<T, THREADS> launch, int rows) {
   using namespace kreg_emu;
   const int S = launch.split;
   const size_t words = static_cast<size_t>(CAP) * 2 + (launch.n + 31) / 32;
-  std::vector<std::vector<uint32_t>> smem(S, std::vector<uint32_t>(words + 64));
-  nthreads = THREADS;
-  ncta = S;
-  shared_bytes = words * 4;
-  const int NF = THREADS * S;
-  std::vector<Fiber> fib(NF);
-  for (auto& f : fib) f.stack.resize(1 << 17);
-  fibers = fib.data();
-  body = &Launch<T, THREADS>::call;
-  body_arg = &launch;
   for (int r = 0; r < rows; ++r) {
-    std::vector<std::vector<uint32_t>> guard(S);
-    for (int c = 0; c < S; ++c) {
-      for (auto& x : smem[c]) x = rng();   // garbage shared memory
-      for (auto& x : static_shared_mem[c]) x = static_cast<char>(rng());
-      guard[c].assign(smem[c].begin() + words, smem[c].end());
-      shared_base[c] = smem[c].data();
-      block_idx[c] = {static_cast<unsigned>(r * S + c), 0, 0};
-      block[c].count = 0;
-      block[c].waiters.clear();
-    }
-    cluster.count = 0;
-    cluster.waiters.clear();
     const int len = min(max(launch.lengths[r * launch.len_stride], 0), launch.n);
     row_lo = reinterpret_cast<const char*>(launch.scores + r * launch.row_stride);
     row_hi = row_lo + static_cast<size_t>(len) * sizeof(T);
-    for (int t = 0; t < NF; ++t) {
-      thread_idx[t] = {static_cast<unsigned>(t % THREADS), 0, 0};
-      getcontext(&fib[t].ctx);
-      fib[t].ctx.uc_stack.ss_sp = fib[t].stack.data();
-      fib[t].ctx.uc_stack.ss_size = fib[t].stack.size();
-      fib[t].ctx.uc_link = nullptr;
-      makecontext(&fib[t].ctx, entry, 0);
-      fib[t].state = kRun;
-    }
-    for (auto& w : warps) { w.count = 0; w.gen = 0; w.waiters.clear(); }
-    std::vector<int> runnable;
-    std::vector<uint32_t> prio(NF);
-    for (auto& x : prio) x = rng();
-    for (;;) {
-      runnable.clear();
-      int done = 0;
-      for (int t = 0; t < NF; ++t) {
-        if (fib[t].state == kRun) runnable.push_back(t);
-        else if (fib[t].state == kDone) ++done;
-      }
-      if (done == NF) break;
-      if (runnable.empty()) { error("deadlock (row, threads done)", r, done); break; }
-      if (mode == 0) {
-        cur = runnable[rng() % runnable.size()];
-      } else {   // the highest priority runs; now and then one thread gets a new priority
-        if (rng() % 64 == 0) prio[runnable[rng() % runnable.size()]] = rng();
-        cur = runnable[0];
-        for (int t : runnable) if (prio[t] > prio[cur]) cur = t;
-      }
-      swapcontext(&scheduler, &fib[cur].ctx);
-    }
-    for (int c = 0; c < S; ++c)
-      if (!std::equal(guard[c].begin(), guard[c].end(), smem[c].begin() + words))
-        error("write past the dynamic shared memory (row, CTA)", r, c);
+    run_cluster(THREADS, S, words, static_cast<unsigned>(r * S), &Launch<T, THREADS>::call,
+                &launch, r);
   }
 }
 
@@ -113,8 +45,8 @@ void run(Launch<T, THREADS> launch, int rows) {
 
 int main(int argc, char** argv) {
   if (argc < 3) { fprintf(stderr, "usage: %s IN OUT [MODE]\n", argv[0]); return 2; }
-  if (argc > 3) mode = atoi(argv[3]);
-  if (const char* s = getenv("KREG_EMU_SEED")) rng.seed(static_cast<unsigned>(atoi(s)));
+  if (argc > 3) kreg_emu::mode = atoi(argv[3]);
+  if (const char* s = getenv("KREG_EMU_SEED")) kreg_emu::rng.seed(static_cast<unsigned>(atoi(s)));
   FILE* f = fopen(argv[1], "rb");
   if (!f) { perror(argv[1]); return 2; }
   int32_t h[11];

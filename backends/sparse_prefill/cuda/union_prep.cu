@@ -1,0 +1,329 @@
+// The union path's pre-pass in one kernel (sparse_prefill, issue 26; UNION_PREP="cuda").
+//
+// The Triton pre-pass (backends/sparse_prefill/tile_kernels.py: _union_gate, _union_mark,
+// _union_size, _union_count) is four launches whose bitmaps, prefixes and 16-bit counts live in
+// global memory and are built by global atomics: 25-36% of the union path's time on the H200
+// (docs/notes/sparse_prefill.md, "Session 18"). Here one CTA a tile does the same work with the
+// tile's bitmap, word prefixes and one row's counts in shared memory, and writes exactly what
+// the four launches write for the union kernel (_union_fwd): FLAG and USZ of every tile, and for
+// a union tile its slots (ascending; chunk positions translated through the request's page
+// table) and its rows' 16-bit multiplicities at every union position. The decision is the
+// Triton pre-pass's, step for step:
+//   * a tile DENSE takes keeps its FLAG (USZ 0); a tile without valid entries is union with
+//     U = 0 (FLAG 2); a chunk tile whose first and last rows are in different requests, and a
+//     tile whose gate fails, is gathered (FLAG 0);
+//   * the gate: the first row's slots marked, the last row's valid entries and hits on them
+//     counted: estimate = n_first + (rows - 1) * (n_last - hits); gated when
+//     estimate * RP * 100 <= 2 * (valid entries of the tile's rows) * union_pct;
+//   * a gated tile marks every row, counts the union exactly (U) and goes union when
+//     U * RP * 100 <= (valid entries) * union_pct.
+// An entry is valid when 0 <= id < num_ids and it lies within its row's length (lens, clamped to
+// [0, topk]); a slot listed twice counts twice. The bitmap covers the tile's span
+// [lo >> 5, hi >> 5] (LO / HI / NV: the rows' statistics, backends/sparse_prefill's
+// _row_stats); a span wider than the shared memory holds hands the tile to the gathering
+// kernel (never a wrong answer; the host sizes the memory for the whole id range).
+//
+// Host entry: `kreg_union_prep` (extern "C"; backends/sparse_prefill/union_prep.py).
+// Under -DKREG_CUDA_EMU only the kernel is compiled (tests/kernels/cuda_emu, the CPU emulator).
+#include <cstdint>
+#ifdef KREG_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+constexpr int THREADS = 512;
+constexpr int WARPS = THREADS / 32;
+
+struct Params {
+  const int32_t* idx;        // [total_q, s_it] ids (slots, or chunk positions)
+  int64_t s_it;
+  const int32_t* lens;       // null: every row has topk entries
+  const int32_t* lo;         // per row: least / greatest valid id (num_ids / -1 when none)
+  const int32_t* hi;
+  const int32_t* nv;         // per row: valid entries
+  int32_t* flag;             // per tile (global tile index): 0 gather, 1 dense, 2 union
+  int32_t* usz;              // per tile: U (0 unless union)
+  int32_t* slots;            // [chunk, s_lt]: the union's slots ascending
+  int64_t s_lt;
+  int32_t* cnt;              // [chunk, RP, s_cr]: 16-bit multiplicities, two a word
+  int64_t s_ct;
+  int64_t s_cr;
+  const int32_t* row_req;    // null, or per row its request (ids are chunk positions)
+  const int32_t* pt;         // the page table (row_req only)
+  int64_t s_pb;
+  int page_size;
+  int num_ids;
+  int topk;
+  int tile0;
+  int total_q;
+  int rp;
+  int dense_span;            // DENSE's threshold (0: no DENSE)
+  int union_pct;
+  int words;                 // bitmap words the shared memory holds
+  int half_max;              // count words a row the shared memory holds (umax / 2)
+};
+
+struct Shared {
+  int32_t red[2][WARPS];
+  int32_t part[WARPS];
+  int64_t nv;
+  int32_t lo, hi, go, dense, run, gate, u;
+};
+
+__device__ __forceinline__ int row_len(const Params& p, int r) {
+  if (r >= p.total_q) return 0;
+  if (p.lens == nullptr) return p.topk;
+  const int n = p.lens[r];
+  return n < 0 ? 0 : (n < p.topk ? n : p.topk);
+}
+
+__device__ __forceinline__ const int32_t* row_ids(const Params& p, int r) {
+  return p.idx + static_cast<int64_t>(r) * p.s_it;
+}
+
+// sum of v over the CTA (every thread gets it); `slot` picks one of two reduction buffers so
+// that two sums may follow each other with a single barrier between their uses
+__device__ __forceinline__ int block_sum(Shared& sh, int v, int slot) {
+  v = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, static_cast<uint32_t>(v)));
+  if (threadIdx.x % 32 == 0) sh.red[slot][threadIdx.x / 32] = v;
+  __syncthreads();
+  int s = 0;
+  for (int w = 0; w < WARPS; ++w) s += sh.red[slot][w];
+  return s;
+}
+
+// set the bit of every valid id of row r (its entries strided over the CTA)
+__device__ __forceinline__ void mark_row(const Params& p, uint32_t* bits, int w_lo, int nw,
+                                         int r) {
+  const int n = row_len(p, r);
+  const int32_t* ids = row_ids(p, r);
+  for (int j = threadIdx.x; j < n; j += THREADS) {
+    const int s = __ldg(ids + j);
+    const int w = (s >> 5) - w_lo;
+    if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
+  }
+}
+
+__global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
+#ifdef KREG_CUDA_EMU
+  uint32_t* smem = kreg_emu::dynamic_shared();
+  Shared& sh = kreg_emu::static_shared<Shared>();
+#else
+  extern __shared__ uint32_t smem[];
+  __shared__ Shared sh;
+#endif
+  uint32_t* bits = smem;                 // [words]
+  uint32_t* pre = smem + p.words;        // [words]: set bits before each word
+  uint32_t* cs = pre + p.words;          // [half_max]: one row's counts
+  const int lt = blockIdx.x;
+  const int t = p.tile0 + lt;
+  const int r0 = t * p.rp;
+  const int tid = threadIdx.x;
+
+  // the tile's statistics (a thread a row, then warp and CTA reductions) and the first
+  // decisions (DENSE's tile, an empty one, mixed requests)
+  {
+    uint32_t lo = 2147483647u, hi1 = 0u, nvr = 0u;   // hi + 1 (HI is -1 for an empty row)
+    for (int i = tid; i < p.rp; i += THREADS) {
+      const int r = r0 + i;
+      if (r < p.total_q) {
+        lo = min(lo, static_cast<uint32_t>(p.lo[r]));
+        hi1 = max(hi1, static_cast<uint32_t>(p.hi[r] + 1));
+        nvr += static_cast<uint32_t>(p.nv[r]);
+      }
+    }
+    lo = __reduce_min_sync(0xFFFFFFFFu, lo);
+    hi1 = __reduce_max_sync(0xFFFFFFFFu, hi1);
+    nvr = __reduce_add_sync(0xFFFFFFFFu, nvr);
+    if (tid % 32 == 0) {
+      sh.red[0][tid / 32] = static_cast<int32_t>(lo);
+      sh.red[1][tid / 32] = static_cast<int32_t>(hi1);
+      sh.part[tid / 32] = static_cast<int32_t>(nvr);
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int lo = 2147483647, hi = -1;
+    int64_t nv = 0;
+    for (int w = 0; w < WARPS; ++w) {
+      lo = min(lo, sh.red[0][w]);
+      hi = max(hi, sh.red[1][w] - 1);
+      nv += sh.part[w];
+    }
+    bool dense = false;
+    if (p.dense_span > 0) {
+      const int64_t span = max(hi - lo + 1, 0);
+      dense = span * p.rp * 100 <= nv * p.dense_span;
+    }
+    const bool go = hi >= lo && !dense;
+    bool mixed = false;
+    if (p.row_req != nullptr) {
+      const int r_last = min(r0 + p.rp, p.total_q) - 1;
+      mixed = p.row_req[r0] != p.row_req[r_last];
+    }
+    const int nw = go ? (hi >> 5) - (lo >> 5) + 1 : 0;
+    sh.lo = lo;
+    sh.hi = hi;
+    sh.nv = nv;
+    sh.go = go;
+    sh.dense = dense;
+    sh.run = go && !mixed && nw <= p.words;
+  }
+  __syncthreads();
+  if (!sh.run) {   // not gated: DENSE's tile keeps its FLAG, an empty one is union with U = 0
+    if (tid == 0) {
+      if (!sh.dense) p.flag[t] = sh.go ? 0 : 2;
+      p.usz[t] = 0;
+    }
+    return;
+  }
+  const int w_lo = sh.lo >> 5;
+  const int nw = (sh.hi >> 5) - w_lo + 1;
+  const int64_t nv = sh.nv;
+
+  // the gate: the first row's bits, then the last row's valid entries and hits on them
+  for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
+  __syncthreads();
+  mark_row(p, bits, w_lo, nw, r0);
+  __syncthreads();
+  const int rows = min(p.total_q - r0, p.rp);
+  const int r1 = r0 + rows - 1;
+  {
+    const int n1 = row_len(p, r1);
+    const int32_t* ids = row_ids(p, r1);
+    int v1 = 0, h1 = 0;
+    for (int j = tid; j < n1; j += THREADS) {
+      const int s = __ldg(ids + j);
+      const int w = (s >> 5) - w_lo;
+      if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
+        ++v1;
+        h1 += (bits[w] >> (s & 31)) & 1u;
+      }
+    }
+    v1 = block_sum(sh, v1, 0);
+    h1 = block_sum(sh, h1, 1);
+    const int64_t est = static_cast<int64_t>(p.nv[r0]) +
+                        static_cast<int64_t>(rows - 1) * max(v1 - h1, 0);
+    if (!(est * p.rp * 100 <= 2 * nv * p.union_pct)) {
+      if (tid == 0) {
+        p.flag[t] = 0;
+        p.usz[t] = 0;
+      }
+      return;
+    }
+  }
+
+  // every other row's bits; the exact union size and each word's prefix
+  for (int i = 1; i < rows; ++i) mark_row(p, bits, w_lo, nw, r0 + i);
+  __syncthreads();
+  const int per = (nw + THREADS - 1) / THREADS;   // a thread's run of words
+  const int wa = min(tid * per, nw), wb = min(wa + per, nw);
+  int mine = 0;
+  for (int w = wa; w < wb; ++w) mine += __popc(bits[w]);
+  // exclusive scan of `mine` over the CTA (warp scans, then the warps' totals)
+  int incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = static_cast<int>(__shfl_up_sync(0xFFFFFFFFu, static_cast<uint32_t>(incl), o));
+    if (tid % 32 >= o) incl += y;
+  }
+  if (tid % 32 == 31) sh.red[0][tid / 32] = incl;
+  __syncthreads();
+  int before = incl - mine, u = 0;
+  for (int w = 0; w < WARPS; ++w) {
+    const int x = sh.red[0][w];
+    if (w < tid / 32) before += x;
+    u += x;
+  }
+  for (int w = wa; w < wb; ++w) {
+    pre[w] = static_cast<uint32_t>(before);
+    before += __popc(bits[w]);
+  }
+  const bool is_union = static_cast<int64_t>(u) * p.rp * 100 <= nv * p.union_pct;
+  if (tid == 0) {
+    p.flag[t] = is_union ? 2 : 0;
+    p.usz[t] = is_union ? u : 0;
+  }
+  if (!is_union) return;
+  __syncthreads();   // every prefix written
+
+  // the union's ids ascending: a set bit's position = its word's prefix + set bits below it
+  int32_t* slots = p.slots + static_cast<int64_t>(lt) * p.s_lt;
+  const int32_t* pt_row = p.row_req != nullptr
+      ? p.pt + static_cast<int64_t>(p.row_req[r0]) * p.s_pb : nullptr;
+  for (int w = tid; w < nw; w += THREADS) {
+    uint32_t b = bits[w];
+    int pos = static_cast<int>(pre[w]);
+    while (b != 0u) {
+      const int bit = __ffs(static_cast<int>(b)) - 1;
+      int id = (w_lo + w) * 32 + bit;
+      if (pt_row != nullptr) id = pt_row[id / p.page_size] * p.page_size + id % p.page_size;
+      slots[pos++] = id;
+      b &= b - 1u;
+    }
+  }
+
+  // each row's multiplicities (the tile's RP rows; rows past total_q are zeros)
+  const int half = (u + 1) >> 1;
+  int32_t* cnt_t = p.cnt + static_cast<int64_t>(lt) * p.s_ct;
+  // (a thread clears, for the next row, the very words it copied out: no barrier between)
+  for (int i = 0; i < p.rp; ++i) {
+    for (int c = tid; c < half; c += THREADS) cs[c] = 0u;
+    __syncthreads();   // cleared before any thread counts
+    const int r = r0 + i;
+    const int n = row_len(p, r);
+    const int32_t* ids = row_ids(p, r);
+    for (int j = tid; j < n; j += THREADS) {
+      const int s = __ldg(ids + j);
+      const int w = (s >> 5) - w_lo;
+      if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
+        const int pos = static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
+        atomicAdd(cs + (pos >> 1), 1u << ((pos & 1) * 16));
+      }
+    }
+    __syncthreads();
+    int32_t* row = cnt_t + i * p.s_cr;
+    for (int c = tid; c < half; c += THREADS) row[c] = static_cast<int32_t>(cs[c]);
+  }
+}
+
+}  // namespace
+
+#ifndef KREG_CUDA_EMU
+// Returns 0, or 1 (the shared memory the id range needs is over the device's limit), 2 (no
+// current device, or its shared-memory limit could not be raised), 3 (the launch failed).
+extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* lens,
+                               const int32_t* lo, const int32_t* hi, const int32_t* nv,
+                               int32_t* flag, int32_t* usz, int32_t* slots, int64_t s_lt,
+                               int32_t* cnt, int64_t s_ct, int64_t s_cr, const int32_t* row_req,
+                               const int32_t* pt, int64_t s_pb, int page_size, int num_ids,
+                               int topk, int tile0, int ntiles, int total_q, int rp,
+                               int dense_span, int union_pct, int umax, void* stream) {
+  Params p{idx, s_it, lens, lo, hi, nv, flag, usz, slots, s_lt, cnt, s_ct, s_cr, row_req, pt,
+           s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
+           (num_ids + 31) / 32, umax / 2};
+  const size_t bytes = (2 * static_cast<size_t>(p.words) + p.half_max) * 4;
+  int dev = 0, limit = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 2;
+  if (bytes + sizeof(Shared) > static_cast<size_t>(limit)) return 1;
+  if (cudaFuncSetAttribute(union_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) != cudaSuccess)
+    return 2;
+  if (ntiles <= 0) return 0;
+  void* args[] = {&p};
+  if (cudaLaunchKernel(reinterpret_cast<const void*>(union_prep_kernel), dim3(ntiles),
+                       dim3(THREADS), args, bytes, static_cast<cudaStream_t>(stream)) != cudaSuccess)
+    return 3;
+  return 0;
+}
+
+// the shared memory a call needs (bytes), for the host's check before it takes this path
+extern "C" int64_t kreg_union_prep_smem(int num_ids, int umax) {
+  return (2 * static_cast<int64_t>((num_ids + 31) / 32) + umax / 2) * 4 +
+         static_cast<int64_t>(sizeof(Shared));
+}
+#endif  // !KREG_CUDA_EMU

@@ -1,0 +1,343 @@
+"""The union path's one-kernel pre-pass (``backends/sparse_prefill/cuda/union_prep.cu``,
+``UNION_PREP="cuda"``) run on the CPU under the CUDA emulator (``tests/kernels/cuda_emu``).
+
+Each CUDA thread is a fiber switched at every barrier, warp collective, global load and shared
+atomic in a random order (or a few threads far ahead); the emulator reports divergent warp
+collectives, deadlocks, reads outside the ids and writes past shared memory or the outputs
+(poisoned first). The kernel's outputs (every tile's FLAG and USZ, a union tile's slots and its
+rows' 16-bit multiplicities) are compared with an independent NumPy model of the Triton
+pre-pass's rules (``tile_kernels._union_gate`` / ``_mark`` / ``_size`` / ``_count``), and one
+test runs those four Triton kernels under the interpreter on the same inputs: the three agree
+on top-k shaped rows, the walk, dense tiles, chunk positions through a page table, tiles that
+span two requests, empty tiles and rows, and -1 / negative / out-of-range / duplicate /
+past-length entries. The GPU test is in ``test_sparse_prefill_union.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from backends.sparse_prefill import union_prep  # noqa: E402
+from backends.sparse_prefill.indices import topk_indices, walk_indices  # noqa: E402
+
+EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
+CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="the CUDA emulator needs a C++17 compiler "
+                               "(g++ or c++ on PATH, or CXX)")
+POISON = 0x77777777
+
+
+def _build(out: Path, source: Path) -> Path:
+    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", f"-I{EMU_DIR}",
+                          f"-I{source.parent}", str(EMU_DIR / "union_driver.cpp"), "-o",
+                          str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
+    return _build(tmp_path_factory.mktemp("emu") / "union_emu", union_prep.SOURCE)
+
+
+class Case:
+    """One pre-pass call's inputs (NumPy int32), with the row statistics ``_row_stats`` gives."""
+
+    def __init__(self, ids: np.ndarray, lens: np.ndarray | None, num_ids: int, rp: int, *,
+                 pct: int = 300, dense_span: int = 0, row_req: np.ndarray | None = None,
+                 pt: np.ndarray | None = None, page_size: int = 1, tile0: int = 0,
+                 ntiles: int | None = None) -> None:
+        self.ids = np.ascontiguousarray(ids, dtype=np.int32)
+        self.total_q, self.topk = self.ids.shape
+        self.lens = None if lens is None else np.asarray(lens, dtype=np.int32)
+        self.num_ids, self.rp, self.pct, self.dense_span = num_ids, rp, pct, dense_span
+        self.row_req = None if row_req is None else np.asarray(row_req, dtype=np.int32)
+        self.pt = np.zeros((1, 1), np.int32) if pt is None else np.asarray(pt, dtype=np.int32)
+        self.page_size = page_size
+        self.tiles = -(-self.total_q // rp)
+        self.tile0 = tile0
+        self.ntiles = self.tiles - tile0 if ntiles is None else ntiles
+        umax = max(2, min(num_ids, -(-self.topk * pct // 100)))
+        self.umax = umax + (umax & 1)
+        self.valid = [self._valid(r) for r in range(self.total_q)]
+        self.lo = np.array([v.min() if len(v) else num_ids for v in self.valid], np.int32)
+        self.hi = np.array([v.max() if len(v) else -1 for v in self.valid], np.int32)
+        self.nv = np.array([len(v) for v in self.valid], np.int32)
+        # DENSE's FLAG (1 for the tiles its rule takes), as the dense kernel leaves it
+        self.flag_in = np.array([1 if self._dense(t) else 0 for t in range(self.tiles)],
+                                np.int32)
+
+    def row_len(self, r: int) -> int:
+        if r >= self.total_q:
+            return 0
+        return self.topk if self.lens is None else int(np.clip(self.lens[r], 0, self.topk))
+
+    def _valid(self, r: int) -> np.ndarray:
+        e = self.ids[r, : self.row_len(r)]
+        return e[(e >= 0) & (e < self.num_ids)]
+
+    def _rows(self, t: int) -> list[int]:
+        return [r for r in range(t * self.rp, t * self.rp + self.rp) if r < self.total_q]
+
+    def _dense(self, t: int) -> bool:
+        if not self.dense_span:
+            return False
+        rows = self._rows(t)
+        lo, hi = int(self.lo[rows].min()), int(self.hi[rows].max())
+        nv = int(self.nv[rows].sum())
+        return max(hi - lo + 1, 0) * self.rp * 100 <= nv * self.dense_span
+
+    def model(self) -> tuple[np.ndarray, dict[int, int], dict[int, list[int]],
+                             dict[int, np.ndarray]]:
+        """(FLAG, USZ, slots, counts) by the Triton pre-pass's rules (module doc); USZ, slots
+        and counts for the tiles in [tile0, tile0 + ntiles), counts as [RP, U] ints."""
+        flag, usz, slots, counts = self.flag_in.copy(), {}, {}, {}
+        for t in range(self.tile0, self.tile0 + self.ntiles):
+            rows = self._rows(t)
+            vs = [self.valid[r] for r in rows]
+            nv = sum(len(v) for v in vs)
+            lo = min((int(v.min()) for v in vs if len(v)), default=2**31 - 1)
+            hi = max((int(v.max()) for v in vs if len(v)), default=-1)
+            dense = self._dense(t)
+            go = hi >= lo and not dense
+            mixed = self.row_req is not None and \
+                self.row_req[rows[0]] != self.row_req[rows[-1]]
+            usz[t] = 0
+            if not go or mixed:
+                if not dense:
+                    flag[t] = 0 if go else 2
+                continue
+            first = set(vs[0].tolist())
+            hits = sum(int(x) in first for x in vs[-1])
+            est = len(vs[0]) + (len(rows) - 1) * max(len(vs[-1]) - hits, 0)
+            union = sorted(set(np.concatenate(vs).tolist()))
+            if est * self.rp * 100 > 2 * nv * self.pct or \
+                    len(union) * self.rp * 100 > nv * self.pct:
+                flag[t] = 0
+                continue
+            flag[t], usz[t] = 2, len(union)
+            where = {x: i for i, x in enumerate(union)}
+            if self.row_req is not None:
+                pt_row = self.pt[self.row_req[rows[0]]]
+                union = [int(pt_row[x // self.page_size]) * self.page_size + x % self.page_size
+                         for x in union]
+            slots[t] = union
+            c = np.zeros((self.rp, len(where)), np.int64)
+            for i, v in enumerate(vs):
+                for x, m in Counter(v.tolist()).items():
+                    c[i, where[x]] = m
+            counts[t] = c
+        return flag, usz, slots, counts
+
+
+def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
+    emulator's error count."""
+    c = case
+    rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
+    lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
+    head = np.array([c.total_q, c.topk, c.topk, c.lens is not None, c.num_ids, c.rp, c.tile0,
+                     c.ntiles, c.dense_span, c.pct, c.umax, c.row_req is not None, c.page_size,
+                     c.pt.shape[1], c.pt.size, c.tiles], np.int32)
+    fin, fout = tmp / "in.bin", tmp / "out.bin"
+    fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
+                                                   c.flag_in, rr, c.pt)))
+    res = subprocess.run([str(binary), str(fin), str(fout), str(mode)], capture_output=True,
+                         text=True, timeout=600, check=False,
+                         env={**os.environ, "KREG_EMU_SEED": str(seed)})
+    assert res.returncode == 0, res.stderr
+    data = np.fromfile(fout, dtype=np.int32)
+    n_sl, n_cnt = c.ntiles * c.umax, c.ntiles * c.rp * (c.umax // 2)
+    assert len(data) == 2 * c.tiles + n_sl + n_cnt + 1
+    errors = int(data[-1])
+    assert (errors == 0) == (res.stderr == ""), res.stderr
+    flag, usz = data[: c.tiles], data[c.tiles: 2 * c.tiles]
+    slots = data[2 * c.tiles: 2 * c.tiles + n_sl].reshape(c.ntiles, c.umax)
+    cnt = data[2 * c.tiles + n_sl: -1].reshape(c.ntiles, c.rp, c.umax // 2)
+    return flag, usz, slots, cnt, errors
+
+
+def unpack(words: np.ndarray, u: int) -> np.ndarray:
+    """[RP, ceil(u / 2)] words of two 16-bit fields -> [RP, u] counts."""
+    w = words.astype(np.int64) & 0xFFFFFFFF
+    both = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(w.shape[0], -1)
+    return both[:, :u]
+
+
+def mismatches(case: Case, got: tuple[np.ndarray, ...]) -> list[str]:
+    """What the kernel's outputs get wrong against the model (empty when exact)."""
+    flag, usz, slots, cnt = got[:4]
+    want_flag, want_usz, want_slots, want_cnt = case.model()
+    bad = [f"FLAG[{t}] {flag[t]} != {want_flag[t]}" for t in range(case.tiles)
+           if flag[t] != want_flag[t]]
+    for t, u in want_usz.items():
+        lt = t - case.tile0
+        if usz[t] != u:
+            bad.append(f"USZ[{t}] {usz[t]} != {u}")
+        elif t in want_slots:
+            if slots[lt, :u].tolist() != want_slots[t]:
+                bad.append(f"tile {t}: slots differ")
+            if not np.array_equal(unpack(cnt[lt, :, : (u + 1) // 2], u), want_cnt[t]):
+                bad.append(f"tile {t}: counts differ")
+    for t in range(case.tiles):
+        if not case.tile0 <= t < case.tile0 + case.ntiles and usz[t] != POISON:
+            bad.append(f"USZ[{t}] written outside the chunk")
+    return bad
+
+
+def kinds(case: Case) -> Counter:
+    flag, usz, *_ = case.model()
+    return Counter("dense" if flag[t] == 1 else "gather" if flag[t] == 0 else
+                   "union" if usz.get(t, 0) else "empty" for t in usz)
+
+
+def _causal(rows: int, width: int) -> torch.Tensor:
+    return torch.arange(width - rows + 1, width + 1, dtype=torch.int64)
+
+
+def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
+    """-1, negative and out-of-range entries and duplicates sprinkled over a copy of ``ids``."""
+    rng = np.random.default_rng(seed)
+    out = ids.copy()
+    rows, k = out.shape
+    for r in rng.choice(rows, size=max(1, rows // 3), replace=False):
+        j = rng.integers(0, k, size=4)
+        out[r, j[0]] = -1
+        out[r, j[1]] = -7
+        out[r, j[2]] = num_ids + int(rng.integers(0, 5))
+        out[r, j[3]] = out[r, (j[3] + 1) % k]   # a slot listed twice counts twice
+    return out
+
+
+@needs_cxx
+@pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
+def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode):
+    """Rows an indexer would emit (neighbours share most slots), with -1, negative,
+    out-of-range, duplicate and past-length entries, rows past total_q, empty and clamped
+    lengths: mostly union tiles, exact against the model."""
+    topk, width, rows = 80, 240, 7 * rp + 3
+    ids, lens = topk_indices(_causal(rows, width), topk)
+    ids = nasty(ids.numpy(), width, seed=rp)
+    lens = lens.numpy().copy()
+    lens[1], lens[2], lens[5] = 0, topk + 9, -3
+    lens[rows // 2] = topk // 3   # its valid-looking entries past the length never count
+    case = Case(ids, lens, width, rp)
+    assert kinds(case)["union"] >= 4, kinds(case)
+    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@needs_cxx
+def test_walk_tiles_are_gated_to_the_gathering_kernel(emu, tmp_path):
+    """The seed's walk (neighbouring rows share little): the gate sends tiles to the gathering
+    kernel (its ramp's tiles, which select nearly the same prefix, still go union)."""
+    ids, lens = walk_indices(_causal(40, 400), 96)
+    case = Case(ids.numpy(), lens.numpy(), 400, 8, pct=150)
+    assert kinds(case)["gather"] >= 3, kinds(case)
+    got = run_emu(emu, case, tmp_path, mode=1)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@needs_cxx
+def test_dense_tiles_keep_their_flag_and_a_chunk_of_tiles(emu, tmp_path):
+    """With DENSE, its tiles keep FLAG 1 (USZ 0); a later chunk of tiles (tile0 > 0) writes
+    only its own tiles; without DENSE an all-invalid tile is union with U = 0."""
+    topk, width = 64, 200
+    ids = topk_indices(_causal(48, width), topk)[0].numpy().copy()
+    ids[:8] = np.arange(64, dtype=np.int32)[None, :] + np.arange(8, dtype=np.int32)[:, None]
+    ids[40:48] = -1   # an empty tile
+    case = Case(ids, None, width, 8, dense_span=150, tile0=0)
+    assert case.flag_in[0] == 1 and case.flag_in.sum() >= 1
+    got = run_emu(emu, case, tmp_path)
+    assert got[-1] == 0 and mismatches(case, got) == []
+    assert got[0][0] == 1 and got[0][5] == 1   # DENSE's rule takes an empty tile too
+    later = Case(ids, None, width, 8, dense_span=150, tile0=2, ntiles=3)
+    got = run_emu(emu, later, tmp_path, seed=3)
+    assert got[-1] == 0 and mismatches(later, got) == []
+    alone = Case(ids, None, width, 8)
+    got = run_emu(emu, alone, tmp_path, mode=1, seed=4)
+    assert got[-1] == 0 and mismatches(alone, got) == []
+    assert got[0][5] == 2 and got[1][5] == 0
+
+
+@needs_cxx
+def test_chunk_positions_through_the_page_table(emu, tmp_path):
+    """Chunk rows (ids are positions): the union is written as slots through the request's
+    page table; a tile whose rows span two requests is gathered."""
+    topk, width, page = 48, 160, 4
+    a, _ = topk_indices(_causal(21, width), topk)
+    b, _ = topk_indices(_causal(19, width), topk)
+    ids = np.concatenate([a.numpy(), b.numpy()])
+    row_req = np.array([0] * 21 + [1] * 19, np.int32)
+    rng = np.random.default_rng(5)
+    pages = width // page
+    pt = np.stack([rng.permutation(2 * pages)[:pages] for _ in range(2)]).astype(np.int32)
+    case = Case(ids, None, width, 8, row_req=row_req, pt=pt, page_size=page)
+    k = kinds(case)
+    assert k["union"] >= 3 and k["gather"] >= 1, k   # tile 2 holds rows 16-23: two requests
+    got = run_emu(emu, case, tmp_path, mode=1, seed=9)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+def test_the_model_is_the_triton_pre_pass():
+    """The NumPy model above against tile_kernels' four Triton pre-pass kernels (the
+    interpreter): the same FLAG, USZ, slots and counts."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton pre-pass on the CPU under TRITON_INTERPRET=1 (conftest "
+                    "sets it when no GPU is present)")
+    from backends.sparse_prefill import tile_kernels as tk
+
+    topk, width, rp = 40, 120, 8
+    ids, lens = topk_indices(_causal(29, width), topk)
+    ids = nasty(ids.numpy(), width, seed=2)
+    lens = lens.numpy().copy()
+    lens[3] = 7
+    for row_req in (None, np.array([0] * 13 + [1] * 16, np.int32)):
+        pt = np.arange(2 * width, dtype=np.int32)[::-1].reshape(2, width).copy()
+        case = Case(ids, lens, width, rp, row_req=row_req, pt=pt if row_req is not None
+                    else None)
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+             dict(ids=case.ids, lens=case.lens, lo=case.lo, hi=case.hi, nv=case.nv,
+                  pt=case.pt, rr=case.row_req if row_req is not None else case.lo).items()}
+        got = tk.union_prep_triton(
+            t["ids"], t["lens"], True, (t["lo"], t["hi"], t["nv"]),
+            torch.from_numpy(case.flag_in.copy()), 0, case.pct, rp, case.umax, width,
+            (t["rr"], t["pt"], 1, t["pt"].stride(0)) if row_req is not None else None)
+        flag, usz, slots, cnt = (x.numpy() for x in got)
+        usz_full = usz.copy()
+        assert mismatches(case, (flag, usz_full, slots, cnt)) == []
+
+
+@needs_cxx
+def test_negative_control_counting_waits_for_the_cleared_row(tmp_path):
+    """The kernel without the barrier between clearing a row's shared counts and counting
+    into them: the emulator's schedules give wrong counts (a fast thread counts into a word a
+    slow one has not copied out or cleared yet)."""
+    src = union_prep.SOURCE.read_text()
+    line = "    __syncthreads();   // cleared before any thread counts\n"
+    assert src.count(line) == 1
+    (tmp_path / "union_prep.cu").write_text(src.replace(line, ""))
+    binary = _build(tmp_path / "union_emu_bad", tmp_path / "union_prep.cu")
+    ids, lens = topk_indices(_causal(32, 160), 64)
+    case = Case(ids.numpy(), lens.numpy(), 160, 16)
+    wrong = 0
+    for seed in (1, 2, 3):
+        got = run_emu(binary, case, tmp_path, mode=seed % 2, seed=seed)
+        wrong += bool(mismatches(case, got))
+    assert wrong >= 1
