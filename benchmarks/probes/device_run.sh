@@ -26,7 +26,8 @@
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
-# (its docs table through kreg bench), fi-build and fi-wait (FlashInfer's top-k JIT build
+# (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
+# pre-pass's GPU tests and its A/B in union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
@@ -306,6 +307,28 @@ for step in "$@"; do
         --dtype bfloat16 --dist randn,ties,recent,relu --providers $sb_providers \
         --baseline triton --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/stream_bench_bf16.log" \
         | grep -v "^-" | tail -20 ;;
+    union-prep)
+      # issue 26: the union pre-pass in one CUDA kernel (UNION_PREP="cuda", `:uc`): its GPU tests
+      # (output by output against the Triton pre-pass; through dispatch at the seed's shapes),
+      # then union_phases (per-kernel GPU us and one window of graph replays) of the union tiles
+      # with each pre-pass beside h200, at KV 8K (UP_KV), group 6, both kinds and index sets
+      stage "union-prep: GPU tests"
+      timeout ${UP_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_union.py -k "cuda_pre_pass or through_dispatch" \
+        > "$OUT/union_prep_tests.log" 2>&1
+      rc=$?; echo "union-prep gpu tests rc=$rc"; tail -1 "$OUT/union_prep_tests.log"
+      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/union_prep_tests.log" | head -20
+      for kind in prefill chunk; do
+        F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
+        U=geometry=$F:union300:dt128x64x8x2
+        for ix in topk walk; do
+          stage "union-prep: $kind g6 KV ${UP_KV:-8192} $ix"
+          timeout 150 python3 benchmarks/probes/union_phases.py --kind $kind --group-size 6 \
+            --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc" \
+            > "$OUT/union_prep_${kind}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
+        done
+      done ;;
     fi-build)
       # FlashInfer's top-k JIT build (fp32 and bf16 keys) in the background while later steps
       # run; fi-wait waits for it and packs the built modules into $OUT/fiws.tgz (carry them back
