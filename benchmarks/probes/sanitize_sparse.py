@@ -82,6 +82,12 @@ def main() -> None:
             # the union tiles the policy and the tuner run (128 lines x 64 slots, 64 x 32)
             cfgs += [{**dense, "UNION": 10**6, "DENSE_TILE": t} for t in ("128x64x8x2",
                                                                           "64x32x4x3")]
+            # the union pre-pass in one CUDA kernel (UNION_PREP="cuda", sm_90): every tile
+            # union, some tiles gathered, DENSE before it
+            if torch.cuda.get_device_capability() == (9, 0):
+                cfgs += [{**dense, "UNION": u, "UNION_PREP": "cuda", "DENSE_TILE": "128x64x8x2"}
+                         for u in (10**6, 700)]
+                cfgs.append({**dense, "DENSE": 600, "UNION": 700, "UNION_PREP": "cuda"})
             # ENGINE=gluon (chunk rows pretranslated): the shipped ring, two stages of 32
             # keys, int64 offsets, slot ordering
             gl = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 2,
