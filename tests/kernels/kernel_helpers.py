@@ -3,10 +3,34 @@ sys.path for the test files here)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+#: The CUDA emulator (tests/kernels/cuda_emu) and the C++ compiler that builds its drivers.
+EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
+CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+NO_CXX = "the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)"
+needs_cxx = pytest.mark.skipif(CXX is None, reason=NO_CXX)
+
+
+def build_emu(driver: str, out: Path, source: Path, *defines: str,
+              includes: tuple[Path, ...] = ()) -> Path:
+    """An emulator driver (``cuda_emu/<driver>``) built with the kernel ``source`` under
+    ``-DKREG_CUDA_EMU`` (and ``defines``) into ``out``; the test skips without a compiler."""
+    if CXX is None:
+        pytest.skip(NO_CXX)
+    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", *defines, f"-I{EMU_DIR}",
+                          f"-I{source.parent}", *(f"-I{d}" for d in includes),
+                          str(EMU_DIR / driver), "-o", str(out)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out
 
 #: What a poisoned int tensor holds: large, positive, and no valid slot, length or index.
 POISON_INT = 0x3FFF0001

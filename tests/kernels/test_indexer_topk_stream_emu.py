@@ -16,7 +16,6 @@ counted and bounded), and a negative control (a barrier removed is caught). The 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,13 +28,9 @@ from backends.indexer_topk import distributions as D  # noqa: E402
 from backends.indexer_topk import stream  # noqa: E402
 from backends.indexer_topk.reference import indexer_topk_reference, topk_mismatches  # noqa: E402
 
-from kernel_helpers import nasty_scores  # noqa: E402
+from kernel_helpers import build_emu, nasty_scores, needs_cxx  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
-CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-needs_cxx = pytest.mark.skipif(CXX is None, reason="the CUDA emulator needs a C++17 compiler "
-                               "(g++ or c++ on PATH, or CXX)")
 CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # extra reads of a row: one retry from the buffer, the radix counts (three reads of 32-bit
 # keys, two of 16-bit ones), the last read
@@ -43,26 +38,18 @@ MAX_EXTRA_READS = 5
 
 
 def _build(out: Path, source: Path, *defines: str) -> Path:
-    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", *defines, f"-I{EMU_DIR}",
-                          f"-I{source.parent}", f"-I{stream.SOURCE.parent}",
-                          str(EMU_DIR / "stream_driver.cpp"), "-o", str(out)],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return out
+    return build_emu("stream_driver.cpp", out, source, *defines,
+                     includes=(stream.SOURCE.parent,))
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
     return _build(tmp_path_factory.mktemp("emu") / "stream_emu", stream.SOURCE)
 
 
 @pytest.fixture(scope="module")
 def emu_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The STREAM_PACKED=1 variant (2-byte keys compared two at a time), for its A/B on a GPU."""
-    if CXX is None:
-        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
     return _build(tmp_path_factory.mktemp("emu") / "stream_emu_packed", stream.SOURCE,
                   "-DSTREAM_PACKED=1")
 
@@ -256,8 +243,6 @@ def test_packed_two_byte_compares(emu_packed, tmp_path, dtype):
 def emu_ties1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """STREAM_TIES=1 (a step's tie masks transposed across the lane group: the A/B candidate
     against the product's shuffle tree a vector)."""
-    if CXX is None:
-        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
     return _build(tmp_path_factory.mktemp("emu") / "stream_emu_ties1", stream.SOURCE,
                   "-DSTREAM_TIES=1")
 

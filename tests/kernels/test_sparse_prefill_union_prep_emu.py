@@ -16,7 +16,6 @@ past-length entries. The GPU test is in ``test_sparse_prefill_union.py``.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -29,25 +28,17 @@ torch = pytest.importorskip("torch")
 from backends.sparse_prefill import union_prep  # noqa: E402
 from backends.sparse_prefill.indices import topk_indices, walk_indices  # noqa: E402
 
-EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
-CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-needs_cxx = pytest.mark.skipif(CXX is None, reason="the CUDA emulator needs a C++17 compiler "
-                               "(g++ or c++ on PATH, or CXX)")
+from kernel_helpers import build_emu, needs_cxx  # noqa: E402
+
 POISON = 0x77777777
 
 
 def _build(out: Path, source: Path) -> Path:
-    res = subprocess.run([CXX, "-std=c++17", "-O1", "-DKREG_CUDA_EMU", f"-I{EMU_DIR}",
-                          f"-I{source.parent}", str(EMU_DIR / "union_driver.cpp"), "-o",
-                          str(out)], capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return out
+    return build_emu("union_driver.cpp", out, source)
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("the CUDA emulator needs a C++17 compiler (g++ or c++ on PATH, or CXX)")
     return _build(tmp_path_factory.mktemp("emu") / "union_emu", union_prep.SOURCE)
 
 

@@ -3,6 +3,8 @@
 // threads far ahead of the rest (mode 1). Shared memory starts as garbage; a guard after each
 // CTA's dynamic shared memory catches writes past it. Used by the drivers beside it.
 #pragma once
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -84,6 +86,23 @@ inline void run_cluster(int threads, int ctas, size_t words, unsigned first_bloc
   for (int c = 0; c < ctas; ++c)
     if (!std::equal(guard[c].begin(), guard[c].end(), smem[c].begin() + words))
       error("write past the dynamic shared memory (cluster, CTA)", tag, c);
+}
+
+// A driver's start: `prog IN OUT [MODE]` (MODE 0 random order, 1 a few threads ahead; the seed
+// from KREG_EMU_SEED), IN opened with its `nh`-int header read into h. Null (after a message)
+// on a bad command line or input.
+inline FILE* open_input(int argc, char** argv, int32_t* h, int nh) {
+  if (argc < 3) { fprintf(stderr, "usage: %s IN OUT [MODE]\n", argv[0]); return nullptr; }
+  if (argc > 3) mode = atoi(argv[3]);
+  if (const char* s = getenv("KREG_EMU_SEED")) rng.seed(static_cast<unsigned>(atoi(s)));
+  FILE* f = fopen(argv[1], "rb");
+  if (!f) { perror(argv[1]); return nullptr; }
+  if (fread(h, 4, nh, f) != static_cast<size_t>(nh)) {
+    fprintf(stderr, "short header\n");
+    fclose(f);
+    return nullptr;
+  }
+  return f;
 }
 
 }  // namespace kreg_emu

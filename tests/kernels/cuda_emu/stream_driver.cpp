@@ -44,13 +44,9 @@ void run(Launch<T, THREADS> launch, int rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) { fprintf(stderr, "usage: %s IN OUT [MODE]\n", argv[0]); return 2; }
-  if (argc > 3) kreg_emu::mode = atoi(argv[3]);
-  if (const char* s = getenv("KREG_EMU_SEED")) kreg_emu::rng.seed(static_cast<unsigned>(atoi(s)));
-  FILE* f = fopen(argv[1], "rb");
-  if (!f) { perror(argv[1]); return 2; }
   int32_t h[11];
-  if (fread(h, 4, 11, f) != 11) { fprintf(stderr, "short header\n"); return 2; }
+  FILE* f = kreg_emu::open_input(argc, argv, h, 11);
+  if (!f) return 2;
   const int dtype = h[0], threads = h[1], rows = h[2], n = h[3], k = h[4];
   const int64_t row_stride = h[5], offset = h[6], len_stride = h[7], total = h[9];
   const int nlen = h[8], split = h[10];

@@ -27,13 +27,9 @@ bool read_all(FILE* f, std::vector<int32_t>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) { fprintf(stderr, "usage: %s IN OUT [MODE]\n", argv[0]); return 2; }
-  if (argc > 3) kreg_emu::mode = atoi(argv[3]);
-  if (const char* s = getenv("KREG_EMU_SEED")) kreg_emu::rng.seed(static_cast<unsigned>(atoi(s)));
-  FILE* f = fopen(argv[1], "rb");
-  if (!f) { perror(argv[1]); return 2; }
   int32_t h[16];
-  if (fread(h, 4, 16, f) != 16) { fprintf(stderr, "short header\n"); return 2; }
+  FILE* f = kreg_emu::open_input(argc, argv, h, 16);
+  if (!f) return 2;
   const int total_q = h[0], s_it = h[1], topk = h[2], has_lens = h[3], num_ids = h[4], rp = h[5];
   const int tile0 = h[6], ntiles = h[7], dense_span = h[8], union_pct = h[9], umax = h[10];
   const int by_req = h[11], page_size = h[12], s_pb = h[13], pt_len = h[14], tiles = h[15];
