@@ -111,29 +111,33 @@ def _probe_toolchain() -> tuple[bool, str]:
     return True, f"nvcc at {comp} ({version})"
 
 
+_SELECT_OTHER = ("select another implementation with "
+                 "KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
+
+
 def build(out: Path | None = None, source: Path = SOURCE,
-          name: str = "nvidia_hopper.indexer_topk_cluster") -> Path:
+          name: str = "nvidia_hopper.indexer_topk_cluster", fix: str = _SELECT_OTHER) -> Path:
     """Compile a kernel source (the cluster kernel's unless named; ``name`` is the
-    implementation it serves, for messages) if it is not built yet and return the shared
-    library's path. Raises KernelUnavailableError naming the cause and the fix."""
+    implementation it serves and ``fix`` what a user can do without it, for messages) if it is
+    not built yet and return the shared library's path. Raises KernelUnavailableError naming
+    the cause and the fix."""
     comp = nvcc()
     if comp is None:
         raise KernelUnavailableError(
             f"{name} needs nvcc to build its CUDA kernel once: install "
-            "the CUDA toolkit (or set CUDA_HOME), or select another implementation with "
-            "KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
+            f"the CUDA toolkit (or set CUDA_HOME), or {fix}")
     path = out or library_path(comp, source)
     if path.exists():
         return path
     try:
-        return _compile(comp, path, source)
+        return _compile(comp, path, source, fix)
     except OSError as exc:   # KREG_HOME not writable, a full disk, ...
         raise KernelUnavailableError(
             f"building {source.name} into {path.parent} failed: {exc}; set KREG_HOME to a "
             f"writable directory") from exc
 
 
-def _compile(comp: str, path: Path, source: Path = SOURCE) -> Path:
+def _compile(comp: str, path: Path, source: Path = SOURCE, fix: str = _SELECT_OTHER) -> Path:
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,8 +156,7 @@ def _compile(comp: str, path: Path, source: Path = SOURCE) -> Path:
             tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-8:])
             raise KernelUnavailableError(
                 f"building {source.name} with {comp} failed (exit {res.returncode}):\n{tail}\n"
-                f"(command: {' '.join(cmd)}); select another implementation with "
-                f"KREG_SELECT_INDEXER_TOPK=generic.indexer_topk_radix")
+                f"(command: {' '.join(cmd)}); {fix}")
         os.replace(tmp, path)
     return path
 

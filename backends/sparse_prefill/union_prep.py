@@ -31,6 +31,8 @@ MAX_SHARED = 227 * 1024 - 256
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _FAILED: list[str] = []
+#: what a user can do without it (the Triton pre-pass runs meanwhile, with the same answer)
+_FIX = "set UNION_PREP='triton' in the config to silence this"
 _ERRORS = {1: "the id range's bitmap does not fit the shared memory",
            2: "no current CUDA device, or its shared-memory limit could not be raised",
            3: "the launch failed (the kernel is built for sm_90a)"}
@@ -55,8 +57,8 @@ def _load() -> ctypes.CDLL | None:
     try:
         with _lock:
             if _lib is None:
-                _lib = _cluster.open_library(_cluster.build(None, SOURCE, NAME),
-                                             "kreg_union_prep", _ARGTYPES)
+                path = _cluster.build(None, SOURCE, NAME, fix=_FIX)
+                _lib = _cluster.open_library(path, "kreg_union_prep", _ARGTYPES)
     except KernelUnavailableError as exc:
         _FAILED.append(str(exc))
         logging.getLogger("kreg").warning("%s unavailable, the Triton pre-pass runs instead: %s",

@@ -818,3 +818,23 @@ def test_cuda_pre_pass_off_a_gpu_falls_back_to_the_triton_one(poisoned: list[Any
     assert "pre-pass: one CUDA kernel a tile" in describe_path(cfg)
     with pytest.raises(ConfigError, match=r"UNION_PREP='nvcc': expected one of"):
         validate_config({**cfg, "UNION_PREP": "nvcc"}, 6, 16)
+
+
+def test_cuda_pre_pass_without_nvcc_says_what_runs_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # no nvcc: the library is not had, the warning names the pre-pass, that the Triton one
+    # runs and the config fix (not the indexer's selection variable), and nothing is retried
+    from backends.indexer_topk import cluster
+    from backends.sparse_prefill import union_prep
+
+    monkeypatch.setattr(cluster, "nvcc", lambda: None)
+    monkeypatch.setattr(union_prep, "_lib", None)
+    monkeypatch.setattr(union_prep, "_FAILED", [])
+    with caplog.at_level("WARNING", logger="kreg"):
+        assert union_prep._load() is None
+        assert union_prep._load() is None
+    assert len(union_prep._FAILED) == 1
+    text = caplog.text
+    assert text.count("unavailable") == 1, text
+    assert "the Triton pre-pass runs instead" in text and "needs nvcc" in text, text
+    assert "UNION_PREP='triton'" in text and "KREG_SELECT_INDEXER_TOPK" not in text, text
