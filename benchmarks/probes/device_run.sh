@@ -311,14 +311,15 @@ for step in "$@"; do
       # issue 26: the union pre-pass in one CUDA kernel (UNION_PREP="cuda", `:uc`): its GPU tests
       # (output by output against the Triton pre-pass; through dispatch at the seed's shapes),
       # then union_phases (per-kernel GPU us and one window of graph replays) of the union tiles
-      # with each pre-pass beside h200, at KV 8K (UP_KV), group 6, both kinds and index sets
+      # with each pre-pass beside h200, at KV 8K (UP_KV), group 6, the kinds in UP_KINDS (default
+      # "prefill chunk") and both index sets
       stage "union-prep: GPU tests"
       timeout ${UP_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/kernels/test_sparse_prefill_union.py -k "cuda_pre_pass or through_dispatch" \
         > "$OUT/union_prep_tests.log" 2>&1
       rc=$?; echo "union-prep gpu tests rc=$rc"; tail -1 "$OUT/union_prep_tests.log"
       [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/union_prep_tests.log" | head -20
-      for kind in prefill chunk; do
+      for kind in ${UP_KINDS:-prefill chunk}; do
         F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
         U=geometry=$F:union300:dt128x64x8x2
         for ix in topk walk; do
