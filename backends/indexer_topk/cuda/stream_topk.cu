@@ -80,16 +80,18 @@
 #define STREAM_EVICT_FIRST 1
 #endif
 #ifndef STREAM_TIES   // the fast loop's bitmap of ties: 1 = a step's masks by one transpose
-#define STREAM_TIES 0   // across the lane group (log2(32 / NV) shuffles a step; exact under the
-#endif                  // emulator, not yet timed on a GPU); 0 = a shuffle tree a vector (measured)
+#define STREAM_TIES 0   // across the lane group (log2(32 / NV) shuffles a step: 0.92-0.97x at
+#endif                  // 32-64 rows, 1.02-1.06x slower at 1024-4096 on an H100, session 40);
+                        // 0 = a shuffle tree a vector
 #ifndef STREAM_SPLIT_MAX   // the most CTAs (a cluster) a row of a small batch is read by when the
-#define STREAM_SPLIT_MAX 1   // geometry is by the row count: 1, 2, 4 (1 until a GPU has timed and
-#endif                       // tested the split; `wide` 2 / 4 asks for it)
+#define STREAM_SPLIT_MAX 2   // geometry is by the row count: 1, 2, 4 (2: pairs were 0.83-0.91x
+#endif                       // one CTA a row at 32-64 rows on an H100, fours 0.93-1.72x; session 40)
 #ifndef STREAM_STOP   // probes only (benchmarks/probes/stream_ab.py's phase split): 1 = return
 #define STREAM_STOP 0   // after the sample's threshold, 2 = after the stream; 0 = the whole kernel
 #endif
 #ifndef STREAM_PACKED   // 2-byte keys: 1 = compare two keys an instruction (HSET2), masks by
-#define STREAM_PACKED 0   // byte permutes and a multiply; 0 = one float compare a key (measured)
+#define STREAM_PACKED 1   // byte permutes and a multiply (0.88-0.96x on an H100, session 40);
+                          // 0 = one float compare a key
 #endif
 
 namespace {
