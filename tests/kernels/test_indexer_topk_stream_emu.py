@@ -48,10 +48,11 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def emu_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The STREAM_PACKED=1 variant (2-byte keys compared two at a time), for its A/B on a GPU."""
-    return _build(tmp_path_factory.mktemp("emu") / "stream_emu_packed", stream.SOURCE,
-                  "-DSTREAM_PACKED=1")
+def emu_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The STREAM_PACKED=0 variant (one float compare a 2-byte key; the product compares two at
+    a time since session 40), kept for A/Bs."""
+    return _build(tmp_path_factory.mktemp("emu") / "stream_emu_unpacked", stream.SOURCE,
+                  "-DSTREAM_PACKED=0")
 
 
 def run_emu(binary: Path, scores: torch.Tensor, lengths: torch.Tensor, k: int, *,
@@ -215,28 +216,31 @@ def test_rising_keys_at_2_20_and_the_largest_k(emu, tmp_path):
 
 @needs_cxx
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_two_byte_compares(emu_packed, tmp_path, dtype):
-    """STREAM_PACKED=1 (an A/B variant, not the product's build): the distributions, the nasty
-    rows (NaN, +-inf, +-0, subnormals: HSET2's compares must keep the float rule), unaligned
-    views (the element-load loop), and a too-few sample (the t = 1 path, NaN as the tie)."""
+@pytest.mark.parametrize("variant", ["product", "unpacked"])
+def test_two_byte_compares(emu, emu_unpacked, tmp_path, dtype, variant):
+    """2-byte keys, in the product (STREAM_PACKED=1: two keys a compare, HSET2) and the
+    STREAM_PACKED=0 variant: the distributions, the nasty rows (NaN, +-inf, +-0, subnormals:
+    HSET2's compares must keep the float rule), unaligned views (the element-load loop), and a
+    too-few sample (the t = 1 path, NaN as the tie)."""
+    binary = emu if variant == "product" else emu_unpacked
     n = 65536
     for name in ("randn", "ties", "zeros", "recent", "relu", "lowbits", "ramp"):
         s = D.make_scores(name, 1, n, seed=6, dtype=dtype)
-        check(emu_packed, tmp_path, s, full(1, n), 2048, threads=512)
+        check(binary, tmp_path, s, full(1, n), 2048, threads=512)
     g = torch.Generator().manual_seed(9)
     s = _nasty(20000, g).to(dtype)
     fi = torch.finfo(dtype)
     s[5, 19::227] = fi.tiny / 4
     s[5, 13::211] = fi.max
-    check(emu_packed, tmp_path, s, full(6, 20000), 2048)
-    check(emu_packed, tmp_path, s, torch.tensor([20000, 0, 2049, 19999, 5, 20000],
+    check(binary, tmp_path, s, full(6, 20000), 2048)
+    check(binary, tmp_path, s, torch.tensor([20000, 0, 2049, 19999, 5, 20000],
                                                 dtype=torch.int32), 3, offset=3,
           row_stride=20005)
     pos = torch.tensor(stream.sample_positions(n))
     under = torch.randn(1, n, generator=g)
     under[0, ::3] = float("nan")
     under[0, pos] = 100.0 + torch.arange(pos.numel()).float()   # few keys above any t
-    assert check(emu_packed, tmp_path, under.to(dtype), full(1, n), 2048) >= 1
+    assert check(binary, tmp_path, under.to(dtype), full(1, n), 2048) >= 1
 
 
 @pytest.fixture(scope="module")
