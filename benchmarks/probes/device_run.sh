@@ -312,7 +312,7 @@ for step in "$@"; do
       # unless UP_SKIP_TESTS is set (output by output against the Triton pre-pass; through dispatch at the seed's shapes),
       # then union_phases (per-kernel GPU us and one window of graph replays) of the union tiles
       # with each pre-pass beside h200, at KV 8K (UP_KV), group 6, the kinds in UP_KINDS (default
-      # "prefill chunk") and both index sets
+      # "prefill chunk") and both index sets (each run at most UP_TIMEOUT seconds, default 150)
       if [ -z "${UP_SKIP_TESTS:-}" ]; then
       stage "union-prep: GPU tests"
       timeout ${UP_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -326,7 +326,7 @@ for step in "$@"; do
         U=geometry=$F:union300:dt128x64x8x2
         for ix in topk walk; do
           stage "union-prep: $kind g6 KV ${UP_KV:-8192} $ix"
-          timeout 150 python3 benchmarks/probes/union_phases.py --kind $kind --group-size 6 \
+          timeout ${UP_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind --group-size 6 \
             --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc" \
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
