@@ -33,8 +33,8 @@ from kernel_helpers import build_emu, needs_cxx  # noqa: E402
 POISON = 0x77777777
 
 
-def _build(out: Path, source: Path) -> Path:
-    return build_emu("union_driver.cpp", out, source)
+def _build(out: Path, source: Path, *defines: str) -> Path:
+    return build_emu("union_driver.cpp", out, source, *defines)
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +227,28 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode):
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 4, kinds(case)
     got = run_emu(emu, case, tmp_path, mode=mode, seed=rp)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@needs_cxx
+@pytest.mark.parametrize("lpt", [8, 1])
+def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt):
+    """Rows of more entries than one batch of the CTA's id loads (LPT x 512 threads; the
+    product's LPT 8 holds rows of up to 4096 in one batch): 4,200 entries in the product, and
+    600 with one load a thread in flight (LPT 1), so a row takes two to five batches and a
+    thread's last batch is partly past the row's length."""
+    binary = _build(tmp_path / f"union_emu_lpt{lpt}", union_prep.SOURCE,
+                    f"-DUNION_PREP_LPT={lpt}")
+    topk = 4200 if lpt == 8 else 600
+    width, rp = topk + topk // 3, 4
+    ids, lens = topk_indices(_causal(2 * rp + 1, width), topk)
+    ids = nasty(ids.numpy(), width, seed=lpt)
+    lens = lens.numpy().copy()
+    lens[2] = topk - 5
+    case = Case(ids, lens, width, rp)
+    assert kinds(case)["union"] >= 2, kinds(case)
+    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 

@@ -36,6 +36,11 @@ namespace {
 
 constexpr int THREADS = 512;
 constexpr int WARPS = THREADS / 32;
+#ifndef UNION_PREP_LPT   // a thread's id loads in flight a row (see for_row_ids): 8 = one batch
+                         // for rows of up to 4096 entries
+#define UNION_PREP_LPT 8
+#endif
+constexpr int LPT = UNION_PREP_LPT;
 
 struct Params {
   const int32_t* idx;        // [total_q, s_it] ids (slots, or chunk positions)
@@ -95,16 +100,32 @@ __device__ __forceinline__ int block_sum(Shared& sh, int v, int slot) {
   return s;
 }
 
-// set the bit of every valid id of row r (its entries strided over the CTA)
-__device__ __forceinline__ void mark_row(const Params& p, uint32_t* bits, int w_lo, int nw,
-                                         int r) {
+// f(id) for each of row r's entries (strided over the CTA), LPT of a thread's loads issued
+// before any is used (the loads of one row are independent: one latency a batch, not one an
+// entry); a slot past the row's length reads as -1, which every caller skips as invalid
+template <typename F>
+__device__ __forceinline__ void for_row_ids(const Params& p, int r, F&& f) {
   const int n = row_len(p, r);
   const int32_t* ids = row_ids(p, r);
-  for (int j = threadIdx.x; j < n; j += THREADS) {
-    const int s = __ldg(ids + j);
+  for (int base = 0; base < n; base += LPT * THREADS) {
+    int v[LPT];
+#pragma unroll
+    for (int u = 0; u < LPT; ++u) {
+      const int j = base + static_cast<int>(threadIdx.x) + u * THREADS;
+      v[u] = j < n ? __ldg(ids + j) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < LPT; ++u) f(v[u]);
+  }
+}
+
+// set the bit of every valid id of row r
+__device__ __forceinline__ void mark_row(const Params& p, uint32_t* bits, int w_lo, int nw,
+                                         int r) {
+  for_row_ids(p, r, [&](int s) {
     const int w = (s >> 5) - w_lo;
     if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
-  }
+  });
 }
 
 __global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
@@ -192,17 +213,14 @@ __global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
   const int rows = min(p.total_q - r0, p.rp);
   const int r1 = r0 + rows - 1;
   {
-    const int n1 = row_len(p, r1);
-    const int32_t* ids = row_ids(p, r1);
     int v1 = 0, h1 = 0;
-    for (int j = tid; j < n1; j += THREADS) {
-      const int s = __ldg(ids + j);
+    for_row_ids(p, r1, [&](int s) {
       const int w = (s >> 5) - w_lo;
       if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
         ++v1;
         h1 += (bits[w] >> (s & 31)) & 1u;
       }
-    }
+    });
     v1 = block_sum(sh, v1, 0);
     h1 = block_sum(sh, h1, 1);
     const int64_t est = static_cast<int64_t>(p.nv[r0]) +
@@ -272,17 +290,13 @@ __global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
   for (int i = 0; i < p.rp; ++i) {
     for (int c = tid; c < half; c += THREADS) cs[c] = 0u;
     __syncthreads();   // cleared before any thread counts
-    const int r = r0 + i;
-    const int n = row_len(p, r);
-    const int32_t* ids = row_ids(p, r);
-    for (int j = tid; j < n; j += THREADS) {
-      const int s = __ldg(ids + j);
+    for_row_ids(p, r0 + i, [&](int s) {
       const int w = (s >> 5) - w_lo;
       if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
         const int pos = static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
         atomicAdd(cs + (pos >> 1), 1u << ((pos & 1) * 16));
       }
-    }
+    });
     __syncthreads();
     int32_t* row = cnt_t + i * p.s_cr;
     for (int c = tid; c < half; c += THREADS) row[c] = static_cast<int32_t>(cs[c]);
