@@ -100,20 +100,26 @@ __device__ __forceinline__ int block_sum(Shared& sh, int v, int slot) {
   return s;
 }
 
-// f(id) for each of row r's entries (strided over the CTA), LPT of a thread's loads issued
-// before any is used (the loads of one row are independent: one latency a batch, not one an
-// entry); a slot past the row's length reads as -1, which every caller skips as invalid
+// a thread's LPT entries of row r (length n) from entry `base` on, strided over the CTA; a
+// slot past the row's length reads as -1, which every caller skips as invalid
+__device__ __forceinline__ void load_batch(const int32_t* ids, int n, int base, int (&v)[LPT]) {
+#pragma unroll
+  for (int u = 0; u < LPT; ++u) {
+    const int j = base + static_cast<int>(threadIdx.x) + u * THREADS;
+    v[u] = j < n ? __ldg(ids + j) : -1;
+  }
+}
+
+// f(id) for each of row r's entries, a thread's loads issued LPT at a time before any is used
+// (the loads of one row are independent: one latency a batch, not one an entry; ptxas does not
+// move a later load above a shared-memory atomic by itself)
 template <typename F>
 __device__ __forceinline__ void for_row_ids(const Params& p, int r, F&& f) {
   const int n = row_len(p, r);
   const int32_t* ids = row_ids(p, r);
   for (int base = 0; base < n; base += LPT * THREADS) {
     int v[LPT];
-#pragma unroll
-    for (int u = 0; u < LPT; ++u) {
-      const int j = base + static_cast<int>(threadIdx.x) + u * THREADS;
-      v[u] = j < n ? __ldg(ids + j) : -1;
-    }
+    load_batch(ids, n, base, v);
 #pragma unroll
     for (int u = 0; u < LPT; ++u) f(v[u]);
   }
@@ -128,7 +134,7 @@ __device__ __forceinline__ void mark_row(const Params& p, uint32_t* bits, int w_
   });
 }
 
-__global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
+__global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
 #ifdef KREG_CUDA_EMU
   uint32_t* smem = kreg_emu::dynamic_shared();
   Shared& sh = kreg_emu::static_shared<Shared>();
@@ -287,16 +293,28 @@ __global__ void __launch_bounds__(THREADS, 1) union_prep_kernel(Params p) {
   const int half = (u + 1) >> 1;
   int32_t* cnt_t = p.cnt + static_cast<int64_t>(lt) * p.s_ct;
   // (a thread clears, for the next row, the very words it copied out: no barrier between)
+  auto count = [&](int s) {
+    const int w = (s >> 5) - w_lo;
+    if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
+      const int pos = static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
+      atomicAdd(cs + (pos >> 1), 1u << ((pos & 1) * 16));
+    }
+  };
+  // Rows of one batch (topk <= LPT x THREADS): the next row's ids are loaded as soon as this
+  // row's are counted, so their latency passes under the barriers, the write and the clear.
+  const bool one_batch = p.topk <= LPT * THREADS;
+  int v[LPT];
+  if (one_batch) load_batch(row_ids(p, r0), row_len(p, r0), 0, v);
   for (int i = 0; i < p.rp; ++i) {
     for (int c = tid; c < half; c += THREADS) cs[c] = 0u;
     __syncthreads();   // cleared before any thread counts
-    for_row_ids(p, r0 + i, [&](int s) {
-      const int w = (s >> 5) - w_lo;
-      if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
-        const int pos = static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
-        atomicAdd(cs + (pos >> 1), 1u << ((pos & 1) * 16));
-      }
-    });
+    if (one_batch) {
+#pragma unroll
+      for (int q = 0; q < LPT; ++q) count(v[q]);
+      if (i + 1 < p.rp) load_batch(row_ids(p, r0 + i + 1), row_len(p, r0 + i + 1), 0, v);
+    } else {
+      for_row_ids(p, r0 + i, count);
+    }
     __syncthreads();
     int32_t* row = cnt_t + i * p.s_cr;
     for (int c = tid; c < half; c += THREADS) row[c] = static_cast<int32_t>(cs[c]);
