@@ -240,8 +240,26 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     }
   }
 
-  // every other row's bits; the exact union size and each word's prefix
-  for (int i = 1; i < rows; ++i) mark_row(p, bits, w_lo, nw, r0 + i);
+  // every other row's bits (rows of one batch two at a time: 2 x LPT loads in flight before
+  // their marks); the exact union size and each word's prefix
+  if (p.topk <= LPT * THREADS) {
+    auto mark = [&](int s) {
+      const int w = (s >> 5) - w_lo;
+      if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
+    };
+    for (int i = 1; i < rows; i += 2) {
+      int va[LPT], vb[LPT];
+      load_batch(row_ids(p, r0 + i), row_len(p, r0 + i), 0, va);
+      const bool two = i + 1 < rows;
+      load_batch(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, 0, vb);
+#pragma unroll
+      for (int q = 0; q < LPT; ++q) mark(va[q]);
+#pragma unroll
+      for (int q = 0; q < LPT; ++q) mark(vb[q]);
+    }
+  } else {
+    for (int i = 1; i < rows; ++i) mark_row(p, bits, w_lo, nw, r0 + i);
+  }
   __syncthreads();
   const int per = (nw + THREADS - 1) / THREADS;   // a thread's run of words
   const int wa = min(tid * per, nw), wb = min(wa + per, nw);
