@@ -254,6 +254,28 @@ def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt):
 
 
 @needs_cxx
+@pytest.mark.parametrize("lpt,topk", [(8, 40), (1, 600)])
+def test_the_gate_reads_the_last_row(tmp_path, lpt, topk):
+    """The gate estimates the union from the first and the last row only: a tile whose last
+    row shares nothing with the others is gathered although its exact union (2 x topk) would
+    pass, and the same tile with a last row like the first goes union. Both forms of the gate:
+    rows of one batch of loads (both rows' ids loaded together) and longer ones (LPT 1)."""
+    binary = _build(tmp_path / f"union_emu_gate{lpt}", union_prep.SOURCE,
+                    f"-DUNION_PREP_LPT={lpt}")
+    rp, rng = 8, np.random.default_rng(topk)
+    width = 6 * topk
+    a = np.sort(rng.choice(2 * topk, size=topk, replace=False))
+    b = np.sort(rng.choice(np.arange(3 * topk, 5 * topk), size=topk, replace=False))
+    ids = np.stack([a] * (rp - 1) + [b] + [a] * rp)   # tile 0 ends in b, tile 1 in a
+    case = Case(ids, None, width, rp)
+    flag = case.model()[0]
+    assert flag.tolist() == [0, 2], flag
+    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@needs_cxx
 def test_walk_tiles_are_gated_to_the_gathering_kernel(emu, tmp_path):
     """The seed's walk (neighbouring rows share little): the gate sends tiles to the gathering
     kernel (its ramp's tiles, which select nearly the same prefix, still go union)."""

@@ -211,22 +211,42 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   const int nw = (sh.hi >> 5) - w_lo + 1;
   const int64_t nv = sh.nv;
 
-  // the gate: the first row's bits, then the last row's valid entries and hits on them
-  for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
-  __syncthreads();
-  mark_row(p, bits, w_lo, nw, r0);
-  __syncthreads();
+  // the gate: the first row's bits, then the last row's valid entries and hits on them (rows
+  // of one batch: both rows' ids loaded first, their latency under the clear)
+  const bool one_batch = p.topk <= LPT * THREADS;   // a row's ids are one batch of loads
   const int rows = min(p.total_q - r0, p.rp);
   const int r1 = r0 + rows - 1;
   {
     int v1 = 0, h1 = 0;
-    for_row_ids(p, r1, [&](int s) {
+    auto hit = [&](int s) {
       const int w = (s >> 5) - w_lo;
       if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
         ++v1;
         h1 += (bits[w] >> (s & 31)) & 1u;
       }
-    });
+    };
+    if (one_batch) {
+      int va[LPT], vb[LPT];
+      load_batch(row_ids(p, r0), row_len(p, r0), 0, va);
+      load_batch(row_ids(p, r1), row_len(p, r1), 0, vb);
+      for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < LPT; ++q) {
+        const int s = va[q];
+        const int w = (s >> 5) - w_lo;
+        if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
+      }
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < LPT; ++q) hit(vb[q]);
+    } else {
+      for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
+      __syncthreads();
+      mark_row(p, bits, w_lo, nw, r0);
+      __syncthreads();
+      for_row_ids(p, r1, hit);
+    }
     v1 = block_sum(sh, v1, 0);
     h1 = block_sum(sh, h1, 1);
     const int64_t est = static_cast<int64_t>(p.nv[r0]) +
@@ -242,7 +262,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
 
   // every other row's bits (rows of one batch two at a time: 2 x LPT loads in flight before
   // their marks); the exact union size and each word's prefix
-  if (p.topk <= LPT * THREADS) {
+  if (one_batch) {
     auto mark = [&](int s) {
       const int w = (s >> 5) - w_lo;
       if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
@@ -320,7 +340,6 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   };
   // Rows of one batch (topk <= LPT x THREADS): the next row's ids are loaded as soon as this
   // row's are counted, so their latency passes under the barriers, the write and the clear.
-  const bool one_batch = p.topk <= LPT * THREADS;
   int v[LPT];
   if (one_batch) load_batch(row_ids(p, r0), row_len(p, r0), 0, v);
   for (int i = 0; i < p.rp; ++i) {
