@@ -21,7 +21,8 @@
 # total_q sweep at KV 8K-32K against the Triton family and the table, long KV, group 12),
 # wgmma-sparse (ENGINE=gluon_wgmma: the Gluon and dispatch GPU tests unless SKIP_TESTS is set,
 # the group-12 and group-6 prefill total_q sweeps at KV 8K-32K),
-# ncu-sparse (counters of the sparse_prefill table and
+# ncu-cuda (counters, stalls and SASS samples of the streaming select at 64 and 1024 rows
+# and of the CUDA union pre-pass), ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
@@ -524,6 +525,39 @@ for dt in (torch.float32, torch.bfloat16):
       timeout 150 python3 cli.py bench sparse_prefill --kind chunk --group-size 6,12 \
         --kv-len 8192,131072 --req-lens $(python3 -c "print(','.join(['512'] * 16))") --graphs \
         --providers table,h200 2>/dev/null | tee -a "$OUT/envelope_sparse.log" | grep -v "^-" ;;
+    ncu-cuda)
+      # Counters and stall samples of the two CUDA kernels whose time is left to explain: the
+      # streaming select (fp32 random rows, one launch each at 64 and 1024 rows) and the union
+      # pre-pass (prefill g6 KV 8K, top-k rows, union tiles with UNION_PREP="cuda"). Per kernel:
+      # the details page's headline lines, the stall reasons, and the SASS with its samples
+      # (CSV, gzipped) for the hot loops.
+      for spec in "stream_topk_kernel|64|python3 benchmarks/probes/stream_ab.py --rows 64 --dists randn --iters 1" \
+                  "stream_topk_kernel|1024|python3 benchmarks/probes/stream_ab.py --rows 1024 --dists randn --iters 1" \
+                  "union_prep_kernel|topk|python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 --kv-len 8192 --indices topk --iters 1 --configs geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc"; do
+        IFS='|' read -r kern tag cmd <<< "$spec"
+        stage "ncu $kern ($tag)"
+        timeout 180 ncu --clock-control none -k regex:$kern -c 1 -f \
+          --section SpeedOfLight --section WarpStateStats --section Occupancy \
+          --section LaunchStats --section SchedulerStats --section SourceCounters \
+          --section MemoryWorkloadAnalysis -o /tmp/ncu_${kern}_${tag} $cmd \
+          > "$OUT/ncu_${kern}_${tag}_run.log" 2>&1
+        echo "ncu rc=$?"
+        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page details > "$OUT/ncu_${kern}_${tag}.log" 2>&1
+        grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|Memory Throughput|Issue Slots Busy" \
+          "$OUT/ncu_${kern}_${tag}.log" | head -12
+        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page source --csv --print-source sass 2>/dev/null \
+          | gzip > "$OUT/ncu_${kern}_${tag}_sass.csv.gz"
+        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page raw --csv 2>/dev/null > /tmp/ncu_raw.csv
+        python3 -c "
+import csv, sys; rows = list(csv.reader(open('/tmp/ncu_raw.csv')))
+if len(rows) < 3: sys.exit('  no counters (see the run log)')
+hdr = rows[0]; data = [r for r in rows[2:] if r]
+for i, h in enumerate(hdr):
+    if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio'):
+        v = max(float(r[i].replace(',', '') or 0) for r in data)
+        if v >= 0.1: print(f'  stall {h[34:-23]:<24} {v:7.2f}')
+" | sort -k3 -n -r | head -8
+      done ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
       # H200 family, prefill group 6, 8192 rows, KV 8K (the first two launches of the bench).
