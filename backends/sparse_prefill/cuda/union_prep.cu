@@ -125,13 +125,17 @@ __device__ __forceinline__ void for_row_ids(const Params& p, int r, F&& f) {
   }
 }
 
+// set id s's bit if it is valid (in [0, num_ids) and within the bitmap's span of nw words)
+__device__ __forceinline__ void mark_id(const Params& p, uint32_t* bits, int w_lo, int nw,
+                                        int s) {
+  const int w = (s >> 5) - w_lo;
+  if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
+}
+
 // set the bit of every valid id of row r
 __device__ __forceinline__ void mark_row(const Params& p, uint32_t* bits, int w_lo, int nw,
                                          int r) {
-  for_row_ids(p, r, [&](int s) {
-    const int w = (s >> 5) - w_lo;
-    if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
-  });
+  for_row_ids(p, r, [&](int s) { mark_id(p, bits, w_lo, nw, s); });
 }
 
 __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
@@ -232,11 +236,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
       for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
       __syncthreads();
 #pragma unroll
-      for (int q = 0; q < LPT; ++q) {
-        const int s = va[q];
-        const int w = (s >> 5) - w_lo;
-        if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
-      }
+      for (int q = 0; q < LPT; ++q) mark_id(p, bits, w_lo, nw, va[q]);
       __syncthreads();
 #pragma unroll
       for (int q = 0; q < LPT; ++q) hit(vb[q]);
@@ -263,19 +263,15 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   // every other row's bits (rows of one batch two at a time: 2 x LPT loads in flight before
   // their marks); the exact union size and each word's prefix
   if (one_batch) {
-    auto mark = [&](int s) {
-      const int w = (s >> 5) - w_lo;
-      if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
-    };
     for (int i = 1; i < rows; i += 2) {
       int va[LPT], vb[LPT];
       load_batch(row_ids(p, r0 + i), row_len(p, r0 + i), 0, va);
       const bool two = i + 1 < rows;
       load_batch(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, 0, vb);
 #pragma unroll
-      for (int q = 0; q < LPT; ++q) mark(va[q]);
+      for (int q = 0; q < LPT; ++q) mark_id(p, bits, w_lo, nw, va[q]);
 #pragma unroll
-      for (int q = 0; q < LPT; ++q) mark(vb[q]);
+      for (int q = 0; q < LPT; ++q) mark_id(p, bits, w_lo, nw, vb[q]);
     }
   } else {
     for (int i = 1; i < rows; ++i) mark_row(p, bits, w_lo, nw, r0 + i);
