@@ -45,7 +45,8 @@ Providers (``--providers``, comma separated):
   (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``rev`` (REVERSE_ROWS=1),
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``uc`` (UNION_PREP=cuda: the
-  union's pre-pass in one CUDA kernel), ``dtBMxBNxWxS`` (DENSE_TILE),
+  union's pre-pass in one CUDA kernel), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
+  (UNION_TILE: the union tiles' own geometry, e.g. ``dense250:union300:ut128x64x8x2``),
   ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
   stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
   e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
@@ -243,6 +244,9 @@ def parse_geometry(spec: str) -> dict[str, Any]:
         if o.startswith("dt") and len(o[2:].split("x")) in (4, 5):
             cfg["DENSE_TILE"] = o[2:]
             continue
+        if o.startswith("ut") and len(o[2:].split("x")) == 4:
+            cfg["UNION_TILE"] = o[2:]
+            continue
         if o[:1] == "r" and o[1:].isdigit():
             cfg["MAXNREG"] = int(o[1:])
             continue
@@ -267,6 +271,8 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     if (cfg.get("DENSE") or cfg.get("UNION")) and \
             cfg.get("DENSE_TILE", "128x32x8x3") != "128x32x8x3":
         s += f":dt{cfg['DENSE_TILE']}"
+    if cfg.get("UNION") and cfg.get("UNION_TILE"):
+        s += f":ut{cfg['UNION_TILE']}"
     if cfg.get("MAXNREG"):
         s += f":r{cfg['MAXNREG']}"
     return s

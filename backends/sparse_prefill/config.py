@@ -120,6 +120,11 @@ DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxB
                            its rows, padded lines masked), slots per step, warps, stages. (The
                            ``xHP`` suffix, fewer heads a program, was removed: issue 26, last
                            in commit 8cccc1c.)
+UNION_TILE      ""         the union kernel's own ``BMxBNxWxS`` ("" = DENSE_TILE's): with DENSE
+                           on too its BM must be DENSE_TILE's (both paths take the same tiles
+                           of rows), so that each path runs at its own best slots a step,
+                           warps and stages (the dense tiles' best is 128x32x8x3, the union
+                           tiles' 128x64x8x2 for group 6: "Session 18").
 MAXNREG         0          registers per thread cap passed to the compiler (``maxnreg``; 0 =
                            the compiler's choice). The kernel is latency bound: a program waits
                            for its gathered tile, so throughput follows the number of programs
@@ -155,7 +160,8 @@ REQUIRED_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MAXNREG": 0,
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
-                                   "UNION": 0, "UNION_PREP": "triton", "ENGINE": "triton"}
+                                   "UNION": 0, "UNION_PREP": "triton", "UNION_TILE": "",
+                                   "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
@@ -188,7 +194,7 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "UNION_PREP", "DENSE_TILE"})
+                         "UNION", "UNION_PREP", "UNION_TILE", "DENSE_TILE"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -251,10 +257,23 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
             raise ConfigError(f"{key}={pct!r}: expected 0 (off) or {what}, at most "
                               f"{_MAX_PERCENT} (e.g. 300)")
         if pct:
-            _dense_tile_geometry(var["DENSE_TILE"], group_size)
+            spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"],
+                                                                     "DENSE_TILE")
+            if not isinstance(spec, str):
+                raise ConfigError(f"{tile_key}={spec!r}: expected 'BMxBNxWxS' like "
+                                  f"'128x64x8x2'")
+            _dense_tile_geometry(spec, group_size, tile_key)
             if var["SLOT_ORDER"]:
                 raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
                                   f"SLOT_ORDER=0 or {key}=0")
+    if var["DENSE"] and var["UNION"] and var["UNION_TILE"]:
+        dbm = _dense_tile_geometry(var["DENSE_TILE"], group_size)[0]
+        ubm, ubn, unw, uns = _dense_tile_geometry(var["UNION_TILE"], group_size, "UNION_TILE")
+        if ubm != dbm:
+            raise ConfigError(f"UNION_TILE={var['UNION_TILE']!r}: its BM={ubm} must equal "
+                              f"DENSE_TILE's BM={dbm} when DENSE is on too (both paths take the "
+                              f"same tiles of rows, RP = BM // heads); use "
+                              f"'{dbm}x{ubn}x{unw}x{uns}'")
     bm, bn, nw = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     if var["ENGINE"] != "triton":
         _validate_gluon(config, var, group_size, head_dim)
@@ -288,8 +307,8 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
                    and config[k] != DEFAULT_VARIANT[k])
     if other:
         raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
-                          f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, UNION "
-                          f"and DENSE_TILE): drop them, or use ENGINE='triton'")
+                          f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, UNION, "
+                          f"UNION_PREP, UNION_TILE and DENSE_TILE): drop them, or use ENGINE='triton'")
     if var["CHUNK_MODE"] == "staged":
         raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
                           f"(got 'staged')")
@@ -318,28 +337,36 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
                           f"ENGINE='triton'")
 
 
-def _dense_tile_geometry(spec: Any, group_size: int) -> tuple[int, int, int, int]:
-    """DENSE_TILE ``BMxBNxWxS`` -> (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
+def _dense_tile_geometry(spec: Any, group_size: int, key: str = "DENSE_TILE"
+                         ) -> tuple[int, int, int, int]:
+    """A row tile's ``BMxBNxWxS`` (DENSE_TILE's, or UNION_TILE's named by ``key``) ->
+    (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
     parts = spec.lower().split("x") if isinstance(spec, str) else []
     if len(parts) == 5 and all(p.isdigit() for p in parts):
         raise ConfigError(
-            f"DENSE_TILE={spec!r}: the HP suffix (query heads a program) was removed (issue 26; "
+            f"{key}={spec!r}: the HP suffix (query heads a program) was removed (issue 26; "
             f"last in commit 8cccc1c): a program takes every head of its rows (one to four heads a "
             f"program lost 0-8% on the H200); use {'x'.join(parts[:4])!r}")
     if len(parts) != 4 or not all(p.isdigit() for p in parts) or \
             not all(int(p) > 0 for p in parts):
-        raise ConfigError(f"DENSE_TILE={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3'")
+        raise ConfigError(f"{key}={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3'")
     bm, bn, nw, ns = map(int, parts)
     hp = _dense_heads(group_size)
     if not _is_pow2(bm) or bm < max(16, hp):
-        raise ConfigError(f"DENSE_TILE={spec!r}: BM={bm} must be a power of two >= "
+        raise ConfigError(f"{key}={spec!r}: BM={bm} must be a power of two >= "
                           f"{max(16, hp)} (the MMA's M side, holding whole rows of {hp} "
                           f"heads for group {group_size})")
     if not _is_pow2(bn) or bn < 16:
-        raise ConfigError(f"DENSE_TILE={spec!r}: BN={bn} must be a power of two >= 16")
+        raise ConfigError(f"{key}={spec!r}: BN={bn} must be a power of two >= 16")
     if not _is_pow2(nw) or nw > 32:
-        raise ConfigError(f"DENSE_TILE={spec!r}: warps={nw} must be a power of two <= 32")
+        raise ConfigError(f"{key}={spec!r}: warps={nw} must be a power of two <= 32")
     return bm, bn, nw, ns
+
+
+def union_tile(var: Mapping[str, Any]) -> tuple[str, str]:
+    """(the union tiles' ``BMxBNxWxS``, the key that set it): UNION_TILE, else DENSE_TILE."""
+    return (var["UNION_TILE"], "UNION_TILE") if var["UNION_TILE"] else \
+        (var["DENSE_TILE"], "DENSE_TILE")
 
 
 def _dense_heads(group_size: int) -> int:
@@ -373,8 +400,9 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
                     "spanning two requests gathered")
         if var["UNION_PREP"] == "cuda":
             over += "; pre-pass: one CUDA kernel a tile"
+        spec, tile_key = union_tile(var)
         parts.append(f"union tiles where a tile's union of selected slots is <= "
-                     f"{var['UNION']}% of its rows' mean valid entries (DENSE_TILE {tiles}; "
+                     f"{var['UNION']}% of its rows' mean valid entries ({tile_key} {spec}; "
                      f"chosen per tile on the GPU{over})")
     engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "
               "per-row kernel", "gluon_wgmma": "the Gluon wgmma per-row kernel"}[var["ENGINE"]]

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
-from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry
+from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry, union_tile
 from registry.errors import ConfigError
 
 __all__ = ["ChunkIds", "row_stats", "row_tiles", "union_prep_triton"]
@@ -649,7 +649,8 @@ def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
     ``key`` (DENSE or UNION) call, after the top-k checks of its 16-bit counts and weights."""
     group, topk = q.shape[1] // k.shape[1], idx.shape[1]
     _check_counts(key, topk)
-    geom = _dense_tile_geometry(var["DENSE_TILE"], group)
+    spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"], "DENSE_TILE")
+    geom = _dense_tile_geometry(spec, group, tile_key)
     hp = _dense_heads(group)
     return group, topk, geom, hp, geom[0] // hp, _rescale_slack(k.dtype, topk)
 
@@ -864,7 +865,8 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
         flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
                       span, flag, chunk_ids)
     group = q.shape[1] // k.shape[1]
-    rp = _dense_tile_geometry(var["DENSE_TILE"], group)[0] // _dense_heads(group)
+    spec = var["DENSE_TILE"] if var["DENSE"] else union_tile(var)[0]
+    rp = _dense_tile_geometry(spec, group)[0] // _dense_heads(group)
     if TILE_PATHS is not None:
         TILE_PATHS.append(flag)
     return flag, rp

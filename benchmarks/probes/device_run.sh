@@ -325,10 +325,13 @@ for step in "$@"; do
       for kind in ${UP_KINDS:-prefill chunk}; do
         F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
         U=geometry=$F:union300:dt128x64x8x2
+        # prefill: also the family's dense tiles with union tiles at their own geometry
+        # (UNION_TILE) and the CUDA pre-pass, the candidate for the walk's 2%
+        DU=""; [ $kind = prefill ] && DU=",geometry=$F:dense250:union300:ut128x64x8x2:uc"
         for ix in topk walk; do
           stage "union-prep: $kind g6 KV ${UP_KV:-8192} $ix"
           timeout ${UP_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind --group-size 6 \
-            --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc" \
+            --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc$DU" \
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
         done

@@ -156,15 +156,18 @@ def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tu
     (12, 2, torch.float16, "32x16x2x2", 150),  # RP 2, two KV heads
     (3, 2, torch.float16, "16x32x2x2", 200),  # group below the tile: padded heads
 ])
+@pytest.mark.parametrize("tile_key", ["DENSE_TILE", "UNION_TILE"])
 def test_union_tiles_match_the_reference_and_the_rule(group: int, hkv: int, dtype: Any,
-                                                      tile: str, pct: int,
+                                                      tile: str, pct: int, tile_key: str,
                                                       poisoned: list[Any]) -> None:
+    """The tile geometry from DENSE_TILE, or from UNION_TILE (DENSE_TILE then stays at its
+    128-line default: the union's rows a tile must come from UNION_TILE's BM)."""
     q, k, v, idx, lengths = _shared_case(3, group=group, hkv=hkv, dtype=dtype)
     rp = _rp(tile, group)
     want = _tile_paths(idx, lengths, k.shape[0], rp, pct)
     assert UNION in want and GATHER in want, want  # the case exercises both paths
     cfg = {**BASE, "BLOCK_M": max(8, triton.next_power_of_2(group)), "UNION": pct,
-           "DENSE_TILE": tile}
+           tile_key: tile}
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert len(poisoned) == 1 and poisoned[0].tolist() == want
 
@@ -177,13 +180,17 @@ def test_union_without_lengths_and_every_tile_union(poisoned: list[Any]) -> None
     assert poisoned[0].tolist() == [UNION] * 3  # 10 rows, RP 4: the last tile has 2 rows
 
 
-def test_union_and_dense_in_one_call(poisoned: list[Any]) -> None:
+@pytest.mark.parametrize("union_tile", ["", "32x32x2x1"])
+def test_union_and_dense_in_one_call(union_tile: str, poisoned: list[Any]) -> None:
+    """DENSE and UNION on the same tiles of rows; the union kernel at DENSE_TILE's geometry, or
+    at its own (UNION_TILE: the same BM, other slots a step, warps and stages)."""
     # the first rows select all of a narrow span (dense), a shared block (union), a spread one
     q, k, v, idx, lengths = _shared_case(5, total_q=16, spread=(3,))
     idx[:4] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
     lengths[:4] = 20
     lengths[1] = 0
-    cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2"}
+    cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2",
+           "UNION_TILE": union_tile}
     want = _tile_paths(idx, lengths, k.shape[0], 4, 250, dense=200)
     assert want == [DENSE, UNION, UNION, GATHER], want
     g = torch.Generator().manual_seed(55)
@@ -471,6 +478,11 @@ def test_union_chunk_needs_translated_entries() -> None:
     ({**BASE, "UNION": "300"}, "UNION='300'"),
     ({**BASE, "UNION": 300, "SLOT_ORDER": 1}, "UNION and SLOT_ORDER"),
     ({**BASE, "UNION": 300, "DENSE_TILE": "96x32x8x3"}, "BM=96 must be a power of two"),
+    ({**BASE, "UNION": 300, "UNION_TILE": "64x32"}, "UNION_TILE='64x32': expected 'BMxBNxWxS'"),
+    ({**BASE, "UNION": 300, "UNION_TILE": 128}, "UNION_TILE=128: expected"),
+    ({**BASE, "UNION": 300, "UNION_TILE": "96x32x8x3"}, "UNION_TILE='96x32x8x3': BM=96"),
+    ({**BASE, "DENSE": 250, "UNION": 300, "UNION_TILE": "64x64x8x2"},
+     "BM=64 must equal DENSE_TILE's BM=128 .* use '128x64x8x2'"),
     ({"BLOCK_M": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ENGINE": "gluon_wgmma",
       "UNION": 300, "REVERSE_ROWS": 1}, "does not take REVERSE_ROWS"),
 ])
@@ -541,6 +553,9 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
     assert positions not in describe_path(union)
     assert positions not in describe_path({**union, "CHUNK_MODE": "pretranslate", "DENSE": 250})
     assert describe_path(BASE) == "the Triton per-row gathering kernel for every row"
+    assert "(DENSE_TILE 128x32x8x3;" in describe_path(union)
+    both = describe_path({**union, "DENSE": 250, "UNION_TILE": "128x64x8x2"})
+    assert "(DENSE_TILE 128x32x8x3)" in both and "(UNION_TILE 128x64x8x2;" in both, both
 
     class _Plugin:
         @hookimpl
