@@ -116,6 +116,12 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
                                          or cfg.get("SLOT_ORDER")
                                          or cfg.get("ENGINE", "triton") != "triton")
               for tile in ("", "128x64x8x2", "64x32x4x3")]
+    # and over the dense-tile configs on offer (prefill), the union tiles at their own geometry
+    # (UNION_TILE, the dense tiles' 128 lines): each path at its measured tile shape
+    unions += [{**cfg, "UNION": 300, "UNION_TILE": "128x64x8x2"}
+               for cfg in offered if cfg.get("DENSE") and not cfg.get("UNION")
+               and case.kind == "prefill" and cfg.get("ENGINE", "triton") == "triton"
+               and str(cfg.get("DENSE_TILE", "128x32x8x3")).startswith("128x")]
     base = [_table_config(case, facts), *offered, *unions]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
     # family configs on offer (not the dense, union, slot-ordered or Gluon ones).

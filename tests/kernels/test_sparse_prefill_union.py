@@ -519,7 +519,8 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
 def test_tuner_space_has_union_candidates_over_the_family() -> None:
     from backends.sparse_prefill import tuning
     from backends.sparse_prefill.bench import BenchCase
-    from plugins.nvidia_hopper import H200_PREFILL_CONFIGS, H200_UNION_CONFIGS
+    from plugins.nvidia_hopper import (H200_DENSE_CONFIGS, H200_PREFILL_CONFIGS,
+                                       H200_UNION_CONFIGS)
 
     for kind in ("prefill", "chunk"):
         case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
@@ -531,11 +532,17 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
         assert want in unions, unions
         for tile in ("128x64x8x2", "64x32x4x3"):
             assert {**want, "DENSE_TILE": tile} in unions, tile
+        dense_union = {**H200_DENSE_CONFIGS[("prefill", 6)], "UNION": 300,
+                       "UNION_TILE": "128x64x8x2"}
         if kind == "chunk":
             assert H200_UNION_CONFIGS[("chunk", 6)] in unions
             assert all(cfg.get("CHUNK_MODE") == "pretranslate" for cfg in unions)
+            assert dense_union not in unions   # DENSE runs on prefill rows only
         else:
             assert not any("CHUNK_MODE" in cfg for cfg in unions)
+            assert dense_union in unions, unions
+        for cfg in unions:
+            validate_config(cfg, 6, 256)
 
 
 def test_explain_says_which_path_a_union_config_takes() -> None:
