@@ -259,9 +259,6 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if pct:
             spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"],
                                                                      "DENSE_TILE")
-            if not isinstance(spec, str):
-                raise ConfigError(f"{tile_key}={spec!r}: expected 'BMxBNxWxS' like "
-                                  f"'128x64x8x2'")
             _dense_tile_geometry(spec, group_size, tile_key)
             if var["SLOT_ORDER"]:
                 raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
@@ -307,8 +304,9 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
                    and config[k] != DEFAULT_VARIANT[k])
     if other:
         raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
-                          f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, UNION, "
-                          f"UNION_PREP, UNION_TILE and DENSE_TILE): drop them, or use ENGINE='triton'")
+                          f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, "
+                          f"UNION, UNION_PREP, UNION_TILE and DENSE_TILE): drop them, or use "
+                          f"ENGINE='triton'")
     if var["CHUNK_MODE"] == "staged":
         raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
                           f"(got 'staged')")

@@ -519,8 +519,7 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
 def test_tuner_space_has_union_candidates_over_the_family() -> None:
     from backends.sparse_prefill import tuning
     from backends.sparse_prefill.bench import BenchCase
-    from plugins.nvidia_hopper import (H200_DENSE_CONFIGS, H200_PREFILL_CONFIGS,
-                                       H200_UNION_CONFIGS)
+    from plugins.nvidia_hopper import H200_DENSE_CONFIGS, H200_PREFILL_CONFIGS, H200_UNION_CONFIGS
 
     for kind in ("prefill", "chunk"):
         case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
