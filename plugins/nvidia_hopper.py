@@ -30,9 +30,11 @@ waives the envelope.
 ``nvidia_hopper.indexer_topk_stream``: a one-read streaming select for large batches (a CUDA
 kernel, ``backends/indexer_topk/stream.py``; one CTA a row, a sampled threshold, no workspace)
 from ``STREAM_MIN_ROWS`` rows of at least ``STREAM_MIN_KEYS`` keys on the cluster kernel's parts,
-where it beat the Triton kernels on six of seven distributions, 1.15-1.78x, and lost on all-zero
-rows, 1.05-1.15x their time (docs/BENCHMARKS.md, "indexer_topk: the streaming kernel at 64-4096
-rows"); ``nvidia_hopper.indexer_topk_stream:measure`` waives the envelope.
+where it beat the Triton kernels on six of seven distributions at 1024-4096 rows, 1.15-1.78x,
+and on three of four at 128-512 (1.02-1.56x), and lost on all-zero rows, 1.05-1.32x their time
+(docs/BENCHMARKS.md, "indexer_topk: the streaming kernel at 64-4096 rows"; the 128-512 A/B in
+docs/notes/indexer_topk.md, "Session 41"); ``nvidia_hopper.indexer_topk_stream:measure`` waives
+the envelope.
 """
 
 from __future__ import annotations
@@ -395,14 +397,16 @@ CLUSTER_REQUIREMENTS = (
 )
 
 
-#: The streaming kernel's envelope (session 37, the H100 SXM; the H200 is the same GH100 with
-#: more memory bandwidth, which a one-read kernel gains from at least as much as the Triton
+#: The streaming kernel's envelope (sessions 37 and 41, the H100 SXM; the H200 is the same GH100
+#: with more memory bandwidth, which a one-read kernel gains from at least as much as the Triton
 #: kernels, so it takes the cluster kernel's parts): at 1024 and 4096 rows of 131,072 fp32 keys
 #: it ran in 0.56-0.87x the Triton kernels' time on six of seven distributions and 1.05-1.15x on
-#: all-zero rows (one value: every key a tie); bf16 0.56-0.78x. At 64 rows it won on three of
-#: seven, so the Triton kernels (and the cluster kernel up to 16 rows) keep the smaller batches.
+#: all-zero rows (one value: every key a tie); bf16 0.56-0.78x. At 128-512 rows (session 41,
+#: random, four-value, ReLU and all-zero rows) 0.64-0.98x on the first three and 1.16-1.32x on
+#: all-zero rows: the profile taken at 1024. At 64 rows all-zero rows lost 1.51x and four-value
+#: rows tied, so the Triton kernels (and the cluster kernel up to 16 rows) keep batches below 128.
 STREAM_DEVICES = CLUSTER_DEVICES
-STREAM_MIN_ROWS = 1024
+STREAM_MIN_ROWS = 128
 #: The row lengths it was measured at (131,072 keys) start here; shorter rows stay on Triton.
 STREAM_MIN_KEYS = 65536
 

@@ -1,0 +1,60 @@
+"""The union path's work by tile height (issue 26), on the CPU: for the bench's index sets,
+the mean union of ``RP`` consecutive rows and the tensor-core work of the union tiles
+(tiles x 128 query lines x union) against the per-row kernel's (valid entries x HP lines).
+
+    python3 benchmarks/probes/union_sizes.py --indices topk,walk --rp 16,21,32
+
+A tile of 128 lines holds ``128 // HP`` rows: 16 at HP 8 (group 6 rounded up to a power of
+two, the kernels' rule today) and 21 at HP 6 (the group itself, 126 of 128 lines used). The
+table says what a tile of exact heads would save before any kernel is written for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+
+
+def main() -> int:
+    import torch
+
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", default="prefill")
+    ap.add_argument("--group-size", type=int, default=6)
+    ap.add_argument("--kv-len", type=int, default=8192)
+    ap.add_argument("--total-q", type=int, default=8192)
+    ap.add_argument("--indices", default="topk,walk")
+    ap.add_argument("--rp", default="16,21,32", help="rows a tile, comma-separated")
+    ap.add_argument("--lines", type=int, default=128, help="query lines a tile (BLOCK_M)")
+    a = ap.parse_args()
+    hp_row = 1 << (a.group_size - 1).bit_length()   # the per-row kernel's lines a row
+    print(f"| indices | rows a tile | tiles | mean union | union-tile line-keys (M) | "
+          f"per-row line-keys (M, {hp_row} lines a row) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for ix in a.indices.split(","):
+        case = BenchCase(kind=a.kind, group_size=a.group_size, kv_len=a.kv_len,
+                         total_q=a.total_q, indices=ix, dtype="float32", head_dim=16)
+        inp = make_inputs(case, device="cpu")
+        idx = inp["indices"].reshape(inp["indices"].shape[0], -1)
+        lens = inp["kwargs"].get("lengths")
+        rows = []
+        for r in range(idx.shape[0]):
+            row = idx[r, : int(lens[r])] if lens is not None else idx[r]
+            rows.append(row[row >= 0])
+        valid = sum(int(r.numel()) for r in rows)
+        for rp in (int(x) for x in a.rp.split(",")):
+            unions = [torch.unique(torch.cat(rows[t:t + rp])).numel()
+                      for t in range(0, len(rows), rp)]
+            tot = sum(unions)
+            print(f"| {ix} | {rp} | {len(unions)} | {tot / len(unions):.0f} | "
+                  f"{a.lines * tot / 1e6:.1f} | {valid * hp_row / 1e6:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
