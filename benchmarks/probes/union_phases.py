@@ -24,6 +24,14 @@ from collections import defaultdict
 sys.path.insert(0, os.getcwd())
 
 
+def case_args(ap: argparse.ArgumentParser) -> None:
+    """The bench case's options (kind, group, KV length, rows), shared with union_sizes.py."""
+    ap.add_argument("--kind", default="prefill")
+    ap.add_argument("--group-size", type=int, default=6)
+    ap.add_argument("--kv-len", type=int, default=8192)
+    ap.add_argument("--total-q", type=int, default=8192)
+
+
 def main() -> int:
     import torch
 
@@ -33,10 +41,7 @@ def main() -> int:
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", default="prefill")
-    ap.add_argument("--group-size", type=int, default=6)
-    ap.add_argument("--kv-len", type=int, default=8192)
-    ap.add_argument("--total-q", type=int, default=8192)
+    case_args(ap)
     ap.add_argument("--indices", default="topk")
     ap.add_argument("--overlap", type=float, default=0.95)
     ap.add_argument("--configs", required=True, help="comma-separated bench providers")

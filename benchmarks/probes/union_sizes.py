@@ -16,18 +16,17 @@ import os
 import sys
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> int:
     import torch
+    from union_phases import case_args
 
     from backends.sparse_prefill.bench import BenchCase, make_inputs
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", default="prefill")
-    ap.add_argument("--group-size", type=int, default=6)
-    ap.add_argument("--kv-len", type=int, default=8192)
-    ap.add_argument("--total-q", type=int, default=8192)
+    case_args(ap)
     ap.add_argument("--indices", default="topk,walk")
     ap.add_argument("--rp", default="16,21,32", help="rows a tile, comma-separated")
     ap.add_argument("--lines", type=int, default=128, help="query lines a tile (BLOCK_M)")
