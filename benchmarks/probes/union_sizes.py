@@ -31,11 +31,20 @@ def main() -> int:
     ap.add_argument("--rp", default="16,21,32", help="rows a tile, comma-separated")
     ap.add_argument("--lines", type=int, default=128, help="query lines a tile (BLOCK_M)")
     a = ap.parse_args()
+    try:
+        rps = [int(x) for x in a.rp.split(",")]
+    except ValueError:
+        ap.error(f"--rp {a.rp!r}: expected comma-separated whole numbers, e.g. 16,21,32")
+    if min(rps) < 1 or a.lines < 1 or a.group_size < 1:
+        ap.error("--rp, --lines and --group-size must be at least 1")
+    kinds = a.indices.split(",")
+    if not set(kinds) <= {"topk", "walk"}:
+        ap.error(f"--indices {a.indices!r}: expected topk, walk or both (comma-separated)")
     hp_row = 1 << (a.group_size - 1).bit_length()   # the per-row kernel's lines a row
     print(f"| indices | rows a tile | tiles | mean union | union-tile line-keys (M) | "
           f"per-row line-keys (M, {hp_row} lines a row) |")
     print("|---|---:|---:|---:|---:|---:|")
-    for ix in a.indices.split(","):
+    for ix in kinds:
         case = BenchCase(kind=a.kind, group_size=a.group_size, kv_len=a.kv_len,
                          total_q=a.total_q, indices=ix, dtype="float32", head_dim=16)
         inp = make_inputs(case, device="cpu")
@@ -46,7 +55,7 @@ def main() -> int:
             row = idx[r, : int(lens[r])] if lens is not None else idx[r]
             rows.append(row[row >= 0])
         valid = sum(int(r.numel()) for r in rows)
-        for rp in (int(x) for x in a.rp.split(",")):
+        for rp in rps:
             unions = [torch.unique(torch.cat(rows[t:t + rp])).numel()
                       for t in range(0, len(rows), rp)]
             tot = sum(unions)
