@@ -292,7 +292,8 @@ for step in "$@"; do
       fi ;;
     stream-bench)
       # docs/BENCHMARKS.md's table of the streaming kernel: kreg bench of every distribution at
-      # STREAM_ROWS (default 32,64,1024,4096) in fp32, then bf16 at 64,1024,4096 (auto = the
+      # STREAM_ROWS (default 32,64,1024,4096) in fp32, then bf16 at STREAM_BF16_ROWS (default
+      # 64,1024,4096) (auto = the
       # policy's choice, triton = the Triton kernels at their default config)
       # the streaming kernel by its name too (auto takes it only where the policy does), and
       # FlashInfer's top-k when STREAM_FI is set (its JIT build is cached in .fi-ws: carry it)
@@ -304,7 +305,7 @@ for step in "$@"; do
         --providers $sb_providers --baseline triton --graphs --warmup 3 --iters 15 \
         2>&1 | tee "$OUT/stream_bench_fp32.log" | grep -v "^-" | tail -40
       stage "stream-bench: bf16"
-      timeout ${SB_BF16_TIMEOUT:-200} python3 cli.py bench indexer_topk --rows 64,1024,4096 --keys 131072 \
+      timeout ${SB_BF16_TIMEOUT:-200} python3 cli.py bench indexer_topk --rows ${STREAM_BF16_ROWS:-64,1024,4096} --keys 131072 \
         --dtype bfloat16 --dist randn,ties,recent,relu --providers $sb_providers \
         --baseline triton --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/stream_bench_bf16.log" \
         | grep -v "^-" | tail -20 ;;
