@@ -45,7 +45,8 @@ Providers (``--providers``, comma separated):
   (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``rev`` (REVERSE_ROWS=1),
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``uc`` (UNION_PREP=cuda: the
-  union's pre-pass in one CUDA kernel), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
+  union's pre-pass in one CUDA kernel), ``xh`` (TILE_HEADS=group: row tiles of the group's
+  heads exactly), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
   (UNION_TILE: the union tiles' own geometry, e.g. ``dense250:union300:ut128x64x8x2``),
   ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
   stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
@@ -208,7 +209,8 @@ _OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"
          "fused": ("CHUNK_MODE", "fused"), "rev": ("REVERSE_ROWS", 1),
          "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2), "lean": ("LEAN", 1),
          "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
-         "wg": ("ENGINE", "gluon_wgmma"), "uc": ("UNION_PREP", "cuda")}
+         "wg": ("ENGINE", "gluon_wgmma"), "uc": ("UNION_PREP", "cuda"),
+         "xh": ("TILE_HEADS", "group")}
 
 
 def probe_header(timing: str) -> str:
@@ -261,7 +263,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k != "fused"}
     for key in ("CHUNK_MODE", "REVERSE_ROWS", "SPLIT_QK", "SPLIT_V", "LEAN", "OFFS32",
-                "SLOT_ORDER", "ENGINE", "UNION_PREP"):
+                "SLOT_ORDER", "ENGINE", "UNION_PREP", "TILE_HEADS"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):

@@ -121,6 +121,17 @@ DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxB
                            its rows, padded lines masked), slots per step, warps, stages. (The
                            ``xHP`` suffix, fewer heads a program, was removed: issue 26, last
                            in commit 8cccc1c.)
+TILE_HEADS      "pow2"     the query heads of a row-tile line set (DENSE's and UNION's, HP):
+                           "pow2", the group rounded up to a power of two (a tile holds RP =
+                           BM // HP rows; group 6: 8 lines a row, 2 of them masked, 16 rows in
+                           128 lines); "group", the group's heads exactly (RP = BM // group,
+                           the last BM % group lines masked; group 6: 21 rows in 126 of 128
+                           lines), fewer tiles for the same rows: a union tile's union barely
+                           grows with its rows at high overlap, so the union kernel's MMA work
+                           and gathers drop with the tile count (22% at prefill g6 KV 8K,
+                           ``benchmarks/probes/union_sizes.py``). A line's counts are then
+                           loaded by its row (the power-of-two tiles broadcast a row's counts
+                           over its heads). Only with DENSE or UNION.
 UNION_TILE      ""         the union kernel's own ``BMxBNxWxS`` ("" = DENSE_TILE's): with DENSE
                            on too its BM must be DENSE_TILE's (both paths take the same tiles
                            of rows), so that each path runs at its own best slots a step,
@@ -162,12 +173,13 @@ DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MA
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
                                    "UNION": 0, "UNION_PREP": "triton", "UNION_TILE": "",
-                                   "ENGINE": "triton"}
+                                   "TILE_HEADS": "pow2", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
                                         "SLOT_ORDER": (0, 1),
                                         "UNION_PREP": ("triton", "cuda"),
+                                        "TILE_HEADS": ("pow2", "group"),
                                         "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # Keys (and one value) removed by issue 26's clean-up: no policy, default, tuner or table
 # selected them, docs/notes/sparse_prefill.md records them as losing, and every shipped config
@@ -195,7 +207,7 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "UNION_PREP", "UNION_TILE", "DENSE_TILE"})
+                         "UNION", "UNION_PREP", "UNION_TILE", "DENSE_TILE", "TILE_HEADS"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -260,13 +272,19 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         if pct:
             spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"],
                                                                      "DENSE_TILE")
-            _dense_tile_geometry(spec, group_size, tile_key)
+            _dense_tile_geometry(spec, group_size, tile_key, var["TILE_HEADS"])
             if var["SLOT_ORDER"]:
                 raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
                                   f"SLOT_ORDER=0 or {key}=0")
+    if var["TILE_HEADS"] != "pow2" and not (var["DENSE"] or var["UNION"]):
+        raise ConfigError(f"TILE_HEADS={var['TILE_HEADS']!r} shapes the DENSE and UNION row "
+                          f"tiles, and this config has neither: set DENSE or UNION, or drop "
+                          f"TILE_HEADS")
     if var["DENSE"] and var["UNION"] and var["UNION_TILE"]:
-        dbm = _dense_tile_geometry(var["DENSE_TILE"], group_size)[0]
-        ubm, ubn, unw, uns = _dense_tile_geometry(var["UNION_TILE"], group_size, "UNION_TILE")
+        dbm = _dense_tile_geometry(var["DENSE_TILE"], group_size, "DENSE_TILE",
+                                   var["TILE_HEADS"])[0]
+        ubm, ubn, unw, uns = _dense_tile_geometry(var["UNION_TILE"], group_size, "UNION_TILE",
+                                                  var["TILE_HEADS"])
         if ubm != dbm:
             raise ConfigError(f"UNION_TILE={var['UNION_TILE']!r}: its BM={ubm} must equal "
                               f"DENSE_TILE's BM={dbm} when DENSE is on too (both paths take the "
@@ -306,8 +324,8 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
     if other:
         raise ConfigError(f"{e} does not take {', '.join(other)} (it takes the geometry, "
                           f"OFFS32, SLOT_ORDER, MAXNREG, CHUNK_MODE='pretranslate', DENSE, "
-                          f"UNION, UNION_PREP, UNION_TILE and DENSE_TILE): drop them, or use "
-                          f"ENGINE='triton'")
+                          f"UNION, UNION_PREP, UNION_TILE, DENSE_TILE and TILE_HEADS): drop "
+                          f"them, or use ENGINE='triton'")
     if var["CHUNK_MODE"] == "staged":
         raise ConfigError(f"{e} runs on slot ids: chunk rows need CHUNK_MODE='pretranslate' "
                           f"(got 'staged')")
@@ -336,10 +354,10 @@ def _validate_gluon(config: dict[str, Any], var: dict[str, Any], group_size: int
                           f"ENGINE='triton'")
 
 
-def _dense_tile_geometry(spec: Any, group_size: int, key: str = "DENSE_TILE"
-                         ) -> tuple[int, int, int, int]:
+def _dense_tile_geometry(spec: Any, group_size: int, key: str = "DENSE_TILE",
+                         tile_heads: str = "pow2") -> tuple[int, int, int, int]:
     """A row tile's ``BMxBNxWxS`` (DENSE_TILE's, or UNION_TILE's named by ``key``) ->
-    (BLOCK_M, BLOCK_N, num_warps, num_stages), checked."""
+    (BLOCK_M, BLOCK_N, num_warps, num_stages), checked (``tile_heads``: TILE_HEADS)."""
     parts = spec.lower().split("x") if isinstance(spec, str) else []
     if len(parts) == 5 and all(p.isdigit() for p in parts):
         raise ConfigError(
@@ -350,7 +368,7 @@ def _dense_tile_geometry(spec: Any, group_size: int, key: str = "DENSE_TILE"
             not all(int(p) > 0 for p in parts):
         raise ConfigError(f"{key}={spec!r}: expected 'BMxBNxWxS' like '128x32x8x3'")
     bm, bn, nw, ns = map(int, parts)
-    hp = _dense_heads(group_size)
+    hp = _dense_heads(group_size, tile_heads)
     if not _is_pow2(bm) or bm < max(16, hp):
         raise ConfigError(f"{key}={spec!r}: BM={bm} must be a power of two >= "
                           f"{max(16, hp)} (the MMA's M side, holding whole rows of {hp} "
@@ -368,10 +386,19 @@ def union_tile(var: Mapping[str, Any]) -> tuple[str, str]:
         (var["DENSE_TILE"], "DENSE_TILE")
 
 
-def _dense_heads(group_size: int) -> int:
-    """Query heads one row-tile program takes (HP): the whole group rounded up to a power of
-    two (padded lines masked)."""
-    return int(_next_pow2(group_size))
+def _dense_heads(group_size: int, tile_heads: str = "pow2") -> int:
+    """Query heads of one row of a row-tile program's lines (HP; a program takes every head of
+    its rows): the whole group rounded up to a power of two (TILE_HEADS="pow2", padded lines
+    masked) or the group itself ("group")."""
+    return int(group_size) if tile_heads == "group" else int(_next_pow2(group_size))
+
+
+def tile_rows(var: Mapping[str, Any], group_size: int, key: str = "UNION") -> tuple[int, int]:
+    """(HP, RP) of a config's row tiles (``key``: whose geometry, DENSE's or UNION's; both
+    have DENSE_TILE's BM when DENSE is on): a tile is RP = BM // HP consecutive rows."""
+    spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"], "DENSE_TILE")
+    hp = _dense_heads(group_size, var["TILE_HEADS"])
+    return hp, _dense_tile_geometry(spec, group_size, tile_key, var["TILE_HEADS"])[0] // hp
 
 
 def _variant(config: dict[str, Any]) -> dict[str, Any]:
@@ -403,6 +430,8 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries ({tile_key} {spec}; "
                      f"chosen per tile on the GPU{over})")
+    if parts and var["TILE_HEADS"] == "group":
+        parts[-1] += " (tiles of the group's heads exactly, TILE_HEADS='group')"
     engine = {"triton": "the Triton per-row gathering kernel", "gluon": "the Gluon mma_v2 "
               "per-row kernel", "gluon_wgmma": "the Gluon wgmma per-row kernel"}[var["ENGINE"]]
     rest = "the other tiles' rows" if parts else "every row"

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
-from backends.sparse_prefill.config import _dense_heads, _dense_tile_geometry, union_tile
+from backends.sparse_prefill.config import _dense_tile_geometry, tile_rows, union_tile
 from registry.errors import ConfigError
 
 __all__ = ["ChunkIds", "row_stats", "row_tiles", "union_prep_triton"]
@@ -169,12 +169,24 @@ def _row_stats(IDX, LENS, LO, HI, NV, num_slots, topk, s_it, HAS_LENS: tl.conste
 
 
 @triton.jit
-def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr):
+def _tile_rows(tile, total_q, RP: tl.constexpr, RP_P: tl.constexpr):
+    """The rows ``tile * RP + i`` of a tile, i < RP_P (RP rounded up to a power of two: RP is
+    not one with TILE_HEADS="group"), and which of them are real (i < RP, row < total_q)."""
+    i = tl.arange(0, RP_P)
+    rr = tile * RP + i
+    if RP == RP_P:  # noqa: SIM108 (constexpr branch in a kernel)
+        ok = rr < total_q
+    else:
+        ok = (i < RP) & (rr < total_q)
+    return rr, ok
+
+
+@triton.jit
+def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr, RP_P: tl.constexpr):
     """Whether DENSE handles the rows ``tile * RP ..`` (scalar): the slots between the least and
     the greatest one they select number at most ``dense_span`` percent of their mean count of
     valid entries. Every kernel of a DENSE call decides a tile with this one function."""
-    rr = tile * RP + tl.arange(0, RP)
-    ok = rr < total_q
+    rr, ok = _tile_rows(tile, total_q, RP, RP_P)
     lo = tl.min(tl.load(LO + rr, mask=ok, other=2**31 - 1), 0)
     hi = tl.max(tl.load(HI + rr, mask=ok, other=-1), 0)
     nv = tl.sum(tl.load(NV + rr, mask=ok, other=0).to(tl.int64), 0)
@@ -184,14 +196,15 @@ def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr):
 
 @triton.jit
 def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_q, dense_span,
-                 s_it, s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr):
+                 s_it, s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, RP_P: tl.constexpr,
+                 BLOCK: tl.constexpr):
     """DENSE: for row ``row0 + program_id(0)`` of a dense tile, the multiplicity of every slot of
     the row's own span ``[LO, HI]`` in 16-bit fields (slot s: ``CNT[i, s >> 1] >> (16 * (s &
     1)) & 0xFFFF``). Only those words are zeroed and counted; the dense kernel never reads the
     row's words outside its span, and rows of sparse tiles are left alone."""
     i = tl.program_id(0)
     r = row0 + i
-    dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP)
+    dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP, RP_P)
     tl.store(FLAG + r // RP, tl.where(dense, 1, 0), mask=(r % RP) == 0)  # the tile's first row
     if dense:
         r64 = r.to(tl.int64)
@@ -219,27 +232,34 @@ def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_
 @triton.jit
 def _tile_lines(tile, nrows, group, RP: tl.constexpr, HP: tl.constexpr, BLOCK_M: tl.constexpr):
     """A row-tile program's query lines (``_dense_fwd``'s and ``_union_fwd``'s): its KV head
-    ``h`` (``program_id(1)``; ``ceil(group / HP)`` is 1, HP being the group rounded up), and
-    for line m the row ``ri`` (within the chunk of ``nrows``) and head ``hh`` (within the
-    group) it computes, ``m // HP`` and ``m % HP``, and whether it is a real line."""
+    ``h`` (``program_id(1)``; ``ceil(group / HP)`` is 1, HP being the group or the group
+    rounded up), and for line m the row ``ri`` (within the chunk of ``nrows``) and head ``hh``
+    (within the group) it computes, ``m // HP`` and ``m % HP``, and whether it is a real line
+    (lines from ``RP * HP`` on are padding when HP is not a power of two)."""
     chunks = tl.cdiv(group, HP)
     h = tl.program_id(1) // chunks
     offs_m = tl.arange(0, BLOCK_M)
     ri = tile * RP + offs_m // HP
     hh = (tl.program_id(1) % chunks) * HP + offs_m % HP
-    return h, ri, hh, (hh < group) & (ri < nrows)
+    if RP * HP == BLOCK_M:
+        ok = (hh < group) & (ri < nrows)
+    else:
+        ok = (hh < group) & (ri < nrows) & (offs_m < RP * HP)
+    return h, ri, hh, ok
 
 
 @triton.jit
 def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots, group, total_q,
                row0, nrows, dense_span, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_ot, s_oh,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, HP: tl.constexpr, REVERSE_ROWS: tl.constexpr,
-               DESC: tl.constexpr, DOT_PREC: tl.constexpr, SLACK: tl.constexpr):
+               BLOCK_N: tl.constexpr, HP: tl.constexpr, RP_P: tl.constexpr,
+               REVERSE_ROWS: tl.constexpr, DESC: tl.constexpr, DOT_PREC: tl.constexpr,
+               SLACK: tl.constexpr):
     """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
     nrows``) and the query heads of KV head ``program_id(1) // ceil(group / HP)``: HP is the
-    group rounded up to a power of two (``config._dense_heads``), so ``ceil(group / HP)`` is 1
-    and line m is row ``m // HP``, head ``m % HP`` (lines of heads past the group are masked).
+    group, or the group rounded up to a power of two (``config._dense_heads``), so ``ceil(group
+    / HP)`` is 1 and line m is row ``m // HP``, head ``m % HP`` (lines of heads past the group,
+    and lines from ``RP * HP`` on, are masked). RP_P: RP rounded up to a power of two.
     Streams the KV blocks between the least and the greatest slot the rows select, through TMA
     descriptors ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is
     ``count * exp2(score)``, 0 where the count is 0 (``_counted_step``; and V's
@@ -256,9 +276,8 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
-    rr = tile * RP + tl.arange(0, RP)
-    r_ok = rr < nrows
-    dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP)
+    rr, r_ok = _tile_rows(tile, nrows, RP, RP_P)
+    dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP, RP_P)
     r64 = (row0 + ri).to(tl.int64)
     heads = h * group + hh
     q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
@@ -268,7 +287,13 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     hi_r = tl.load(HI + rr64, mask=r_ok, other=-1)
     lo = tl.min(lo_r, 0)
     hi = tl.where(dense, tl.max(hi_r, 0), -1)
-    CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
+    if RP * HP == BLOCK_M:
+        CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
+    else:  # a line's counts by its row: RP rows do not broadcast to BLOCK_M lines
+        ri64 = (row0 + tl.where(m_ok, ri, 0)).to(tl.int64)
+        lo_m = tl.load(LO + ri64, mask=m_ok, other=num_slots)
+        hi_m = tl.load(HI + ri64, mask=m_ok, other=-1)
+        CNT_m = CNT + tl.where(m_ok, ri, 0).to(tl.int64) * s_ct
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -284,11 +309,18 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     for it in range(0, tl.maximum(tl.cdiv(hi + 1 - start, BLOCK_N), 1)):
         s0 = start + it * BLOCK_N
         n = s0 + offs_n
-        inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) & (n[None, :] <= hi_r[:, None]),
-                       False)
-        w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
-        cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
-        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        if RP * HP == BLOCK_M:
+            inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) &
+                           (n[None, :] <= hi_r[:, None]), False)
+            w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
+            cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
+            c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)),
+                           (BLOCK_M, BLOCK_N))
+        else:
+            inl = tl.where(dense, m_ok[:, None] & (n[None, :] >= lo_m[:, None]) &
+                           (n[None, :] <= hi_m[:, None]), False)
+            w = tl.load(CNT_m[:, None] + (n[None, :] >> 1), mask=inl, other=0)
+            c = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [BLOCK_M, BLOCK_N]
         c = tl.where(m_ok[:, None], c, 0)
         if DESC:
             k = KD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
@@ -371,8 +403,9 @@ def _mark_row(IDX_row, BITS_t, n, num_slots, BLOCK: tl.constexpr, RUNS: tl.const
 @triton.jit
 def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots, topk, tile0,
                 total_q, dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
-                HAS_DENSE: tl.constexpr, RP: tl.constexpr, BLOCK: tl.constexpr,
-                WB: tl.constexpr, BY_REQ: tl.constexpr, RUNS: tl.constexpr):
+                HAS_DENSE: tl.constexpr, RP: tl.constexpr, RP_P: tl.constexpr,
+                BLOCK: tl.constexpr, WB: tl.constexpr, BY_REQ: tl.constexpr,
+                RUNS: tl.constexpr):
     """UNION's first pre-pass, tile ``tile0 + program_id(0)`` (rows ``tile * RP ..``), scratch
     row ``program_id(0)``. A tile DENSE takes is left alone (its FLAG is DENSE's); a tile
     without valid entries goes union with U = 0 (zeros out). Otherwise: zero the bitmap words
@@ -386,13 +419,12 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
     is gathered."""
     lt = tl.program_id(0)
     t = tile0 + lt
-    rr = t * RP + tl.arange(0, RP)
-    r_ok = rr < total_q
+    rr, r_ok = _tile_rows(t, total_q, RP, RP_P)
     lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
     hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
     nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
     if HAS_DENSE:  # noqa: SIM108 (constexpr branch in a kernel)
-        dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP)
+        dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP, RP_P)
     else:
         dense = hi < -1  # False
     go = (hi >= lo) & (dense == 0)
@@ -456,7 +488,8 @@ def _union_mark(IDX, LENS, BITS, GATE, num_slots, topk, tile0, total_q, s_it, s_
 @triton.jit
 def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT, tile0,
                 total_q, union_pct, page_size, s_bt, s_lt, s_ct, s_cr, s_pb, RP: tl.constexpr,
-                BLOCK: tl.constexpr, WB: tl.constexpr, BY_REQ: tl.constexpr):
+                RP_P: tl.constexpr, BLOCK: tl.constexpr, WB: tl.constexpr,
+                BY_REQ: tl.constexpr):
     """UNION, a gated tile: count the set bits over its span (the exact union size U). The
     tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
     rows) * union_pct``, else to the gathering kernel (0); then ``WPRE`` gets each word's
@@ -467,8 +500,7 @@ def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT,
     lt = tl.program_id(0)
     t = tile0 + lt
     if tl.load(GATE + lt) != 0:
-        rr = t * RP + tl.arange(0, RP)
-        r_ok = rr < total_q
+        rr, r_ok = _tile_rows(t, total_q, RP, RP_P)
         lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
         hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
         nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
@@ -579,7 +611,6 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
                 mask=m_ok[:, None] & d_mask[None, :], other=0.0)
     SL_t = SLOTS + lt.to(tl.int64) * s_lt
     CNT_t = CNT + lt.to(tl.int64) * s_ct
-    rows = tl.arange(0, RP)
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -596,10 +627,18 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         kv_mask = u_ok[:, None] & d_mask[None, :]
         k = tl.load(K_h + (slot[:, None] * s_kt + offs_d[None, :]), mask=kv_mask, other=0.0)
         v = tl.load(V_h + (slot[:, None] * s_vt + offs_d[None, :]), mask=kv_mask, other=0.0)
-        w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=u_ok[None, :],
-                    other=0)
-        cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
-        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        if RP * HP == BLOCK_M:
+            rows = tl.arange(0, RP)
+            w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=u_ok[None, :],
+                        other=0)
+            cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP, BLOCK_N]
+            c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)),
+                           (BLOCK_M, BLOCK_N))
+        else:  # a line's counts by its row (RP rows do not broadcast to BLOCK_M lines)
+            lr = tl.where(m_ok, tl.arange(0, BLOCK_M) // HP, 0)
+            w = tl.load(CNT_t + lr[:, None] * s_cr + (u[None, :] >> 1),
+                        mask=m_ok[:, None] & u_ok[None, :], other=0)
+            c = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [BLOCK_M, BLOCK_N]
         c = tl.where(m_ok[:, None], c, 0)
         m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC, SLACK)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -650,9 +689,9 @@ def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
     group, topk = q.shape[1] // k.shape[1], idx.shape[1]
     _check_counts(key, topk)
     spec, tile_key = union_tile(var) if key == "UNION" else (var["DENSE_TILE"], "DENSE_TILE")
-    geom = _dense_tile_geometry(spec, group, tile_key)
-    hp = _dense_heads(group)
-    return group, topk, geom, hp, geom[0] // hp, _rescale_slack(k.dtype, topk)
+    geom = _dense_tile_geometry(spec, group, tile_key, var["TILE_HEADS"])
+    hp, rp = tile_rows(var, group, key)
+    return group, topk, geom, hp, rp, _rescale_slack(k.dtype, topk)
 
 
 def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
@@ -687,13 +726,15 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         _count_slots[(nrows,)](idx, lens, lo, hi, nv, cnt, flag, num_slots, topk, row0, total_q,
                                span,
                                idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
-                               BLOCK=_DENSE_COUNT_BLOCK, num_warps=4)
+                               RP_P=triton.next_power_of_2(rp), BLOCK=_DENSE_COUNT_BLOCK,
+                               num_warps=4)
         _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
             q, k, v, kd, vd, cnt, lo, hi, nv, flag, out, qk_scale, num_slots, group, total_q, row0,
             nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
-            REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc, DOT_PREC=dot_prec,
+            RP_P=triton.next_power_of_2(rp), REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc,
+            DOT_PREC=dot_prec,
             SLACK=slack, num_warps=nw, num_stages=ns)  # MAXNREG: the gathering kernel's only
     return lo, hi, nv, rp, span, flag
 
@@ -738,14 +779,15 @@ def union_prep_triton(idx: Any, lens: Any, has_lens: bool, stats: tuple[Any, Any
     kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
     _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, row_req, num_ids, topk,
                        tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
-                       HAS_DENSE=dense_span > 0, WB=_UNION_WORDS, BY_REQ=by_req is not None,
-                       RUNS=runs, **kw)
+                       HAS_DENSE=dense_span > 0, RP_P=triton.next_power_of_2(rp),
+                       WB=_UNION_WORDS, BY_REQ=by_req is not None, RUNS=runs, **kw)
     _union_mark[(nt * rp,)](idx, lens, bits, gate, num_ids, topk, tile0, total_q,
                             idx.stride(0), bits.stride(0), RUNS=runs, **kw)
     _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, row_req, pt,
                        tile0, total_q, pct, page_size, bits.stride(0), slots.stride(0),
-                       cnt.stride(0), cnt.stride(1), s_pb, RP=rp, BLOCK=_UNION_BLOCK,
-                       WB=_UNION_WORDS, BY_REQ=by_req is not None, num_warps=_UNION_WARPS)
+                       cnt.stride(0), cnt.stride(1), s_pb, RP=rp,
+                       RP_P=triton.next_power_of_2(rp), BLOCK=_UNION_BLOCK, WB=_UNION_WORDS,
+                       BY_REQ=by_req is not None, num_warps=_UNION_WARPS)
     _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
                              total_q, idx.stride(0), bits.stride(0), cnt.stride(0),
                              cnt.stride(1), **kw)
@@ -864,9 +906,7 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
     if var["UNION"]:
         flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
                       span, flag, chunk_ids)
-    group = q.shape[1] // k.shape[1]
-    spec = var["DENSE_TILE"] if var["DENSE"] else union_tile(var)[0]
-    rp = _dense_tile_geometry(spec, group)[0] // _dense_heads(group)
+    _, rp = tile_rows(var, q.shape[1] // k.shape[1], "DENSE" if var["DENSE"] else "UNION")
     if TILE_PATHS is not None:
         TILE_PATHS.append(flag)
     return flag, rp

@@ -28,7 +28,8 @@
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
-# pre-pass's GPU tests and its A/B in union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
+# pre-pass's GPU tests and its A/B in union_phases), exact-heads (issue #26: union tiles of the
+# group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
 # (compute-sanitizer memcheck on both ops' kernels),
@@ -335,6 +336,35 @@ for step in "$@"; do
             --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc$DU" \
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
+        done
+      done ;;
+    exact-heads)
+      # issue 26: union tiles of the group's heads exactly (TILE_HEADS="group", `:xh`: group 6
+      # is 21 rows in 126 of 128 lines, not 16 in 128): the GPU tests of the exact-head tiles
+      # unless XH_SKIP_TESTS is set (through dispatch, both pre-passes; the CUDA pre-pass at
+      # RP 21 against the Triton one), then union_phases at KV 8K (XH_KV), group 6, the kinds
+      # in XH_KINDS (default prefill), both index sets: h200, the union tiles with the CUDA
+      # pre-pass at 16 and at 21 rows, and dense + union (UNION_TILE) at both
+      if [ -z "${XH_SKIP_TESTS:-}" ]; then
+      stage "exact-heads: GPU tests"
+      timeout ${XH_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_union.py \
+        -k "(through_dispatch and group) or (cuda_pre_pass and 21)" \
+        > "$OUT/exact_heads_tests.log" 2>&1
+      rc=$?; echo "exact-heads gpu tests rc=$rc"; tail -1 "$OUT/exact_heads_tests.log"
+      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/exact_heads_tests.log" | head -20
+      fi
+      for kind in ${XH_KINDS:-prefill}; do
+        F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
+        U=geometry=$F:union300:dt128x64x8x2:uc
+        DU=""; [ $kind = prefill ] && DU=",geometry=$F:dense250:union300:ut128x64x8x2:uc"
+        DUX=""; [ -n "$DU" ] && DUX="$DU:xh"
+        for ix in ${XH_INDICES:-topk walk}; do
+          stage "exact-heads: $kind g6 KV ${XH_KV:-8192} $ix"
+          timeout ${XH_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind \
+            --group-size 6 --kv-len ${XH_KV:-8192} --indices $ix \
+            --configs "h200,$U,$U:xh$DU$DUX" > "$OUT/exact_heads_${kind}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/exact_heads_${kind}_$ix.log" | tail -25
         done
       done ;;
     fi-build)

@@ -57,6 +57,7 @@ def run_case(kv: int, g: int, dense: list[int], tile: str, iters: int) -> dict[s
     hi, nv = torch.empty_like(lo), torch.empty_like(lo)
     cnt = torch.empty((total_q, (num_slots + 1) // 2), device=q.device, dtype=torch.int32)
     out = torch.empty_like(q)
+    flag = torch.empty((-(-total_q // rp),), device=q.device, dtype=torch.int32)
     var = {**tk.DEFAULT_VARIANT, **fam, "DENSE": dense[0], "DENSE_TILE": tile}
 
     def stats() -> None:
@@ -65,9 +66,10 @@ def run_case(kv: int, g: int, dense: list[int], tile: str, iters: int) -> dict[s
 
     def stats_count() -> None:
         stats()
-        tk._count_slots[(total_q,)](idx, lens, lo, hi, nv, cnt, num_slots, topk, 0, total_q,
-                                    dense[0], idx.stride(0), cnt.stride(0), HAS_LENS=True,
-                                    RP=rp, BLOCK=tk._DENSE_COUNT_BLOCK, num_warps=4)
+        tk._count_slots[(total_q,)](idx, lens, lo, hi, nv, cnt, flag, num_slots, topk, 0,
+                                    total_q, dense[0], idx.stride(0), cnt.stride(0),
+                                    HAS_LENS=True, RP=rp, RP_P=triton.next_power_of_2(rp),
+                                    BLOCK=tk._DENSE_COUNT_BLOCK, num_warps=4)
 
     def dense_part() -> None:
         tk._dense(q, k, v, idx, lens, True, out, q.shape[2] ** -0.5 * tk._LOG2E, var, None,

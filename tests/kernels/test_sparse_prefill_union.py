@@ -131,9 +131,11 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
     return out
 
 
-def _rp(tile: str, group: int) -> int:
-    """Rows a tile: BM over the group rounded up to a power of two (a program's heads)."""
-    return int(tile.split("x")[0]) // triton.next_power_of_2(group)
+def _rp(tile: str, group: int, heads: str = "pow2") -> int:
+    """Rows a tile: BM over a row's lines, the group rounded up to a power of two
+    (TILE_HEADS="pow2") or the group itself ("group")."""
+    return int(tile.split("x")[0]) // (group if heads == "group" else
+                                       triton.next_power_of_2(group))
 
 
 def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tuple[Any, Any]:
@@ -157,17 +159,22 @@ def _run(q: Any, k: Any, v: Any, idx: Any, cfg: dict[str, Any], **kw: Any) -> tu
     (3, 2, torch.float16, "16x32x2x2", 200),  # group below the tile: padded heads
 ])
 @pytest.mark.parametrize("tile_key", ["DENSE_TILE", "UNION_TILE"])
+@pytest.mark.parametrize("heads", ["pow2", "group"])
 def test_union_tiles_match_the_reference_and_the_rule(group: int, hkv: int, dtype: Any,
                                                       tile: str, pct: int, tile_key: str,
-                                                      poisoned: list[Any]) -> None:
+                                                      heads: str, poisoned: list[Any]) -> None:
     """The tile geometry from DENSE_TILE, or from UNION_TILE (DENSE_TILE then stays at its
-    128-line default: the union's rows a tile must come from UNION_TILE's BM)."""
-    q, k, v, idx, lengths = _shared_case(3, group=group, hkv=hkv, dtype=dtype)
-    rp = _rp(tile, group)
+    128-line default: the union's rows a tile must come from UNION_TILE's BM). TILE_HEADS=
+    "group": a row's lines are its group's heads exactly, so RP is not a power of two (group
+    6 in 32 lines: 5 rows, 2 padding lines; group 3 in 16: 5 rows, 1; group 12: 2 rows in 24
+    of 32) and a line's counts are loaded by its row."""
+    rp = _rp(tile, group, heads)
+    q, k, v, idx, lengths = _shared_case(3, group=group, hkv=hkv, dtype=dtype, block=rp,
+                                         total_q=max(16, 4 * rp))
     want = _tile_paths(idx, lengths, k.shape[0], rp, pct)
     assert UNION in want and GATHER in want, want  # the case exercises both paths
     cfg = {**BASE, "BLOCK_M": max(8, triton.next_power_of_2(group)), "UNION": pct,
-           tile_key: tile}
+           tile_key: tile, "TILE_HEADS": heads}
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert len(poisoned) == 1 and poisoned[0].tolist() == want
 
@@ -206,6 +213,25 @@ def test_union_and_dense_in_one_call(union_tile: str, poisoned: list[Any]) -> No
     assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
 
 
+@pytest.mark.parametrize("union_tile", ["", "32x32x2x1"])
+def test_union_and_dense_in_one_call_on_exact_head_tiles(union_tile: str,
+                                                         poisoned: list[Any]) -> None:
+    """TILE_HEADS="group" with DENSE and UNION: group 6 in 32 lines is 5 rows a tile (30
+    lines), for both paths and the gathering kernel's skip (FLAG of row // 5)."""
+    q, k, v, idx, lengths = _shared_case(15, total_q=20, block=5, spread=(3,))
+    idx[:5] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
+    lengths[:5] = 20
+    lengths[1] = 0
+    cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2",
+           "UNION_TILE": union_tile, "TILE_HEADS": "group"}
+    want = _tile_paths(idx, lengths, k.shape[0], 5, 250, dense=200)
+    assert want == [DENSE, UNION, UNION, GATHER], want
+    g = torch.Generator().manual_seed(56)
+    k[:32], v[:32] = torch.randn(k[:32].shape, generator=g), torch.randn(v[:32].shape, generator=g)
+    _run(q, k, v, idx, cfg, lengths=lengths)
+    assert poisoned[0].tolist() == want
+
+
 def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
         poisoned: list[Any]) -> None:
     # RP 8. Tile 0: seven rows of one set A and a last row of a disjoint set B: the exact union
@@ -224,21 +250,25 @@ def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
     assert poisoned[0].tolist() == want
 
 
-def test_union_kernel_writes_exactly_its_tiles(poisoned: list[Any]) -> None:
-    # the row-tile half of a call on a NaN output: only the union tiles' rows are written
+@pytest.mark.parametrize("heads,rp", [("pow2", 4), ("group", 5)])
+def test_union_kernel_writes_exactly_its_tiles(heads: str, rp: int,
+                                               poisoned: list[Any]) -> None:
+    # the row-tile half of a call on a NaN output: only the union tiles' rows are written; the
+    # tiles' rows (RP) it reports are the ones the gathering kernel skips by
     from backends.sparse_prefill.config import _variant
 
-    q, k, v, idx, lengths = _shared_case(6, spread=(1, 2))
-    var = _variant({**BASE, "UNION": 250, "DENSE_TILE": "32x16x4x2"})
-    want = _tile_paths(idx, lengths, k.shape[0], 4, 250)
+    q, k, v, idx, lengths = _shared_case(6, spread=(1, 2), block=rp, total_q=4 * rp)
+    var = _variant({**BASE, "UNION": 250, "DENSE_TILE": "32x16x4x2", "TILE_HEADS": heads})
+    want = _tile_paths(idx, lengths, k.shape[0], rp, 250)
     assert want == [UNION, GATHER, GATHER, UNION], want
     ref = sparse_prefill_reference(q.double(), k.double(), v.double(), idx, lengths=lengths)
     out = torch.full_like(q, NAN)
     scale = q.shape[2] ** -0.5 * 1.4426950408889634
-    flag, rp = tile_kernels.row_tiles(q, k, v, idx, lengths, True, out, scale, var, "ieee", 16)
-    assert rp == 4 and flag.tolist() == want
+    flag, got_rp = tile_kernels.row_tiles(q, k, v, idx, lengths, True, out, scale, var, "ieee",
+                                          16)
+    assert got_rp == rp and flag.tolist() == want
     for t, path in enumerate(want):
-        rows = slice(4 * t, 4 * t + 4)
+        rows = slice(rp * t, rp * t + rp)
         if path == UNION:
             assert (out[rows].double() - ref[rows]).abs().max() <= error_bound(q.dtype)
         else:
@@ -506,6 +536,8 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
     cfg = parse_geometry("8x16x1x2:rev:split2:v2:lean:o32:union300:dt64x32x4x2")
     assert cfg["UNION"] == 300 and cfg["DENSE_TILE"] == "64x32x4x2"
     assert parse_geometry(format_geometry(cfg)) == cfg
+    xh = parse_geometry("8x16x1x2:union300:ut128x64x8x2:uc:xh")
+    assert xh["TILE_HEADS"] == "group" and parse_geometry(format_geometry(xh)) == xh
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 6, 16), (70, 1, 16), (70, 1, 16)))
     idx = torch.tensor([[31, 63, 0, 32, 33, 64], [31, 62, 63, 1, 69, 30],
@@ -603,7 +635,9 @@ def _cuda_prep_or_skip() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("by_req", [False, True])
-def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices: str) -> None:
+@pytest.mark.parametrize("rp", [16, 21])
+def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices: str,
+                                                           rp: int) -> None:
     # the one-kernel pre-pass (union_prep.cu) against tile_kernels' four Triton kernels on the
     # GPU, output by output: FLAG, USZ, a union tile's slots and counts; rows an indexer emits
     # (or the walk) with -1, negative, out-of-range, duplicate and past-length entries, ragged
@@ -613,7 +647,8 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
     from backends.sparse_prefill import union_prep
     from backends.sparse_prefill.indices import topk_indices, walk_indices
 
-    total_q, width, topk, rp, pct = 2003, 8192, 2051, 16, 300
+    # rp 21: TILE_HEADS="group" tiles of group 6 in 128 lines
+    total_q, width, topk, pct = 2003, 8192, 2051, 300
     vis = torch.arange(width - total_q + 1, width + 1, device="cuda")
     make = topk_indices if indices == "topk" else walk_indices
     idx, lens = make(vis, topk)
@@ -664,7 +699,9 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
 @pytest.mark.parametrize("kind", ["prefill", "chunk"])
 @pytest.mark.parametrize("group", [6, 12])
 @pytest.mark.parametrize("prep", ["triton", "cuda"])
-def test_gpu_union_through_dispatch(kind: str, group: int, indices: str, prep: str) -> None:
+@pytest.mark.parametrize("heads", ["pow2", "group"])
+def test_gpu_union_through_dispatch(kind: str, group: int, indices: str, prep: str,
+                                    heads: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA: the union kernels at the seed's shapes in bf16")
     if prep == "cuda":
@@ -677,7 +714,7 @@ def test_gpu_union_through_dispatch(kind: str, group: int, indices: str, prep: s
     union = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 1,
              "num_stages": 2, "SPLIT_QK": 2, "SPLIT_V": 2, "LEAN": 1, "OFFS32": 1,
              "REVERSE_ROWS": 1, "UNION": 300, "DENSE_TILE": "128x32x8x3",
-             "UNION_PREP": prep}
+             "UNION_PREP": prep, "TILE_HEADS": heads}
     if kind == "chunk":
         union = {**union, "CHUNK_MODE": "pretranslate"}
 
@@ -707,7 +744,7 @@ def test_gpu_union_through_dispatch(kind: str, group: int, indices: str, prep: s
         [("test_union.sparse_prefill", 300)], launches
     flags = paths[0].tolist()
     if kind == "prefill":   # the slots are the entries: every tile's path is the rule's
-        rp = _rp(union["DENSE_TILE"], group)
+        rp = _rp(union["DENSE_TILE"], group, heads)
         assert flags == _tile_paths(inp["indices"].cpu(), inp["kwargs"]["lengths"].cpu(),
                                     inp["k"].shape[0], rp, union["UNION"])
     if indices == "topk":

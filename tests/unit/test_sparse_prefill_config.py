@@ -80,3 +80,39 @@ def test_dense_tile_parsing_and_fixes_without_triton():
         validate_config({"BLOCK_M": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}, 6, 64)
     with pytest.raises(ConfigError, match=r"use 32$"):
         validate_config({"BLOCK_M": 16, "BLOCK_N": 24, "num_warps": 4, "num_stages": 2}, 6, 64)
+
+
+def test_tile_heads_group_rows_validation_and_explain():
+    # TILE_HEADS="group": a row's lines are its group's heads exactly, RP = BM // group
+    from backends.sparse_prefill.config import (
+        _dense_heads,
+        _dense_tile_geometry,
+        _variant,
+        describe_path,
+        tile_rows,
+        validate_config,
+    )
+
+    base = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 2, "num_stages": 3}
+    assert _dense_heads(6, "group") == 6 and _dense_heads(6, "pow2") == 8
+    assert tile_rows(_variant({**base, "UNION": 300, "DENSE_TILE": "128x64x8x2"}), 6) == (8, 16)
+    grp = _variant({**base, "UNION": 300, "DENSE_TILE": "128x64x8x2", "TILE_HEADS": "group"})
+    assert tile_rows(grp, 6) == (6, 21) and tile_rows(grp, 12) == (12, 10)
+    # DENSE's rows are DENSE_TILE's, the union's UNION_TILE's (one BM when both are on)
+    both = _variant({**base, "DENSE": 250, "UNION": 300, "DENSE_TILE": "64x32x8x3",
+                     "UNION_TILE": "64x64x8x2", "TILE_HEADS": "group"})
+    assert tile_rows(both, 6, "DENSE") == tile_rows(both, 6, "UNION") == (6, 10)
+    validate_config({**base, "UNION": 300, "TILE_HEADS": "group"}, 6, 256)
+    # a group of 20 in 16 lines does not fit either way; in 32 it does with "group" only too
+    with pytest.raises(ConfigError, match="BM=16 must be a power of two >= 20"):
+        _dense_tile_geometry("16x32x8x3", 20, "DENSE_TILE", "group")
+    assert _dense_tile_geometry("32x32x8x3", 20, "DENSE_TILE", "group") == (32, 32, 8, 3)
+    with pytest.raises(ConfigError, match=r"TILE_HEADS='exact': expected one of "
+                                          r"\('pow2', 'group'\)"):
+        validate_config({**base, "UNION": 300, "TILE_HEADS": "exact"}, 6, 256)
+    with pytest.raises(ConfigError, match=r"TILE_HEADS='group' shapes the DENSE and UNION row "
+                                          r"tiles.*set DENSE or UNION, or drop TILE_HEADS"):
+        validate_config({**base, "TILE_HEADS": "group"}, 6, 256)
+    text = describe_path({**base, "UNION": 300, "TILE_HEADS": "group"})
+    assert "tiles of the group's heads exactly, TILE_HEADS='group'" in text, text
+    assert "TILE_HEADS" not in describe_path({**base, "UNION": 300})
