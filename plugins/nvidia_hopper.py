@@ -397,16 +397,19 @@ CLUSTER_REQUIREMENTS = (
 )
 
 
-#: The streaming kernel's envelope (sessions 37 and 41, the H100 SXM; the H200 is the same GH100
-#: with more memory bandwidth, which a one-read kernel gains from at least as much as the Triton
-#: kernels, so it takes the cluster kernel's parts): at 1024 and 4096 rows of 131,072 fp32 keys
-#: it ran in 0.56-0.87x the Triton kernels' time on six of seven distributions and 1.05-1.15x on
-#: all-zero rows (one value: every key a tie); bf16 0.56-0.78x. At 128-512 rows (session 41,
-#: random, four-value, ReLU and all-zero rows) 0.64-0.98x on the first three and 1.16-1.32x on
-#: all-zero rows: the profile taken at 1024. At 64 rows all-zero rows lost 1.51x and four-value
-#: rows tied, so the Triton kernels (and the cluster kernel up to 16 rows) keep batches below 128.
+#: The streaming kernel's envelope (sessions 37, 41 and 42, the H100 SXM; the H200 is the same
+#: GH100 with more memory bandwidth, which a one-read kernel gains from at least as much as the
+#: Triton kernels, so it takes the cluster kernel's parts). Session 42's table (fp32, all seven
+#: distributions at 64-4096 rows of 131,072 keys; bf16, four at 64-1024; docs/BENCHMARKS.md):
+#: from 128 rows 0.58-0.96x the Triton kernels' time on six of seven distributions and bf16
+#: 0.56-0.87x on all four, all-zero rows (every key a tie) 1.05-1.31x. At 64 rows 0.76-0.88x on
+#: random, recent-window, low-bit and ReLU rows, 1.01x and 1.03x on four-value and ramp rows,
+#: 1.53x on all-zero rows (48.7 against 31.8 us), bf16 0.72-0.88x on all four: faster on most
+#: rows, and its slowest distribution (ReLU, 52.0 us) is faster than the Triton kernels'
+#: (ReLU, 58.9), so it takes 64 rows too. Below 64 the Triton kernels (and the cluster kernel
+#: up to 16 rows) stay: not re-measured with the stream's current build.
 STREAM_DEVICES = CLUSTER_DEVICES
-STREAM_MIN_ROWS = 128
+STREAM_MIN_ROWS = 64
 #: The row lengths it was measured at (131,072 keys) start here; shorter rows stay on Triton.
 STREAM_MIN_KEYS = 65536
 

@@ -297,9 +297,11 @@ for step in "$@"; do
       # 64,1024,4096) (auto = the
       # policy's choice, triton = the Triton kernels at their default config)
       # the streaming kernel by its name too (auto takes it only where the policy does), and
-      # FlashInfer's top-k when STREAM_FI is set (its JIT build is cached in .fi-ws: carry it)
+      # FlashInfer's raw top-k (flashinfer-topk: what a framework calls instead of kreg; kreg's
+      # exact wrapper flashinfer.indexer_topk adds a key transform and a sort) when STREAM_FI is
+      # set (its JIT build is cached in .fi-ws: carry it)
       sb_providers="torch-topk,triton,nvidia_hopper.indexer_topk_stream:measure,auto"
-      [ -z "${STREAM_FI:-}" ] || { fi_restore; sb_providers="$sb_providers,flashinfer.indexer_topk"; }
+      [ -z "${STREAM_FI:-}" ] || { fi_restore; sb_providers="$sb_providers,flashinfer-topk"; }
       stage "stream-bench: fp32"
       timeout ${SB_FP32_TIMEOUT:-330} python3 cli.py bench indexer_topk --rows ${STREAM_ROWS:-32,64,1024,4096} \
         --keys 131072 --dist randn,ties,zeros,recent,lowbits,relu,ramp \
