@@ -188,17 +188,21 @@ def test_union_without_lengths_and_every_tile_union(poisoned: list[Any]) -> None
 
 
 @pytest.mark.parametrize("union_tile", ["", "32x32x2x1"])
-def test_union_and_dense_in_one_call(union_tile: str, poisoned: list[Any]) -> None:
+@pytest.mark.parametrize("heads,rp", [("pow2", 4), ("group", 5)])
+def test_union_and_dense_in_one_call(union_tile: str, heads: str, rp: int,
+                                     poisoned: list[Any]) -> None:
     """DENSE and UNION on the same tiles of rows; the union kernel at DENSE_TILE's geometry, or
-    at its own (UNION_TILE: the same BM, other slots a step, warps and stages)."""
+    at its own (UNION_TILE: the same BM, other slots a step, warps and stages). TILE_HEADS=
+    "group": group 6 in 32 lines is 5 rows a tile (30 lines), for both paths and the gathering
+    kernel's skip (FLAG of row // 5)."""
     # the first rows select all of a narrow span (dense), a shared block (union), a spread one
-    q, k, v, idx, lengths = _shared_case(5, total_q=16, spread=(3,))
-    idx[:4] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
-    lengths[:4] = 20
+    q, k, v, idx, lengths = _shared_case(5, total_q=4 * rp, block=rp, spread=(3,))
+    idx[:rp] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
+    lengths[:rp] = 20
     lengths[1] = 0
     cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2",
-           "UNION_TILE": union_tile}
-    want = _tile_paths(idx, lengths, k.shape[0], 4, 250, dense=200)
+           "UNION_TILE": union_tile, "TILE_HEADS": heads}
+    want = _tile_paths(idx, lengths, k.shape[0], rp, 250, dense=200)
     assert want == [DENSE, UNION, UNION, GATHER], want
     g = torch.Generator().manual_seed(55)
     # the dense kernel streams the 16-slot blocks around the span (slots 0 .. 31): finite
@@ -208,28 +212,9 @@ def test_union_and_dense_in_one_call(union_tile: str, poisoned: list[Any]) -> No
     # a NaN V row the dense tile streams but no row of it selects: the tile is handed back to
     # the gathering kernel (FLAG 0), the output stays right
     v[31] = NAN
-    idx[4:][idx[4:] == 31] = 30
+    idx[rp:][idx[rp:] == 31] = 30
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
-
-
-@pytest.mark.parametrize("union_tile", ["", "32x32x2x1"])
-def test_union_and_dense_in_one_call_on_exact_head_tiles(union_tile: str,
-                                                         poisoned: list[Any]) -> None:
-    """TILE_HEADS="group" with DENSE and UNION: group 6 in 32 lines is 5 rows a tile (30
-    lines), for both paths and the gathering kernel's skip (FLAG of row // 5)."""
-    q, k, v, idx, lengths = _shared_case(15, total_q=20, block=5, spread=(3,))
-    idx[:5] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
-    lengths[:5] = 20
-    lengths[1] = 0
-    cfg = {**BASE, "DENSE": 200, "UNION": 250, "DENSE_TILE": "32x16x4x2",
-           "UNION_TILE": union_tile, "TILE_HEADS": "group"}
-    want = _tile_paths(idx, lengths, k.shape[0], 5, 250, dense=200)
-    assert want == [DENSE, UNION, UNION, GATHER], want
-    g = torch.Generator().manual_seed(56)
-    k[:32], v[:32] = torch.randn(k[:32].shape, generator=g), torch.randn(v[:32].shape, generator=g)
-    _run(q, k, v, idx, cfg, lengths=lengths)
-    assert poisoned[0].tolist() == want
 
 
 def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
