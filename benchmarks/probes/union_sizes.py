@@ -5,8 +5,9 @@ the mean union of ``RP`` consecutive rows and the tensor-core work of the union 
     python3 benchmarks/probes/union_sizes.py --indices topk,walk --rp 16,21,32
 
 A tile of 128 lines holds ``128 // HP`` rows: 16 at HP 8 (group 6 rounded up to a power of
-two, the kernels' rule today) and 21 at HP 6 (the group itself, 126 of 128 lines used). The
-table says what a tile of exact heads would save before any kernel is written for it.
+two, ``TILE_HEADS="pow2"``, the default) and 21 at HP 6 (the group itself, 126 of 128 lines
+used: ``TILE_HEADS="group"``). The table says what a tile of exact heads saves in line-keys;
+``benchmarks/probes/device_run.sh exact-heads`` times it.
 """
 
 from __future__ import annotations
