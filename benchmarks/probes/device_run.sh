@@ -346,7 +346,8 @@ for step in "$@"; do
       # unless XH_SKIP_TESTS is set (through dispatch, both pre-passes; the CUDA pre-pass at
       # RP 21 against the Triton one), then union_phases at KV 8K (XH_KV), group 6, the kinds
       # in XH_KINDS (default prefill), both index sets: h200, the union tiles with the CUDA
-      # pre-pass at 16 and at 21 rows, and dense + union (UNION_TILE) at both
+      # pre-pass at 16 and at 21 rows (a line's counts by the one-hot MMAs, and `@loads` by
+      # per-line loads: tile_kernels.EXACT_COUNTS), and dense + union (UNION_TILE) at both
       if [ -z "${XH_SKIP_TESTS:-}" ]; then
       stage "exact-heads: GPU tests"
       timeout ${XH_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -365,7 +366,7 @@ for step in "$@"; do
           stage "exact-heads: $kind g6 KV ${XH_KV:-8192} $ix"
           timeout ${XH_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind \
             --group-size 6 --kv-len ${XH_KV:-8192} --indices $ix \
-            --configs "h200,$U,$U:xh$DU$DUX" > "$OUT/exact_heads_${kind}_$ix.log" 2>&1
+            --configs "h200,$U,$U:xh,$U:xh@loads$DU$DUX" > "$OUT/exact_heads_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/exact_heads_${kind}_$ix.log" | tail -25
         done
       done ;;

@@ -4,6 +4,7 @@ Triton's own launch binder (the same signature, specializations and constexprs a
 gets) and compiled; each kernel's SASS is normalized (addresses, the function name) and hashed.
 
     python3 benchmarks/probes/xcompile_sparse.py [--out digests.json] [--sass DIR]
+        [--wgmma] [--geometry BMxBNxWxS[:opt...]]...
 
 Run it on two trees and diff the JSON (``--compare A.json B.json``): equal digests mean the same
 machine code. ``--wgmma`` compiles only the row-tile kernels (DENSE's and UNION's) and exits 1
@@ -184,7 +185,29 @@ def inputs(kind: str, group: int, kv_len: int, rows: int = 2048, topk: int = 205
     return (q, k, v, idx), kw
 
 
-def digests(sass_dir: str = "", wgmma: bool = False) -> dict[str, str]:
+def extra_configs(specs: list[str], groups: tuple[int, ...] = (6, 12)
+                  ) -> list[tuple[str, str, int, int, dict[str, Any]]]:
+    """``--geometry`` candidates (the bench's ``BMxBNxWxS[:opt...]``, e.g. with ``:xh``) at
+    prefill and chunk (``:pre`` added where the config needs translated slots), groups 6 and
+    12, KV 8K: compiled like the shipped configs, before any GPU runs them."""
+    from backends.sparse_prefill.bench import parse_geometry
+
+    out = []
+    for spec in specs:
+        cfg = parse_geometry(spec)
+        for kind in ("prefill", "chunk"):
+            c = dict(cfg)
+            if kind == "chunk" and (c.get("UNION") or c.get("DENSE")):
+                if c.get("DENSE"):
+                    continue   # DENSE runs on prefill rows only
+                c["CHUNK_MODE"] = "pretranslate"
+            for group in groups:
+                out.append((f"extra[{kind},{group}] {spec}", kind, group, 8192, c))
+    return out
+
+
+def digests(sass_dir: str = "", wgmma: bool = False, extra: list[str] | None = None
+            ) -> dict[str, str]:
     from triton.backends.compiler import GPUTarget
 
     from backends.sparse_prefill import gluon_kernels, triton_kernels
@@ -201,8 +224,8 @@ def digests(sass_dir: str = "", wgmma: bool = False) -> dict[str, str]:
     cap = Capture(*mods)
     out: dict[str, str] = {}
     try:
-        for lab, kind, group, kv, cfg in shipped_configs():
-            if wgmma and not lab.startswith(ROW_TILE_TABLES):
+        for lab, kind, group, kv, cfg in shipped_configs() + extra_configs(extra or []):
+            if wgmma and not lab.startswith((*ROW_TILE_TABLES, "extra")):
                 continue
             cap.launches.clear()
             args, kw = inputs(kind, group, kv)
@@ -247,6 +270,10 @@ def main() -> int:
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="diff two digest files")
     ap.add_argument("--wgmma", action="store_true",
                     help="the row-tile kernels only: exit 1 unless their wgmma run pipelined")
+    ap.add_argument("--geometry", action="append", default=[],
+                    help="also compile this bench geometry (BMxBNxWxS[:opt...], e.g. "
+                         "8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:xh) at both "
+                         "kinds and groups 6 and 12; repeatable")
     a = ap.parse_args()
     if a.compare:
         with open(a.compare[0]) as f:
@@ -260,7 +287,7 @@ def main() -> int:
         print(f"{same} launches identical, {len(diff)} differ or are missing on one side")
         return 1 if diff else 0
     sys.path.insert(0, os.getcwd())
-    res = digests(a.sass, a.wgmma)
+    res = digests(a.sass, a.wgmma, a.geometry)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)
