@@ -129,9 +129,10 @@ TILE_HEADS      "pow2"     the query heads of a row-tile line set (DENSE's and U
                            lines), fewer tiles for the same rows: a union tile's union barely
                            grows with its rows at high overlap, so the union kernel's MMA work
                            and gathers drop with the tile count (22% at prefill g6 KV 8K,
-                           ``benchmarks/probes/union_sizes.py``). A line's counts are then
-                           loaded by its row (the power-of-two tiles broadcast a row's counts
-                           over its heads). Only with DENSE or UNION.
+                           ``benchmarks/probes/union_sizes.py``). A line then takes its row's
+                           counts through two one-hot MMAs (the power-of-two tiles broadcast
+                           a row's counts over its heads). Only with DENSE or UNION; not yet
+                           timed on a GPU, so no policy sets it (kreg tune offers it).
 UNION_TILE      ""         the union kernel's own ``BMxBNxWxS`` ("" = DENSE_TILE's): with DENSE
                            on too its BM must be DENSE_TILE's (both paths take the same tiles
                            of rows), so that each path runs at its own best slots a step,
