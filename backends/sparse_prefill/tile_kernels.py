@@ -208,6 +208,21 @@ def _line_counts(onehot, cr):
 
 
 @triton.jit
+def _word_counts(w, n, onehot, RP: tl.constexpr, HP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """The lines' counts [BLOCK_M, BLOCK_N] from the tile rows' count words ``w`` [RP_P,
+    BLOCK_N] at positions ``n`` (two 16-bit fields a word): each row's broadcast over its HP
+    lines where RP rows fill the BLOCK_M lines, else by the one-hot MMAs (``onehot`` is only
+    read then)."""
+    cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP_P, BLOCK_N]
+    if RP * HP == BLOCK_M:
+        c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+    else:
+        c = _line_counts(onehot, cr)
+    return c
+
+
+@triton.jit
 def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr, RP_P: tl.constexpr):
     """Whether DENSE handles the rows ``tile * RP ..`` (scalar): the slots between the least and
     the greatest one they select number at most ``dense_span`` percent of their mean count of
@@ -314,7 +329,8 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     lo = tl.min(lo_r, 0)
     hi = tl.where(dense, tl.max(hi_r, 0), -1)
     CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
-    if RP * HP != BLOCK_M:  # RP rows do not broadcast to BLOCK_M lines
+    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines (COUNTS_MMA)
+    if RP * HP != BLOCK_M:
         if COUNTS_MMA:
             onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
         else:  # each line loads its row's words, within its row's span
@@ -341,12 +357,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
             inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) &
                            (n[None, :] <= hi_r[:, None]), False)
             w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
-            cr = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [RP_P, BLOCK_N]
-            if RP * HP == BLOCK_M:
-                c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)),
-                               (BLOCK_M, BLOCK_N))
-            else:
-                c = _line_counts(onehot, cr)
+            c = _word_counts(w, n, onehot, RP, HP, BLOCK_M, BLOCK_N)
         else:
             inl = tl.where(dense, m_ok[:, None] & (n[None, :] >= lo_m[:, None]) &
                            (n[None, :] <= hi_m[:, None]), False)
@@ -644,7 +655,8 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     SL_t = SLOTS + lt.to(tl.int64) * s_lt
     CNT_t = CNT + lt.to(tl.int64) * s_ct
     rows = tl.arange(0, RP_P)
-    if RP * HP != BLOCK_M:  # RP rows do not broadcast to BLOCK_M lines
+    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines (COUNTS_MMA)
+    if RP * HP != BLOCK_M:
         if COUNTS_MMA:
             onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
         else:  # each line loads its row's words
@@ -671,12 +683,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
             else:
                 cmask = (rows < RP)[:, None] & u_ok[None, :]
             w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=cmask, other=0)
-            cr = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [RP_P, BLOCK_N]
-            if RP * HP == BLOCK_M:
-                c = tl.reshape(tl.broadcast_to(cr[:, None, :], (RP, HP, BLOCK_N)),
-                               (BLOCK_M, BLOCK_N))
-            else:
-                c = _line_counts(onehot, cr)
+            c = _word_counts(w, u, onehot, RP, HP, BLOCK_M, BLOCK_N)
         else:
             w = tl.load(CNT_l[:, None] + (u[None, :] >> 1), mask=m_ok[:, None] & u_ok[None, :],
                         other=0)
