@@ -287,6 +287,15 @@ def main() -> int:
         print(f"{same} launches identical, {len(diff)} differ or are missing on one side")
         return 1 if diff else 0
     sys.path.insert(0, os.getcwd())
+    import click
+
+    from backends.sparse_prefill.bench import parse_geometry
+
+    for spec in a.geometry:
+        try:
+            parse_geometry(spec)
+        except click.BadParameter as exc:
+            ap.error(f"--geometry: {exc.message}")
     res = digests(a.sass, a.wgmma, a.geometry)
     if a.out:
         with open(a.out, "w") as f:

@@ -22,16 +22,33 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_row_tile_kernels_keep_their_wgmma_pipelined() -> None:
+#: exact-head tiles (TILE_HEADS="group", a line's counts by one-hot MMAs), not shipped yet
+EXACT = "16x16x1x2:rev:split2:v2:lean:o32:dense250:union300:ut128x64x8x2:xh"
+
+
+def _xcompile(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks/probes/xcompile_sparse.py"),
-                          "--wgmma"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks/probes/xcompile_sparse.py"),
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_row_tile_kernels_keep_their_wgmma_pipelined() -> None:
+    res = _xcompile("--wgmma", "--geometry", EXACT)
     lines = [ln for ln in res.stdout.splitlines() if " _dense_fwd " in ln or " _union_fwd " in ln]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert {ln.split("]")[0] for ln in lines} == {
         "H200_DENSE_CONFIGS[prefill,6", "H200_DENSE_CONFIGS[prefill,12",
         "H200_UNION_CONFIGS[prefill,6", "H200_UNION_CONFIGS[prefill,12",
-        "H200_UNION_CONFIGS[chunk,6", "H200_UNION_CONFIGS[chunk,12"}, res.stdout
+        "H200_UNION_CONFIGS[chunk,6", "H200_UNION_CONFIGS[chunk,12",
+        "extra[prefill,6", "extra[prefill,12"}, res.stdout
+    # both exact-head kernels of each group: the dense one and the union one
+    assert sum(ln.startswith("extra[") for ln in lines) == 4, "\n".join(lines)
     assert all("pipelined" in ln for ln in lines), "\n".join(lines)
+
+
+def test_a_bad_geometry_is_one_line_naming_the_fix() -> None:
+    res = _xcompile("--geometry", "8x16x1")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "--geometry: geometry='8x16x1': expected BMxBNxWxS like 16x64x4x3" in res.stderr
