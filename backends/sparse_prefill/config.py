@@ -131,8 +131,10 @@ TILE_HEADS      "pow2"     the query heads of a row-tile line set (DENSE's and U
                            and gathers drop with the tile count (22% at prefill g6 KV 8K,
                            ``benchmarks/probes/union_sizes.py``). A line then takes its row's
                            counts through two one-hot MMAs (the power-of-two tiles broadcast
-                           a row's counts over its heads). Only with DENSE or UNION; not yet
-                           timed on a GPU, so no policy sets it (kreg tune offers it).
+                           a row's counts over its heads). Only with DENSE or UNION. Measured
+                           slower (H100, prefill g6 KV 8K: the union path 1.63x on top-k
+                           rows, 1.17x on the walk; session 43): no policy sets it and kreg
+                           tune does not offer it.
 UNION_TILE      ""         the union kernel's own ``BMxBNxWxS`` ("" = DENSE_TILE's): with DENSE
                            on too its BM must be DENSE_TILE's (both paths take the same tiles
                            of rows), so that each path runs at its own best slots a step,

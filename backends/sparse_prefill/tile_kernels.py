@@ -45,13 +45,6 @@ _UNION_SCRATCH_BYTES = 256 << 20  # UNION's bitmaps, slots and counts at most (t
 _UNION_BLOCK = 512  # entries a union pre-pass program handles per step
 _UNION_WORDS = 64  # bitmap words (of 32 slots) a union pre-pass program handles per step
 _UNION_WARPS = 4
-#: How tiles whose RP rows do not broadcast to their BM lines (TILE_HEADS="group") give each
-#: line its row's counts: "mma", two one-hot MMAs over the rows' counts (``_line_counts``; 3,136
-#: sm_90 instructions for the union kernel at group 6, 128x64x8x2, with 5 more barriers than
-#: the power-of-two tiles' 2,560), or "loads", each line loading its row's words (3,880, twice
-#: the global loads). Not yet timed on a GPU (docs/notes/sparse_prefill.md, "Session 42"):
-#: `benchmarks/probes/union_phases.py` A/Bs them (a provider's ``@loads`` suffix).
-EXACT_COUNTS = "mma"
 #: The mark pass ORs runs of entries in one bitmap word before one atomic (``RUNS``) when a
 #: row's entries average at least this many a word of the span (``topk * 32 / ids``): the
 #: H200 A/B of session 20 measured the runs 0.93x at KV 8K (8 a word) and 1.03x at 32K (2).
@@ -295,7 +288,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, RP_P: tl.constexpr,
                REVERSE_ROWS: tl.constexpr, DESC: tl.constexpr, DOT_PREC: tl.constexpr,
-               SLACK: tl.constexpr, COUNTS_MMA: tl.constexpr):
+               SLACK: tl.constexpr):
     """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
     nrows``) and the query heads of KV head ``program_id(1) // ceil(group / HP)``: HP is the
     group, or the group rounded up to a power of two (``config._dense_heads``), so ``ceil(group
@@ -329,15 +322,9 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     lo = tl.min(lo_r, 0)
     hi = tl.where(dense, tl.max(hi_r, 0), -1)
     CNT_r = CNT + tl.where(r_ok, rr, 0).to(tl.int64) * s_ct
-    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines (COUNTS_MMA)
+    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines
     if RP * HP != BLOCK_M:
-        if COUNTS_MMA:
-            onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
-        else:  # each line loads its row's words, within its row's span
-            ri64 = (row0 + tl.where(m_ok, ri, 0)).to(tl.int64)
-            lo_m = tl.load(LO + ri64, mask=m_ok, other=num_slots)
-            hi_m = tl.load(HI + ri64, mask=m_ok, other=-1)
-            CNT_m = CNT + tl.where(m_ok, ri, 0).to(tl.int64) * s_ct
+        onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -353,16 +340,10 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     for it in range(0, tl.maximum(tl.cdiv(hi + 1 - start, BLOCK_N), 1)):
         s0 = start + it * BLOCK_N
         n = s0 + offs_n
-        if RP * HP == BLOCK_M or COUNTS_MMA:
-            inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) &
-                           (n[None, :] <= hi_r[:, None]), False)
-            w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
-            c = _word_counts(w, n, onehot, RP, HP, BLOCK_M, BLOCK_N)
-        else:
-            inl = tl.where(dense, m_ok[:, None] & (n[None, :] >= lo_m[:, None]) &
-                           (n[None, :] <= hi_m[:, None]), False)
-            w = tl.load(CNT_m[:, None] + (n[None, :] >> 1), mask=inl, other=0)
-            c = (w >> ((n[None, :] & 1) * 16)) & 0xFFFF  # [BLOCK_M, BLOCK_N]
+        inr = tl.where(dense, (n[None, :] >= lo_r[:, None]) &
+                       (n[None, :] <= hi_r[:, None]), False)
+        w = tl.load(CNT_r[:, None] + (n[None, :] >> 1), mask=inr, other=0)
+        c = _word_counts(w, n, onehot, RP, HP, BLOCK_M, BLOCK_N)
         c = tl.where(m_ok[:, None], c, 0)
         if DESC:
             k = KD.load([s0, h, 0]).reshape(BLOCK_N, D_PAD)
@@ -626,7 +607,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, RP_P: tl.constexpr,
                REVERSE_ROWS: tl.constexpr, DOT_PREC: tl.constexpr, SLACK: tl.constexpr,
-               OFFS32: tl.constexpr, COUNTS_MMA: tl.constexpr):
+               OFFS32: tl.constexpr):
     """UNION: tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``) when its ``FLAG``
     is 2, ``HP`` heads of KV head ``program_id(1) // ceil(group / HP)`` (lines as
     ``_dense_fwd``'s: line m is row ``m // HP``, head ``m % HP``). Gathers the union's K/V rows
@@ -655,12 +636,9 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     SL_t = SLOTS + lt.to(tl.int64) * s_lt
     CNT_t = CNT + lt.to(tl.int64) * s_ct
     rows = tl.arange(0, RP_P)
-    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines (COUNTS_MMA)
+    onehot = m_ok  # read only where RP rows do not broadcast to BLOCK_M lines
     if RP * HP != BLOCK_M:
-        if COUNTS_MMA:
-            onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
-        else:  # each line loads its row's words
-            CNT_l = CNT_t + tl.where(m_ok, tl.arange(0, BLOCK_M) // HP, 0) * s_cr
+        onehot = _row_onehot(m_ok, HP, BLOCK_M, RP_P)
     K_h = K + h.to(tl.int64) * s_kh
     V_h = V + h.to(tl.int64) * s_vh
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -677,17 +655,12 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         kv_mask = u_ok[:, None] & d_mask[None, :]
         k = tl.load(K_h + (slot[:, None] * s_kt + offs_d[None, :]), mask=kv_mask, other=0.0)
         v = tl.load(V_h + (slot[:, None] * s_vt + offs_d[None, :]), mask=kv_mask, other=0.0)
-        if RP * HP == BLOCK_M or COUNTS_MMA:
-            if RP == RP_P:  # noqa: SIM108 (constexpr branch in a kernel)
-                cmask = u_ok[None, :]
-            else:
-                cmask = (rows < RP)[:, None] & u_ok[None, :]
-            w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=cmask, other=0)
-            c = _word_counts(w, u, onehot, RP, HP, BLOCK_M, BLOCK_N)
+        if RP == RP_P:  # noqa: SIM108 (constexpr branch in a kernel)
+            cmask = u_ok[None, :]
         else:
-            w = tl.load(CNT_l[:, None] + (u[None, :] >> 1), mask=m_ok[:, None] & u_ok[None, :],
-                        other=0)
-            c = (w >> ((u[None, :] & 1) * 16)) & 0xFFFF  # [BLOCK_M, BLOCK_N]
+            cmask = (rows < RP)[:, None] & u_ok[None, :]
+        w = tl.load(CNT_t + rows[:, None] * s_cr + (u[None, :] >> 1), mask=cmask, other=0)
+        c = _word_counts(w, u, onehot, RP, HP, BLOCK_M, BLOCK_N)
         c = tl.where(m_ok[:, None], c, 0)
         m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC, SLACK)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -743,14 +716,6 @@ def _tile_shape(q: Any, k: Any, idx: Any, var: dict[str, Any], key: str
     return group, topk, geom, hp, rp, _rescale_slack(k.dtype, topk)
 
 
-def _counts_mma() -> bool:
-    """``EXACT_COUNTS`` as the kernels' constexpr (checked: a typo is not the other mode)."""
-    if EXACT_COUNTS not in ("mma", "loads"):
-        raise ConfigError(f"tile_kernels.EXACT_COUNTS={EXACT_COUNTS!r}: expected 'mma' or "
-                          f"'loads'")
-    return EXACT_COUNTS == "mma"
-
-
 def _fwd_rows(rp: int, hp: int, bm: int) -> int:
     """The row-tile kernels' RP_P: RP itself where RP rows broadcast to the BM lines (RP * HP
     = BM), else RP rounded up to a power of two of at least 16 (the one-hot MMA's K side)."""
@@ -797,8 +762,8 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             RP_P=_fwd_rows(rp, hp, bm), REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc,
-            DOT_PREC=dot_prec, COUNTS_MMA=_counts_mma(),
-            SLACK=slack, num_warps=nw, num_stages=ns)  # MAXNREG: the gathering kernel's only
+            DOT_PREC=dot_prec, SLACK=slack,
+            num_warps=nw, num_stages=ns)  # MAXNREG: the gathering kernel's only
     return lo, hi, nv, rp, span, flag
 
 
@@ -945,8 +910,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             slots.stride(0), cnt.stride(0), cnt.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp, RP_P=_fwd_rows(rp, hp, bm),
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec,
-            SLACK=slack, OFFS32=offs32, COUNTS_MMA=_counts_mma(), num_warps=nw,
-            num_stages=ns)
+            SLACK=slack, OFFS32=offs32, num_warps=nw, num_stages=ns)
     return flag
 
 

@@ -122,11 +122,8 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
                for cfg in offered if cfg.get("DENSE") and not cfg.get("UNION")
                and case.kind == "prefill" and cfg.get("ENGINE", "triton") == "triton"
                and str(cfg.get("DENSE_TILE", "128x32x8x3")).startswith("128x")]
-    # and each of them on tiles of the group's heads exactly (TILE_HEADS="group", session 42)
-    # where the group is not a power of two: fewer, fuller tiles (group 6: 21 rows in 126 of
-    # 128 lines, not 16), whose union grows little with their rows at high overlap
-    if case.group_size & (case.group_size - 1):
-        unions += [{**cfg, "TILE_HEADS": "group"} for cfg in unions]
+    # (not on tiles of the group's heads exactly, TILE_HEADS="group": 1.2-1.6x slower than
+    # these on the H100, session 43, docs/notes/sparse_prefill.md)
     base = [_table_config(case, facts), *offered, *unions]
     # The neighbourhood grid crosses geometries with the variant keys of the plain Triton
     # family configs on offer (not the dense, union, slot-ordered or Gluon ones).

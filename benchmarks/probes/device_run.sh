@@ -366,7 +366,7 @@ for step in "$@"; do
           stage "exact-heads: $kind g6 KV ${XH_KV:-8192} $ix"
           timeout ${XH_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind \
             --group-size 6 --kv-len ${XH_KV:-8192} --indices $ix \
-            --configs "h200,$U,$U:xh,$U:xh@loads$DU$DUX" > "$OUT/exact_heads_${kind}_$ix.log" 2>&1
+            --configs "h200,$U,$U:xh$DU$DUX" > "$OUT/exact_heads_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/exact_heads_${kind}_$ix.log" | tail -25
         done
       done ;;

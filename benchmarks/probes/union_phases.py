@@ -8,9 +8,7 @@ excluded), beside the call's CUDA-graph replay time.
 Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...``,
 ``config=...``); ``--old PATHS`` (copies of an earlier ``tile_kernels.py`` and/or
 ``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
-modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); a provider's
-``@loads`` suffix runs it with ``tile_kernels.EXACT_COUNTS = "loads"`` (exact-head tiles,
-``:xh``: each line loads its row's counts instead of the one-hot MMAs). Every output is
+modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles). Every output is
 checked against the fp32 reference first (the bench's rule); then all providers are timed in one
 interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
 line per (provider, kernel) with launches and GPU us per op call and its share.
@@ -52,7 +50,6 @@ def main() -> int:
     a = ap.parse_args()
     import importlib.util
 
-    import backends.sparse_prefill.tile_kernels as tiles
     import backends.sparse_prefill.triton_kernels as tk
     from registry.tuning import Trial, measure
 
@@ -89,7 +86,6 @@ def main() -> int:
     calls = {}
     for prov in provs:
         base, old = (prov[:-4], True) if prov.endswith("@old") else (prov, False)
-        base, loads = (base[:-6], True) if base.endswith("@loads") else (base, False)
         kind, cfg = parse_provider(base, case)
         if kind != "triton":
             print(f"{prov}: not a Triton config ({kind}), skipped")
@@ -97,14 +93,12 @@ def main() -> int:
 
         def call(cfg=cfg, rows=old_rows if old else new_rows,
                  entry=old_entry.sparse_prefill_triton if old and old_entry is not None
-                 else sparse_prefill_triton, counts="loads" if loads else "mma"):
+                 else sparse_prefill_triton):
             tk.row_tiles = rows
-            tiles.EXACT_COUNTS = counts
             try:
                 return entry(q, k, v, idx, config=dict(cfg), **kw)
             finally:
                 tk.row_tiles = new_rows
-                tiles.EXACT_COUNTS = "mma"
 
         err = max_abs_error(call().float(), ref)
         print(f"{prov}: max err {err:.2e}", flush=True)

@@ -344,17 +344,11 @@ FAM6 = {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "SPLIT_QK"
     (12, 2, torch.float32, "32x16x4x2", 200),  # pointer loads (fp32), 2 KV heads
     (3, 2, torch.float16, "16x16x2x2", 400),  # group below the tile: padded heads
 ])
-@pytest.mark.parametrize("heads", ["pow2", "group", "group:loads"])
-def test_dense_tiles_match_the_reference(group, hkv, dtype, tile, span, heads, monkeypatch):
+@pytest.mark.parametrize("heads", ["pow2", "group"])
+def test_dense_tiles_match_the_reference(group, hkv, dtype, tile, span, heads):
     """TILE_HEADS="group": a row's lines are the group's heads exactly (group 6 in 16 lines:
     2 rows and 4 padding lines, in 32: 5 rows; group 12 in 32: 2 rows in 24 lines; group 3 in
-    16: 5 rows), a line's counts from its row's by the one-hot MMAs, or ("group:loads",
-    tile_kernels.EXACT_COUNTS="loads") loaded by its row within its row's span."""
-    from backends.sparse_prefill import tile_kernels
-
-    heads, _, mode = heads.partition(":")
-    if mode:
-        monkeypatch.setattr(tile_kernels, "EXACT_COUNTS", mode)
+    16: 5 rows), a line's counts from its row's by the one-hot MMAs."""
     q, k, v, idx, lengths = _ramp_case(5, total_q=24, group=group, hkv=hkv, dtype=dtype)
     rp = int(tile.split("x")[0]) // (group if heads == "group" else triton.next_power_of_2(group))
     tiles = _dense_tiles(idx, lengths, k.shape[0], rp, span)

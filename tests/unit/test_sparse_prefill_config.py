@@ -29,6 +29,9 @@ _PROBE = textwrap.dedent("""
             case.extra["space"] = "small"
             cands = tuning.candidates(case, registry.profiles()[dev])
             n += sum(cfg is not None for _, cfg, _ in cands)
+            assert any(cfg and cfg.get("UNION") for _, cfg, _ in cands), (kind, dev)
+            # the exact-head tiles measured slower (session 43): not offered
+            assert not [c for _, c, _ in cands if c and c.get("TILE_HEADS", "pow2") != "pow2"]
     assert n > 0
     loaded = [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
     assert not loaded, ("candidates", loaded)
