@@ -28,6 +28,13 @@ SOURCE = Path(__file__).with_name("cuda") / "union_prep.cu"
 #: The kernel's shared memory a block (the H100 / H200 opt-in limit, 227 KiB, less its
 #: static part); the host checks a call's need against it before taking this path.
 MAX_SHARED = 227 * 1024 - 256
+#: Shared memory for the tile rows' counts (bytes): the kernel counts as many rows at once as
+#: their ceil(U / 2) words fit (16 rows of a 2,355-slot union in one group), two barriers a
+#: group; at least one row's worst case (umax / 2 words) whatever this says.
+COUNT_SHARED = 64 * 1024
+#: Rows a count group at most (0: no limit past the shared memory; 1: a row at a time, the
+#: kernel before session 43, kept for the A/B: union_phases' ``@g1``).
+GROUP_ROWS = 0
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _FAILED: list[str] = []
@@ -41,13 +48,20 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, 
              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-             ctypes.c_void_p]
+             ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
 
 
 def shared_bytes(num_ids: int, umax: int) -> int:
-    """Dynamic shared memory a call needs: the bitmap and the word prefixes over the id range,
-    and one row's count words."""
+    """Dynamic shared memory a call needs at least: the bitmap and the word prefixes over the
+    id range, and one row's count words."""
     return (2 * ((num_ids + 31) // 32) + umax // 2) * 4
+
+
+def count_words(num_ids: int, umax: int) -> int:
+    """The count words a launch gives the kernel: ``COUNT_SHARED`` worth, at least one row's
+    (``umax / 2``), within ``MAX_SHARED`` beside the bitmap and the prefixes."""
+    room = (MAX_SHARED - shared_bytes(num_ids, 0)) // 4
+    return max(umax // 2, min(COUNT_SHARED // 4, room))
 
 
 def _load() -> ctypes.CDLL | None:
@@ -113,7 +127,7 @@ def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any], flag: Any, usz: Any, s
             slots.data_ptr(), slots.stride(0), cnt.data_ptr(), cnt.stride(0), cnt.stride(1),
             None if rr is None else rr.data_ptr(), None if pt is None else pt.data_ptr(),
             s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct, umax,
-            stream)
+            count_words(num_ids, umax), GROUP_ROWS, stream)
     if rc:
         raise KernelUnavailableError(f"{NAME}: {_ERRORS.get(rc, f'error {rc}')}")
     return True

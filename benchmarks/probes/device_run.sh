@@ -28,7 +28,8 @@
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
-# pre-pass's GPU tests and its A/B in union_phases), exact-heads (issue #26: union tiles of the
+# pre-pass's GPU tests and its A/B in union_phases), prep-groups (issue #26: that pre-pass
+# counting a tile's rows in groups against one at a time), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
@@ -339,6 +340,27 @@ for step in "$@"; do
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
         done
+      done ;;
+    prep-groups)
+      # issue 26: the CUDA union pre-pass counting a tile's rows in groups (session 43) against
+      # a row at a time (`@g1`, union_prep.GROUP_ROWS = 1): its GPU tests against the Triton
+      # pre-pass unless PG_SKIP_TESTS is set, then union_phases at prefill g6 KV 8K, top-k rows
+      # and the walk: h200, the union tiles (16 rows a tile) with each count form
+      if [ -z "${PG_SKIP_TESTS:-}" ]; then
+      stage "prep-groups: GPU tests"
+      timeout ${PG_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_sparse_prefill_union.py -k "cuda_pre_pass and 16" \
+        > "$OUT/prep_groups_tests.log" 2>&1
+      rc=$?; echo "prep-groups gpu tests rc=$rc"; tail -1 "$OUT/prep_groups_tests.log"
+      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/prep_groups_tests.log" | head -20
+      fi
+      U=geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc
+      for ix in ${PG_INDICES:-topk walk}; do
+        stage "prep-groups: prefill g6 KV 8192 $ix"
+        timeout ${PG_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind prefill \
+          --group-size 6 --kv-len 8192 --indices $ix --configs "h200,$U,$U@g1" \
+          > "$OUT/prep_groups_$ix.log" 2>&1
+        echo "rc=$?"; grep -v "^#" "$OUT/prep_groups_$ix.log" | grep -v "max err" | tail -16
       done ;;
     exact-heads)
       # issue 26: union tiles of the group's heads exactly (TILE_HEADS="group", `:xh`: group 6

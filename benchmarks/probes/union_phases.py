@@ -8,7 +8,10 @@ excluded), beside the call's CUDA-graph replay time.
 Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...``,
 ``config=...``); ``--old PATHS`` (copies of an earlier ``tile_kernels.py`` and/or
 ``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
-modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles). Every output is
+modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); a provider's
+``@g1`` suffix runs the CUDA pre-pass (``:uc``) counting its tile's rows one at a time
+(``union_prep.GROUP_ROWS = 1``, the kernel before session 43) instead of in groups. Every
+output is
 checked against the fp32 reference first (the bench's rule); then all providers are timed in one
 interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
 line per (provider, kernel) with launches and GPU us per op call and its share.
@@ -51,6 +54,7 @@ def main() -> int:
     import importlib.util
 
     import backends.sparse_prefill.triton_kernels as tk
+    from backends.sparse_prefill import union_prep
     from registry.tuning import Trial, measure
 
     new_rows = tk.row_tiles
@@ -86,6 +90,7 @@ def main() -> int:
     calls = {}
     for prov in provs:
         base, old = (prov[:-4], True) if prov.endswith("@old") else (prov, False)
+        base, g1 = (base[:-3], True) if base.endswith("@g1") else (base, False)
         kind, cfg = parse_provider(base, case)
         if kind != "triton":
             print(f"{prov}: not a Triton config ({kind}), skipped")
@@ -93,12 +98,14 @@ def main() -> int:
 
         def call(cfg=cfg, rows=old_rows if old else new_rows,
                  entry=old_entry.sparse_prefill_triton if old and old_entry is not None
-                 else sparse_prefill_triton):
+                 else sparse_prefill_triton, group_rows=1 if g1 else 0):
             tk.row_tiles = rows
+            union_prep.GROUP_ROWS = group_rows
             try:
                 return entry(q, k, v, idx, config=dict(cfg), **kw)
             finally:
                 tk.row_tiles = new_rows
+                union_prep.GROUP_ROWS = 0
 
         err = max_abs_error(call().float(), ref)
         print(f"{prov}: max err {err:.2e}", flush=True)

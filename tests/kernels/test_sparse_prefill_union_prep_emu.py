@@ -132,10 +132,12 @@ class Case:
         return flag, usz, slots, counts
 
 
-def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
+def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1,
+            count_words: int = 0, group_rows: int = 0
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
-    emulator's error count."""
+    emulator's error count. ``count_words``: the shared count words (0: one row's worst case,
+    umax / 2); ``group_rows``: rows a count group at most (0: no limit)."""
     c = case
     rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
@@ -145,7 +147,8 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     fin, fout = tmp / "in.bin", tmp / "out.bin"
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
-    res = subprocess.run([str(binary), str(fin), str(fout), str(mode)], capture_output=True,
+    res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words),
+                          str(group_rows)], capture_output=True,
                          text=True, timeout=600, check=False,
                          env={**os.environ, "KREG_EMU_SEED": str(seed)})
     assert res.returncode == 0, res.stderr
@@ -214,10 +217,13 @@ def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
 
 @needs_cxx
 @pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
-def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode):
+@pytest.mark.parametrize("count_words,group_rows", [(0, 1), (0, 0), (1 << 14, 0), (1 << 14, 3)])
+def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_words, group_rows):
     """Rows an indexer would emit (neighbours share most slots), with -1, negative,
     out-of-range, duplicate and past-length entries, rows past total_q, empty and clamped
-    lengths: mostly union tiles, exact against the model."""
+    lengths: mostly union tiles, exact against the model. The rows' counts a row at a time
+    (group_rows 1, the kernel before session 43), as many rows as one row's worst-case words
+    hold, every row at once, and groups of 3 (the last one short)."""
     topk, width, rows = 80, 240, 7 * rp + 3
     ids, lens = topk_indices(_causal(rows, width), topk)
     ids = nasty(ids.numpy(), width, seed=rp)
@@ -226,7 +232,8 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode):
     lens[rows // 2] = topk // 3   # its valid-looking entries past the length never count
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 4, kinds(case)
-    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp)
+    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words,
+                  group_rows=group_rows)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 

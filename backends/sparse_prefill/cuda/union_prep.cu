@@ -68,7 +68,10 @@ struct Params {
   int dense_span;            // DENSE's threshold (0: no DENSE)
   int union_pct;
   int words;                 // bitmap words the shared memory holds
-  int half_max;              // count words a row the shared memory holds (umax / 2)
+  int half_max;              // count words a row may need (umax / 2)
+  int count_words;           // count words the shared memory holds (>= half_max): a union of
+                             // U counts count_words / ceil(U / 2) rows at once,
+  int group_rows;            // at most this many (> 0)
 };
 
 struct Shared {
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
 #endif
   uint32_t* bits = smem;                 // [words]
   uint32_t* pre = smem + p.words;        // [words]: set bits before each word
-  uint32_t* cs = pre + p.words;          // [half_max]: one row's counts
+  uint32_t* cs = pre + p.words;          // [count_words]: a group of rows' counts
   const int lt = blockIdx.x;
   const int t = p.tile0 + lt;
   const int r0 = t * p.rp;
@@ -323,34 +326,47 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     }
   }
 
-  // each row's multiplicities (the tile's RP rows; rows past total_q are zeros)
+  // each row's multiplicities (the tile's RP rows; rows past total_q are zeros), a group of
+  // rows at once: as many rows' count words as the shared memory holds (ceil(U / 2) a row),
+  // so a group costs two barriers, not each row, and its copy-out is one flat loop
   const int half = (u + 1) >> 1;
+  const int grp = min(min(p.rp, p.group_rows), max(1, p.count_words / max(half, 1)));
   int32_t* cnt_t = p.cnt + static_cast<int64_t>(lt) * p.s_ct;
-  // (a thread clears, for the next row, the very words it copied out: no barrier between)
+  uint32_t* cr = cs;   // the counted row's words (cs + its place in the group)
   auto count = [&](int s) {
     const int w = (s >> 5) - w_lo;
     if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
       const int pos = static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
-      atomicAdd(cs + (pos >> 1), 1u << ((pos & 1) * 16));
+      atomicAdd(cr + (pos >> 1), 1u << ((pos & 1) * 16));
     }
   };
   // Rows of one batch (topk <= LPT x THREADS): the next row's ids are loaded as soon as this
-  // row's are counted, so their latency passes under the barriers, the write and the clear.
+  // row's are counted, so their latency passes under the counting, the barriers and the
+  // copy-out. (A thread clears, for the next group, only words it copied out itself: the
+  // flat loops give word c to the same thread each time, so no barrier between.)
   int v[LPT];
   if (one_batch) load_batch(row_ids(p, r0), row_len(p, r0), 0, v);
-  for (int i = 0; i < p.rp; ++i) {
-    for (int c = tid; c < half; c += THREADS) cs[c] = 0u;
+  for (int i0 = 0; i0 < p.rp; i0 += grp) {
+    const int g = min(grp, p.rp - i0);
+    const int n = g * half;
+    for (int c = tid; c < n; c += THREADS) cs[c] = 0u;
     __syncthreads();   // cleared before any thread counts
-    if (one_batch) {
+    for (int j = 0; j < g; ++j) {
+      const int i = i0 + j;
+      cr = cs + j * half;
+      if (one_batch) {
 #pragma unroll
-      for (int q = 0; q < LPT; ++q) count(v[q]);
-      if (i + 1 < p.rp) load_batch(row_ids(p, r0 + i + 1), row_len(p, r0 + i + 1), 0, v);
-    } else {
-      for_row_ids(p, r0 + i, count);
+        for (int q = 0; q < LPT; ++q) count(v[q]);
+        if (i + 1 < p.rp) load_batch(row_ids(p, r0 + i + 1), row_len(p, r0 + i + 1), 0, v);
+      } else {
+        for_row_ids(p, r0 + i, count);
+      }
     }
     __syncthreads();
-    int32_t* row = cnt_t + i * p.s_cr;
-    for (int c = tid; c < half; c += THREADS) row[c] = static_cast<int32_t>(cs[c]);
+    for (int c = tid; c < n; c += THREADS) {
+      const int j = c / half;
+      cnt_t[(i0 + j) * p.s_cr + (c - j * half)] = static_cast<int32_t>(cs[c]);
+    }
   }
 }
 
@@ -365,11 +381,13 @@ extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* 
                                int32_t* cnt, int64_t s_ct, int64_t s_cr, const int32_t* row_req,
                                const int32_t* pt, int64_t s_pb, int page_size, int num_ids,
                                int topk, int tile0, int ntiles, int total_q, int rp,
-                               int dense_span, int union_pct, int umax, void* stream) {
+                               int dense_span, int union_pct, int umax, int count_words,
+                               int group_rows, void* stream) {
   Params p{idx, s_it, lens, lo, hi, nv, flag, usz, slots, s_lt, cnt, s_ct, s_cr, row_req, pt,
            s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
-           (num_ids + 31) / 32, umax / 2};
-  const size_t bytes = (2 * static_cast<size_t>(p.words) + p.half_max) * 4;
+           (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2,
+           group_rows > 0 ? group_rows : rp};
+  const size_t bytes = (2 * static_cast<size_t>(p.words) + p.count_words) * 4;
   int dev = 0, limit = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
@@ -386,9 +404,11 @@ extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* 
   return 0;
 }
 
-// the shared memory a call needs (bytes), for the host's check before it takes this path
-extern "C" int64_t kreg_union_prep_smem(int num_ids, int umax) {
-  return (2 * static_cast<int64_t>((num_ids + 31) / 32) + umax / 2) * 4 +
+// the shared memory a call needs (bytes) with count_words count words (at least umax / 2), for
+// the host's check before it takes this path
+extern "C" int64_t kreg_union_prep_smem(int num_ids, int umax, int count_words) {
+  const int64_t cw = count_words > umax / 2 ? count_words : umax / 2;
+  return (2 * static_cast<int64_t>((num_ids + 31) / 32) + cw) * 4 +
          static_cast<int64_t>(sizeof(Shared));
 }
 #endif  // !KREG_CUDA_EMU
