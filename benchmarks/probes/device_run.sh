@@ -29,7 +29,7 @@
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
 # pre-pass's GPU tests and its A/B in union_phases), prep-groups (issue #26: that pre-pass
-# counting a tile's rows in groups against one at a time), exact-heads (issue #26: union tiles of the
+# with grouped counts and runs against each undone), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
@@ -342,10 +342,11 @@ for step in "$@"; do
         done
       done ;;
     prep-groups)
-      # issue 26: the CUDA union pre-pass counting a tile's rows in groups (session 43) against
-      # a row at a time (`@g1`, union_prep.GROUP_ROWS = 1): its GPU tests against the Triton
-      # pre-pass unless PG_SKIP_TESTS is set, then union_phases at prefill g6 KV 8K, top-k rows
-      # and the walk: h200, the union tiles (16 rows a tile) with each count form
+      # issue 26: the CUDA union pre-pass of session 43 (a tile's rows counted in groups, a
+      # thread's entries in runs) against each change undone (`@g1`: a row at a time, `@r0`:
+      # strided entries; both: the kernel before): its GPU tests against the Triton pre-pass
+      # unless PG_SKIP_TESTS is set, then union_phases at prefill g6 KV 8K, top-k rows and the
+      # walk: h200 and the union tiles (16 rows a tile) with each form
       if [ -z "${PG_SKIP_TESTS:-}" ]; then
       stage "prep-groups: GPU tests"
       timeout ${PG_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -358,7 +359,7 @@ for step in "$@"; do
       for ix in ${PG_INDICES:-topk walk}; do
         stage "prep-groups: prefill g6 KV 8192 $ix"
         timeout ${PG_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind prefill \
-          --group-size 6 --kv-len 8192 --indices $ix --configs "h200,$U,$U@g1" \
+          --group-size 6 --kv-len 8192 --indices $ix --configs "h200,$U,$U@g1,$U@r0,$U@g1@r0" \
           > "$OUT/prep_groups_$ix.log" 2>&1
         echo "rc=$?"; grep -v "^#" "$OUT/prep_groups_$ix.log" | grep -v "max err" | tail -16
       done ;;

@@ -10,8 +10,9 @@ Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...
 ``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
 modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); a provider's
 ``@g1`` suffix runs the CUDA pre-pass (``:uc``) counting its tile's rows one at a time
-(``union_prep.GROUP_ROWS = 1``, the kernel before session 43) instead of in groups. Every
-output is
+(``union_prep.GROUP_ROWS = 1``, the kernel before session 43) instead of in groups, ``@r0``
+with a row's entries strided over the CTA (``union_prep.RUNS = False``, the same) instead of
+a run a thread. Every output is
 checked against the fp32 reference first (the bench's rule); then all providers are timed in one
 interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
 line per (provider, kernel) with launches and GPU us per op call and its share.
@@ -89,8 +90,10 @@ def main() -> int:
         provs += [p + "@old" for p in provs]
     calls = {}
     for prov in provs:
-        base, old = (prov[:-4], True) if prov.endswith("@old") else (prov, False)
-        base, g1 = (base[:-3], True) if base.endswith("@g1") else (base, False)
+        base, *flags = prov.split("@")
+        if set(flags) - {"old", "g1", "r0"}:
+            raise SystemExit(f"{prov}: unknown suffix; expected any of @old, @g1, @r0")
+        old, g1, r0 = "old" in flags, "g1" in flags, "r0" in flags
         kind, cfg = parse_provider(base, case)
         if kind != "triton":
             print(f"{prov}: not a Triton config ({kind}), skipped")
@@ -98,14 +101,14 @@ def main() -> int:
 
         def call(cfg=cfg, rows=old_rows if old else new_rows,
                  entry=old_entry.sparse_prefill_triton if old and old_entry is not None
-                 else sparse_prefill_triton, group_rows=1 if g1 else 0):
+                 else sparse_prefill_triton, group_rows=1 if g1 else 0, runs=not r0):
             tk.row_tiles = rows
-            union_prep.GROUP_ROWS = group_rows
+            union_prep.GROUP_ROWS, union_prep.RUNS = group_rows, runs
             try:
                 return entry(q, k, v, idx, config=dict(cfg), **kw)
             finally:
                 tk.row_tiles = new_rows
-                union_prep.GROUP_ROWS = 0
+                union_prep.GROUP_ROWS, union_prep.RUNS = 0, True
 
         err = max_abs_error(call().float(), ref)
         print(f"{prov}: max err {err:.2e}", flush=True)

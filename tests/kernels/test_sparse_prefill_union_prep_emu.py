@@ -133,11 +133,12 @@ class Case:
 
 
 def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1,
-            count_words: int = 0, group_rows: int = 0
+            count_words: int = 0, group_rows: int = 0, runs: bool = True
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
     emulator's error count. ``count_words``: the shared count words (0: one row's worst case,
-    umax / 2); ``group_rows``: rows a count group at most (0: no limit)."""
+    umax / 2); ``group_rows``: rows a count group at most (0: no limit); ``runs``: a thread's
+    entries of a row in one run (else strided over the CTA)."""
     c = case
     rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
@@ -148,7 +149,7 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
     res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words),
-                          str(group_rows)], capture_output=True,
+                          str(group_rows), str(int(runs))], capture_output=True,
                          text=True, timeout=600, check=False,
                          env={**os.environ, "KREG_EMU_SEED": str(seed)})
     assert res.returncode == 0, res.stderr
@@ -218,12 +219,15 @@ def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
 @needs_cxx
 @pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
 @pytest.mark.parametrize("count_words,group_rows", [(0, 1), (0, 0), (1 << 14, 0), (1 << 14, 3)])
-def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_words, group_rows):
+@pytest.mark.parametrize("runs", [True, False])
+def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_words, group_rows,
+                                             runs):
     """Rows an indexer would emit (neighbours share most slots), with -1, negative,
     out-of-range, duplicate and past-length entries, rows past total_q, empty and clamped
     lengths: mostly union tiles, exact against the model. The rows' counts a row at a time
     (group_rows 1, the kernel before session 43), as many rows as one row's worst-case words
-    hold, every row at once, and groups of 3 (the last one short)."""
+    hold, every row at once, and groups of 3 (the last one short); a thread's entries in a run
+    (ascending rows: a run's hits on one word ORed, or added, before one atomic) or strided."""
     topk, width, rows = 80, 240, 7 * rp + 3
     ids, lens = topk_indices(_causal(rows, width), topk)
     ids = nasty(ids.numpy(), width, seed=rp)
@@ -233,7 +237,30 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_word
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 4, kinds(case)
     got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words,
-                  group_rows=group_rows)
+                  group_rows=group_rows, runs=runs)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@needs_cxx
+@pytest.mark.parametrize("runs", [True, False])
+@pytest.mark.parametrize("group_rows", [0, 1])
+def test_runs_of_ascending_entries(emu, tmp_path, runs, group_rows):
+    """Rows of 2,000 ascending entries (4 a thread in a run): a run's hits on one bitmap word
+    take one OR, on one count word one add; runs that cross words, a slot listed 3 times in a
+    row (one run adds 3 to one 16-bit field), both fields of a word in one run, and the nasty
+    entries (which a run skips without ending)."""
+    topk, rp = 2000, 4
+    width = topk + topk // 2
+    ids, lens = topk_indices(_causal(3 * rp + 1, width), topk)
+    ids = nasty(ids.numpy(), width, seed=5)
+    ids[1, 100:103] = ids[1, 100]   # three in a row, within one thread's run
+    ids[6, 40] = ids[6, 39]         # a duplicate across two threads' runs (36..39, 40..43)
+    lens = lens.numpy().copy()
+    lens[3] = topk - 7
+    case = Case(ids, lens, width, rp)
+    assert kinds(case)["union"] >= 2, kinds(case)
+    got = run_emu(emu, case, tmp_path, mode=1, group_rows=group_rows, runs=runs)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
