@@ -107,7 +107,7 @@ UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels a
                            size, count: bitmaps, prefixes and counts in global memory, built by
                            global atomics); "cuda", one CUDA kernel a tile
                            (``cuda/union_prep.cu``: the same rules and outputs, the tile's
-                           bitmap, prefixes and one row's counts in shared memory), built with
+                           bitmap, prefixes and its rows' counts in shared memory), built with
                            nvcc on first use; sm_90 only, and where it cannot be had (no nvcc,
                            another device, an id range whose bitmap does not fit the shared
                            memory) the Triton kernels run, logged once. On an H100 (session
