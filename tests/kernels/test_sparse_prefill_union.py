@@ -578,17 +578,8 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
             assert dense_union in unions, unions
         for cfg in unions:
             validate_config(cfg, 6, 256)
-        # every union candidate also on tiles of the group's six heads exactly
-        plain = [cfg for cfg in unions if "TILE_HEADS" not in cfg]
-        exact = [cfg for cfg in unions if cfg.get("TILE_HEADS") == "group"]
-        def keys(cfgs: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
-            return {tuple(sorted(cfg.items())) for cfg in cfgs}
-
-        assert plain and keys(exact) == keys([{**cfg, "TILE_HEADS": "group"} for cfg in plain])
-    # a power-of-two group's tiles are exact already: no duplicates
-    case = BenchCase(kind="prefill", group_size=8, total_q=8192, kv_len=8192)
-    assert not any(cfg.get("TILE_HEADS") for _, cfg, _ in tuning.candidates(case, None)
-                   if cfg is not None)
+        # not on tiles of the group's heads exactly (measured slower, session 43)
+        assert not any(cfg.get("TILE_HEADS") for cfg in unions), unions
 
 
 def test_explain_says_which_path_a_union_config_takes() -> None:
