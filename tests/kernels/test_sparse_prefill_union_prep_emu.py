@@ -410,3 +410,17 @@ def test_negative_control_counting_waits_for_the_cleared_row(tmp_path):
         got = run_emu(binary, case, tmp_path, mode=seed % 2, seed=seed)
         wrong += bool(mismatches(case, got))
     assert wrong >= 1
+
+
+def test_count_words_fill_the_budget_within_the_shared_memory():
+    """The count words a launch gives the kernel: COUNT_SHARED worth at the seed's shapes, at
+    least one row's worst case (umax / 2), never past the shared memory beside the bitmap."""
+    cw = union_prep.count_words
+    assert cw(8192, 6154) == union_prep.COUNT_SHARED // 4   # KV 8K: 16 rows of a 2,355 union
+    assert cw(8192, 40000) == 20000                           # one row's worst case above it
+    ids = 1 << 20   # bitmap and prefixes 256 KiB: over the limit, refused before (available)
+    assert union_prep.shared_bytes(ids, 2) > union_prep.MAX_SHARED
+    ids = 720_896   # 176 KiB of bitmap and prefixes: the counts get what is left
+    room = (union_prep.MAX_SHARED - union_prep.shared_bytes(ids, 0)) // 4
+    assert 0 < room < union_prep.COUNT_SHARED // 4 and cw(ids, 6154) == room
+    assert union_prep.shared_bytes(ids, 0) + 4 * cw(ids, 6154) <= union_prep.MAX_SHARED
