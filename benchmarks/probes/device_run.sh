@@ -369,8 +369,8 @@ for step in "$@"; do
       # unless XH_SKIP_TESTS is set (through dispatch, both pre-passes; the CUDA pre-pass at
       # RP 21 against the Triton one), then union_phases at KV 8K (XH_KV), group 6, the kinds
       # in XH_KINDS (default prefill), both index sets: h200, the union tiles with the CUDA
-      # pre-pass at 16 and at 21 rows (a line's counts by the one-hot MMAs, and `@loads` by
-      # per-line loads: tile_kernels.EXACT_COUNTS), and dense + union (UNION_TILE) at both
+      # pre-pass at 16 and at 21 rows (a line's counts by the one-hot MMAs), and dense + union
+      # (UNION_TILE) at both (session 43: the 21-row tiles lost, 1.2-1.6x; see the notes)
       if [ -z "${XH_SKIP_TESTS:-}" ]; then
       stage "exact-heads: GPU tests"
       timeout ${XH_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
