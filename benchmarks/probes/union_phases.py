@@ -27,6 +27,9 @@ from collections import defaultdict
 
 sys.path.insert(0, os.getcwd())
 
+#: a provider's suffixes (module doc)
+_SUFFIXES = {"old", "g1", "r0"}
+
 
 def case_args(ap: argparse.ArgumentParser) -> None:
     """The bench case's options (kind, group, KV length, rows), shared with union_sizes.py."""
@@ -52,6 +55,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--old", default="", help="earlier kernel files to compare")
     a = ap.parse_args()
+    for prov in a.configs.split(","):
+        if set(prov.split("@")[1:]) - _SUFFIXES:
+            ap.error(f"--configs: {prov!r} has an unknown suffix; expected any of "
+                     f"{', '.join('@' + s for s in sorted(_SUFFIXES))} after the provider")
     import importlib.util
 
     import backends.sparse_prefill.triton_kernels as tk
@@ -91,8 +98,6 @@ def main() -> int:
     calls = {}
     for prov in provs:
         base, *flags = prov.split("@")
-        if set(flags) - {"old", "g1", "r0"}:
-            raise SystemExit(f"{prov}: unknown suffix; expected any of @old, @g1, @r0")
         old, g1, r0 = "old" in flags, "g1" in flags, "r0" in flags
         kind, cfg = parse_provider(base, case)
         if kind != "triton":
