@@ -77,6 +77,15 @@ sparse_gpu_tests() {
     tests/kernels/test_sparse_prefill_triton.py > "$OUT/$1.log" 2>&1
   echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/$1.log"
 }
+# union_gpu_tests NAME TIMEOUT KEXPR: the union path's GPU tests selected by `-k KEXPR` into
+# $OUT/NAME_tests.log, the verdict and (on a failure) the failing lines printed
+union_gpu_tests() {
+  stage "$1: GPU tests"
+  timeout "$2" python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/kernels/test_sparse_prefill_union.py -k "$3" > "$OUT/$1_tests.log" 2>&1
+  local rc=$?; echo "$1 gpu tests rc=$rc"; tail -1 "$OUT/$1_tests.log"
+  [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/$1_tests.log" | head -20
+}
 ab_cells() {
   local name=$1 kind g p
   for kind in prefill chunk; do
@@ -319,14 +328,8 @@ for step in "$@"; do
       # then union_phases (per-kernel GPU us and one window of graph replays) of the union tiles
       # with each pre-pass beside h200, at KV 8K (UP_KV), group 6, the kinds in UP_KINDS (default
       # "prefill chunk") and both index sets (each run at most UP_TIMEOUT seconds, default 150)
-      if [ -z "${UP_SKIP_TESTS:-}" ]; then
-      stage "union-prep: GPU tests"
-      timeout ${UP_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_union.py -k "cuda_pre_pass or (through_dispatch and cuda)" \
-        > "$OUT/union_prep_tests.log" 2>&1
-      rc=$?; echo "union-prep gpu tests rc=$rc"; tail -1 "$OUT/union_prep_tests.log"
-      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/union_prep_tests.log" | head -20
-      fi
+      [ -n "${UP_SKIP_TESTS:-}" ] || union_gpu_tests union_prep "${UP_TEST_TIMEOUT:-240}" \
+        "cuda_pre_pass or (through_dispatch and cuda)"
       for kind in ${UP_KINDS:-prefill chunk}; do
         F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
         U=geometry=$F:union300:dt128x64x8x2
@@ -347,14 +350,8 @@ for step in "$@"; do
       # strided entries; both: the kernel before): its GPU tests against the Triton pre-pass
       # unless PG_SKIP_TESTS is set, then union_phases at prefill g6 KV 8K, top-k rows and the
       # walk: h200 and the union tiles (16 rows a tile) with each form
-      if [ -z "${PG_SKIP_TESTS:-}" ]; then
-      stage "prep-groups: GPU tests"
-      timeout ${PG_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_union.py -k "cuda_pre_pass and 16" \
-        > "$OUT/prep_groups_tests.log" 2>&1
-      rc=$?; echo "prep-groups gpu tests rc=$rc"; tail -1 "$OUT/prep_groups_tests.log"
-      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/prep_groups_tests.log" | head -20
-      fi
+      [ -n "${PG_SKIP_TESTS:-}" ] || union_gpu_tests prep_groups "${PG_TEST_TIMEOUT:-200}" \
+        "cuda_pre_pass and 16"
       U=geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc
       for ix in ${PG_INDICES:-topk walk}; do
         stage "prep-groups: prefill g6 KV 8192 $ix"
@@ -371,15 +368,8 @@ for step in "$@"; do
       # in XH_KINDS (default prefill), both index sets: h200, the union tiles with the CUDA
       # pre-pass at 16 and at 21 rows (a line's counts by the one-hot MMAs), and dense + union
       # (UNION_TILE) at both (session 43: the 21-row tiles lost, 1.2-1.6x; see the notes)
-      if [ -z "${XH_SKIP_TESTS:-}" ]; then
-      stage "exact-heads: GPU tests"
-      timeout ${XH_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/kernels/test_sparse_prefill_union.py \
-        -k "(through_dispatch and group) or (cuda_pre_pass and 21)" \
-        > "$OUT/exact_heads_tests.log" 2>&1
-      rc=$?; echo "exact-heads gpu tests rc=$rc"; tail -1 "$OUT/exact_heads_tests.log"
-      [ $rc = 0 ] || grep -E "^E |FAILED" "$OUT/exact_heads_tests.log" | head -20
-      fi
+      [ -n "${XH_SKIP_TESTS:-}" ] || union_gpu_tests exact_heads "${XH_TEST_TIMEOUT:-240}" \
+        "(through_dispatch and group) or (cuda_pre_pass and 21)"
       for kind in ${XH_KINDS:-prefill}; do
         F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
         U=geometry=$F:union300:dt128x64x8x2:uc
