@@ -4,11 +4,11 @@
 // _union_size, _union_count) is four launches whose bitmaps, prefixes and 16-bit counts live in
 // global memory and are built by global atomics: 25-36% of the union path's time on the H200
 // (docs/notes/sparse_prefill.md, "Session 18"). Here one CTA a tile does the same work with the
-// tile's bitmap, word prefixes and one row's counts in shared memory, and writes exactly what
-// the four launches write for the union kernel (_union_fwd): FLAG and USZ of every tile, and for
-// a union tile its slots (ascending; chunk positions translated through the request's page
-// table) and its rows' 16-bit multiplicities at every union position. The decision is the
-// Triton pre-pass's, step for step:
+// tile's bitmap, word prefixes and its rows' counts (a group of rows at a time) in shared
+// memory, and writes exactly what the four launches write for the union kernel (_union_fwd):
+// FLAG and USZ of every tile, and for a union tile its slots (ascending; chunk positions
+// translated through the request's page table) and its rows' 16-bit multiplicities at every
+// union position. The decision is the Triton pre-pass's, step for step:
 //   * a tile DENSE takes keeps its FLAG (USZ 0); a tile without valid entries is union with
 //     U = 0 (FLAG 2); a chunk tile whose first and last rows are in different requests, and a
 //     tile whose gate fails, is gathered (FLAG 0);
@@ -70,7 +70,7 @@ struct Params {
   int words;                 // bitmap words the shared memory holds
   int half_max;              // count words a row may need (umax / 2)
   int count_words;           // count words the shared memory holds (>= half_max): a union of
-                             // U counts count_words / ceil(U / 2) rows at once,
+                             // U counts count_words / ceil(U / 2) rows at once, and
   int group_rows;            // at most this many (> 0)
   int runs;                  // rows of one batch: a thread takes a run of consecutive entries
                              // and ORs (adds) a run's hits on one word before one atomic
