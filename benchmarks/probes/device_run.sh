@@ -22,7 +22,8 @@
 # wgmma-sparse (ENGINE=gluon_wgmma: the Gluon and dispatch GPU tests unless SKIP_TESTS is set,
 # the group-12 and group-6 prefill total_q sweeps at KV 8K-32K),
 # ncu-cuda (counters, stalls and SASS samples of the streaming select at 64 and 1024 rows
-# and of the CUDA union pre-pass), ncu-sparse (counters of the sparse_prefill table and
+# and of the CUDA union pre-pass), ncu-union (counters of the union kernel `_union_fwd`,
+# top-k rows and the walk), ncu-sparse (counters of the sparse_prefill table and
 # the H200 family), hit-paths-ab (bench_select before/after, the older tree in .dev-base),
 # contracts (issue #29: the contracts' GPU tests and the batch-invariance cost sweep),
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
@@ -76,6 +77,34 @@ sparse_gpu_tests() {
   KREG_SP_EXTRA_GEOMETRIES="${2:-}" timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/kernels/test_sparse_prefill_triton.py > "$OUT/$1.log" 2>&1
   echo "sparse_prefill gpu tests rc=$?"; tail -3 "$OUT/$1.log"
+}
+# ncu_kernel 'KERNEL|TAG|COMMAND': one launch of KERNEL (a regex) in COMMAND under ncu: the
+# details page's headline lines into $OUT/ncu_KERNEL_TAG.log, the SASS with its samples
+# (CSV, gzipped), the stall reasons of at least 0.1 cycles an issue
+ncu_kernel() {
+  IFS='|' read -r kern tag cmd <<< "$1"
+  stage "ncu $kern ($tag)"
+  timeout 180 ncu --clock-control none -k regex:$kern -c 1 -f \
+    --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section SchedulerStats --section SourceCounters \
+    --section MemoryWorkloadAnalysis -o /tmp/ncu_${kern}_${tag} $cmd \
+    > "$OUT/ncu_${kern}_${tag}_run.log" 2>&1
+  echo "ncu rc=$?"
+  ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page details > "$OUT/ncu_${kern}_${tag}.log" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|Memory Throughput|Issue Slots Busy" \
+    "$OUT/ncu_${kern}_${tag}.log" | head -12
+  ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page source --csv --print-source sass 2>/dev/null \
+    | gzip > "$OUT/ncu_${kern}_${tag}_sass.csv.gz"
+  ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page raw --csv 2>/dev/null > /tmp/ncu_raw.csv
+  python3 -c "
+import csv, sys; rows = list(csv.reader(open('/tmp/ncu_raw.csv')))
+if len(rows) < 3: sys.exit('  no counters (see the run log)')
+hdr = rows[0]; data = [r for r in rows[2:] if r]
+for i, h in enumerate(hdr):
+    if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio'):
+        v = max(float(r[i].replace(',', '') or 0) for r in data)
+        if v >= 0.1: print(f'  stall {h[34:-23]:<24} {v:7.2f}')
+" | sort -k3 -n -r | head -8
 }
 # union_gpu_tests NAME TIMEOUT KEXPR: the union path's GPU tests selected by `-k KEXPR` into
 # $OUT/NAME_tests.log, the verdict and (on a failure) the failing lines printed
@@ -584,29 +613,14 @@ for dt in (torch.float32, torch.bfloat16):
       for spec in "stream_topk_kernel|64|python3 benchmarks/probes/stream_ab.py --rows 64 --dists randn --iters 1" \
                   "stream_topk_kernel|1024|python3 benchmarks/probes/stream_ab.py --rows 1024 --dists randn --iters 1" \
                   "union_prep_kernel|topk|python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 --kv-len 8192 --indices topk --iters 1 --configs geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc"; do
-        IFS='|' read -r kern tag cmd <<< "$spec"
-        stage "ncu $kern ($tag)"
-        timeout 180 ncu --clock-control none -k regex:$kern -c 1 -f \
-          --section SpeedOfLight --section WarpStateStats --section Occupancy \
-          --section LaunchStats --section SchedulerStats --section SourceCounters \
-          --section MemoryWorkloadAnalysis -o /tmp/ncu_${kern}_${tag} $cmd \
-          > "$OUT/ncu_${kern}_${tag}_run.log" 2>&1
-        echo "ncu rc=$?"
-        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page details > "$OUT/ncu_${kern}_${tag}.log" 2>&1
-        grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Mem Busy|Memory Throughput|Issue Slots Busy" \
-          "$OUT/ncu_${kern}_${tag}.log" | head -12
-        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page source --csv --print-source sass 2>/dev/null \
-          | gzip > "$OUT/ncu_${kern}_${tag}_sass.csv.gz"
-        ncu -i /tmp/ncu_${kern}_${tag}.ncu-rep --page raw --csv 2>/dev/null > /tmp/ncu_raw.csv
-        python3 -c "
-import csv, sys; rows = list(csv.reader(open('/tmp/ncu_raw.csv')))
-if len(rows) < 3: sys.exit('  no counters (see the run log)')
-hdr = rows[0]; data = [r for r in rows[2:] if r]
-for i, h in enumerate(hdr):
-    if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio'):
-        v = max(float(r[i].replace(',', '') or 0) for r in data)
-        if v >= 0.1: print(f'  stall {h[34:-23]:<24} {v:7.2f}')
-" | sort -k3 -n -r | head -8
+        ncu_kernel "$spec"
+      done ;;
+    ncu-union)
+      # issue 26: where the union kernel's time goes (78% of the union path on top-k rows):
+      # `_union_fwd` of the union tiles (16 rows, CUDA pre-pass), prefill g6 KV 8K, top-k rows
+      # and the walk, one launch each under ncu (ncu_kernel)
+      for ix in ${NU_INDICES:-topk walk}; do
+        ncu_kernel "_union_fwd|$ix|python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 --kv-len 8192 --indices $ix --iters 1 --configs geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc"
       done ;;
     ncu-sparse)
       # Counters and stall samples of the sparse_prefill kernel: the table geometry and the
