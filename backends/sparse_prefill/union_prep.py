@@ -32,14 +32,6 @@ MAX_SHARED = 227 * 1024 - 256
 #: their ceil(U / 2) words fit (16 rows of a 2,355-slot union in one group), two barriers a
 #: group; at least one row's worst case (umax / 2 words) whatever this says.
 COUNT_SHARED = 64 * 1024
-#: Rows a count group at most (0: no limit past the shared memory; 1: a row at a time, the
-#: kernel before session 43, kept for the A/B: union_phases' ``@g1``).
-GROUP_ROWS = 0
-#: Rows of one batch of loads: a thread takes a run of consecutive entries and ORs (adds) a
-#: run's hits on one bitmap (count) word before one shared-memory atomic; an indexer's rows
-#: are ascending, so strided lanes put ~8 lanes of a warp on one word at top-k 2,048 of 8K
-#: slots (session 43; False, the strided form before it, kept for the A/B: ``@r0``).
-RUNS = True
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _FAILED: list[str] = []
@@ -53,7 +45,7 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, 
              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+             ctypes.c_int, ctypes.c_void_p]
 
 
 def shared_bytes(num_ids: int, umax: int) -> int:
@@ -132,7 +124,7 @@ def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any], flag: Any, usz: Any, s
             slots.data_ptr(), slots.stride(0), cnt.data_ptr(), cnt.stride(0), cnt.stride(1),
             None if rr is None else rr.data_ptr(), None if pt is None else pt.data_ptr(),
             s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct, umax,
-            count_words(num_ids, umax), GROUP_ROWS, int(RUNS), stream)
+            count_words(num_ids, umax), stream)
     if rc:
         raise KernelUnavailableError(f"{NAME}: {_ERRORS.get(rc, f'error {rc}')}")
     return True

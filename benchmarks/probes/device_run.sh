@@ -29,8 +29,7 @@
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
-# pre-pass's GPU tests and its A/B in union_phases), prep-groups (issue #26: that pre-pass
-# with grouped counts and runs against each undone), exact-heads (issue #26: union tiles of the
+# pre-pass's GPU tests and its A/B in union_phases), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
@@ -372,22 +371,6 @@ for step in "$@"; do
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
         done
-      done ;;
-    prep-groups)
-      # issue 26: the CUDA union pre-pass of session 43 (a tile's rows counted in groups, a
-      # thread's entries in runs) against each change undone (`@g1`: a row at a time, `@r0`:
-      # strided entries; both: the kernel before): its GPU tests against the Triton pre-pass
-      # unless PG_SKIP_TESTS is set, then union_phases at prefill g6 KV 8K, top-k rows and the
-      # walk: h200 and the union tiles (16 rows a tile) with each form
-      [ -n "${PG_SKIP_TESTS:-}" ] || union_gpu_tests prep_groups "${PG_TEST_TIMEOUT:-200}" \
-        "cuda_pre_pass and 16"
-      U=geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc
-      for ix in ${PG_INDICES:-topk walk}; do
-        stage "prep-groups: prefill g6 KV 8192 $ix"
-        timeout ${PG_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind prefill \
-          --group-size 6 --kv-len 8192 --indices $ix --configs "h200,$U,$U@g1,$U@r0,$U@g1@r0" \
-          > "$OUT/prep_groups_$ix.log" 2>&1
-        echo "rc=$?"; grep -v "^#" "$OUT/prep_groups_$ix.log" | grep -v "max err" | tail -16
       done ;;
     exact-heads)
       # issue 26: union tiles of the group's heads exactly (TILE_HEADS="group", `:xh`: group 6

@@ -8,11 +8,8 @@ excluded), beside the call's CUDA-graph replay time.
 Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...``,
 ``config=...``); ``--old PATHS`` (copies of an earlier ``tile_kernels.py`` and/or
 ``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
-modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); a provider's
-``@g1`` suffix runs the CUDA pre-pass (``:uc``) counting its tile's rows one at a time
-(``union_prep.GROUP_ROWS = 1``, the kernel before session 43) instead of in groups, ``@r0``
-with a row's entries strided over the CTA (``union_prep.RUNS = False``, the same) instead of
-a run a thread. Every output is
+modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); ``@old`` is
+the only suffix a provider takes, and any other ends the probe before GPU work. Every output is
 checked against the fp32 reference first (the bench's rule); then all providers are timed in one
 interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
 line per (provider, kernel) with launches and GPU us per op call and its share.
@@ -28,7 +25,7 @@ from collections import defaultdict
 sys.path.insert(0, os.getcwd())
 
 #: a provider's suffixes (module doc)
-_SUFFIXES = {"old", "g1", "r0"}
+_SUFFIXES = {"old"}
 
 
 def case_args(ap: argparse.ArgumentParser) -> None:
@@ -62,7 +59,6 @@ def main() -> int:
     import importlib.util
 
     import backends.sparse_prefill.triton_kernels as tk
-    from backends.sparse_prefill import union_prep
     from registry.tuning import Trial, measure
 
     new_rows = tk.row_tiles
@@ -98,7 +94,7 @@ def main() -> int:
     calls = {}
     for prov in provs:
         base, *flags = prov.split("@")
-        old, g1, r0 = "old" in flags, "g1" in flags, "r0" in flags
+        old = "old" in flags
         kind, cfg = parse_provider(base, case)
         if kind != "triton":
             print(f"{prov}: not a Triton config ({kind}), skipped")
@@ -106,14 +102,12 @@ def main() -> int:
 
         def call(cfg=cfg, rows=old_rows if old else new_rows,
                  entry=old_entry.sparse_prefill_triton if old and old_entry is not None
-                 else sparse_prefill_triton, group_rows=1 if g1 else 0, runs=not r0):
+                 else sparse_prefill_triton):
             tk.row_tiles = rows
-            union_prep.GROUP_ROWS, union_prep.RUNS = group_rows, runs
             try:
                 return entry(q, k, v, idx, config=dict(cfg), **kw)
             finally:
                 tk.row_tiles = new_rows
-                union_prep.GROUP_ROWS, union_prep.RUNS = 0, True
 
         err = max_abs_error(call().float(), ref)
         print(f"{prov}: max err {err:.2e}", flush=True)

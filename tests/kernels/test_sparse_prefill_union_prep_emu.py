@@ -133,12 +133,10 @@ class Case:
 
 
 def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1,
-            count_words: int = 0, group_rows: int = 0, runs: bool = True
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+            count_words: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
-    emulator's error count. ``count_words``: the shared count words (0: one row's worst case,
-    umax / 2); ``group_rows``: rows a count group at most (0: no limit); ``runs``: a thread's
-    entries of a row in one run (else strided over the CTA)."""
+    emulator's error count. ``count_words``: the shared count words (at least, and for 0, one
+    row's worst case, umax / 2; :func:`count_groups` says how many rows they count at once)."""
     c = case
     rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
@@ -148,9 +146,8 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     fin, fout = tmp / "in.bin", tmp / "out.bin"
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
-    res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words),
-                          str(group_rows), str(int(runs))], capture_output=True,
-                         text=True, timeout=600, check=False,
+    res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words)],
+                         capture_output=True, text=True, timeout=600, check=False,
                          env={**os.environ, "KREG_EMU_SEED": str(seed)})
     assert res.returncode == 0, res.stderr
     data = np.fromfile(fout, dtype=np.int32)
@@ -162,6 +159,15 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     slots = data[2 * c.tiles: 2 * c.tiles + n_sl].reshape(c.ntiles, c.umax)
     cnt = data[2 * c.tiles + n_sl: -1].reshape(c.ntiles, c.rp, c.umax // 2)
     return flag, usz, slots, cnt, errors
+
+
+def count_groups(case: Case, count_words: int) -> dict[int, int]:
+    """Rows the kernel counts at once in each union tile (the kernel's ``grp``): as many rows'
+    ceil(U / 2) words as ``count_words`` hold (at least umax / 2, as the driver and
+    ``kreg_union_prep`` make it), one at least, RP at most."""
+    cw = max(count_words, case.umax // 2)
+    return {t: min(case.rp, max(1, cw // ((u + 1) // 2)))
+            for t, u in case.model()[1].items() if u}
 
 
 def unpack(words: np.ndarray, u: int) -> np.ndarray:
@@ -218,16 +224,13 @@ def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
 
 @needs_cxx
 @pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
-@pytest.mark.parametrize("count_words,group_rows", [(0, 1), (0, 0), (1 << 14, 0), (1 << 14, 3)])
-@pytest.mark.parametrize("runs", [True, False])
-def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_words, group_rows,
-                                             runs):
+@pytest.mark.parametrize("groups", ["fewest", "three", "all"])
+def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, groups):
     """Rows an indexer would emit (neighbours share most slots), with -1, negative,
     out-of-range, duplicate and past-length entries, rows past total_q, empty and clamped
-    lengths: mostly union tiles, exact against the model. The rows' counts a row at a time
-    (group_rows 1, the kernel before session 43), as many rows as one row's worst-case words
-    hold, every row at once, and groups of 3 (the last one short); a thread's entries in a run
-    (ascending rows: a run's hits on one word ORed, or added, before one atomic) or strided."""
+    lengths: mostly union tiles, exact against the model. The rows' counts in groups of as
+    many rows as one row's worst-case words hold (umax / 2 words: 2 rows here), of 3 rows
+    (the largest union's words x 3: the tile's last group short) and every row at once."""
     topk, width, rows = 80, 240, 7 * rp + 3
     ids, lens = topk_indices(_causal(rows, width), topk)
     ids = nasty(ids.numpy(), width, seed=rp)
@@ -236,31 +239,42 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, count_word
     lens[rows // 2] = topk // 3   # its valid-looking entries past the length never count
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 4, kinds(case)
-    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words,
-                  group_rows=group_rows, runs=runs)
+    half = max((u + 1) // 2 for u in case.model()[1].values())
+    count_words = {"fewest": 0, "three": 3 * half, "all": 1 << 14}[groups]
+    grp = count_groups(case, count_words)
+    if groups == "fewest":
+        assert set(grp.values()) == {2}, grp
+    elif groups == "three":
+        assert min(grp.values()) == 3 and any(rp % g for g in grp.values()), grp
+    else:
+        assert set(grp.values()) == {rp}, grp
+    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
 
 @needs_cxx
-@pytest.mark.parametrize("runs", [True, False])
-@pytest.mark.parametrize("group_rows", [0, 1])
-def test_runs_of_ascending_entries(emu, tmp_path, runs, group_rows):
-    """Rows of 2,000 ascending entries (4 a thread in a run): a run's hits on one bitmap word
-    take one OR, on one count word one add; runs that cross words, a slot listed 3 times in a
-    row (one run adds 3 to one 16-bit field), both fields of a word in one run, and the nasty
-    entries (which a run skips without ending)."""
+@pytest.mark.parametrize("count_words,groups", [(0, 1), (1 << 14, 4)])
+def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups):
+    """Rows of 2,000 ascending entries, as an indexer emits them: lanes of a warp land on the
+    same bitmap word and the same count word (same-address shared atomics), a slot listed 3
+    times in a row (three lanes add to one 16-bit field), a duplicate across neighbouring
+    lanes, both fields of a count word hit, and the nasty entries. A union of ~2,230 slots
+    needs more than half of umax / 2 words a row: counted a row at a time with the fewest
+    count words, all 4 rows at once with 16K."""
     topk, rp = 2000, 4
     width = topk + topk // 2
     ids, lens = topk_indices(_causal(3 * rp + 1, width), topk)
     ids = nasty(ids.numpy(), width, seed=5)
-    ids[1, 100:103] = ids[1, 100]   # three in a row, within one thread's run
-    ids[6, 40] = ids[6, 39]         # a duplicate across two threads' runs (36..39, 40..43)
+    ids[1, 100:103] = ids[1, 100]   # three in a row, lanes 100-102 of one warp
+    ids[6, 40] = ids[6, 39]         # a duplicate on two neighbouring lanes
     lens = lens.numpy().copy()
     lens[3] = topk - 7
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 2, kinds(case)
-    got = run_emu(emu, case, tmp_path, mode=1, group_rows=group_rows, runs=runs)
+    assert set(count_groups(case, count_words).values()) == {groups}
+    assert case.model()[3][0][1].max() >= 3   # the triple counted in tile 0's row 1
+    got = run_emu(emu, case, tmp_path, mode=1, count_words=count_words)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 

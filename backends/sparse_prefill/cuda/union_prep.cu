@@ -70,10 +70,7 @@ struct Params {
   int words;                 // bitmap words the shared memory holds
   int half_max;              // count words a row may need (umax / 2)
   int count_words;           // count words the shared memory holds (>= half_max): a union of
-                             // U counts count_words / ceil(U / 2) rows at once, and
-  int group_rows;            // at most this many (> 0)
-  int runs;                  // rows of one batch: a thread takes a run of consecutive entries
-                             // and ORs (adds) a run's hits on one word before one atomic
+                             // U counts min(RP, count_words / ceil(U / 2)) rows at once
 };
 
 struct Shared {
@@ -115,24 +112,6 @@ __device__ __forceinline__ void load_batch(const int32_t* ids, int n, int base, 
   }
 }
 
-// a row of one batch of loads (n <= LPT x THREADS): strided over the CTA as load_batch, or
-// (runs) each thread a run of ceil(n / THREADS) consecutive entries: an indexer's rows come
-// ascending, so a run's slots sit in one or two bitmap words and its bits take one atomic a
-// word, where strided lanes put 8 lanes of a warp on each word (8-way same-address atomics)
-__device__ __forceinline__ void load_row(const int32_t* ids, int n, bool runs, int (&v)[LPT]) {
-  if (!runs) {
-    load_batch(ids, n, 0, v);
-    return;
-  }
-  const int len = (n + THREADS - 1) / THREADS;
-  const int j0 = static_cast<int>(threadIdx.x) * len;
-#pragma unroll
-  for (int u = 0; u < LPT; ++u) {
-    const int j = j0 + u;
-    v[u] = u < len && j < n ? __ldg(ids + j) : -1;
-  }
-}
-
 // f(id) for each of row r's entries, a thread's loads issued LPT at a time before any is used
 // (the loads of one row are independent: one latency a batch, not one an entry; ptxas does not
 // move a later load above a shared-memory atomic by itself)
@@ -155,31 +134,12 @@ __device__ __forceinline__ void mark_id(const Params& p, uint32_t* bits, int w_l
   if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) atomicOr(bits + w, 1u << (s & 31));
 }
 
-// set the bits of a thread's loaded ids: one atomic an id, or (runs) one a run of ids in
-// the same word
+// set the bits of a thread's loaded ids (a batch of one row, strided as load_batch loads
+// them), one atomic an id
 __device__ __forceinline__ void mark_ids(const Params& p, uint32_t* bits, int w_lo, int nw,
                                          const int (&v)[LPT]) {
-  if (!p.runs) {
 #pragma unroll
-    for (int q = 0; q < LPT; ++q) mark_id(p, bits, w_lo, nw, v[q]);
-    return;
-  }
-  int cw = -1;
-  uint32_t acc = 0u;
-#pragma unroll
-  for (int q = 0; q < LPT; ++q) {
-    const int s = v[q];
-    const int w = (s >> 5) - w_lo;
-    if (s >= 0 && s < p.num_ids && w >= 0 && w < nw) {
-      if (w != cw) {
-        if (cw >= 0) atomicOr(bits + cw, acc);
-        cw = w;
-        acc = 0u;
-      }
-      acc |= 1u << (s & 31);
-    }
-  }
-  if (cw >= 0) atomicOr(bits + cw, acc);
+  for (int q = 0; q < LPT; ++q) mark_id(p, bits, w_lo, nw, v[q]);
 }
 
 // set the bit of every valid id of row r
@@ -281,8 +241,8 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     };
     if (one_batch) {
       int va[LPT], vb[LPT];
-      load_row(row_ids(p, r0), row_len(p, r0), p.runs, va);
-      load_row(row_ids(p, r1), row_len(p, r1), p.runs, vb);
+      load_batch(row_ids(p, r0), row_len(p, r0), 0, va);
+      load_batch(row_ids(p, r1), row_len(p, r1), 0, vb);
       for (int w = tid; w < nw; w += THREADS) bits[w] = 0u;
       __syncthreads();
       mark_ids(p, bits, w_lo, nw, va);
@@ -314,10 +274,9 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   if (one_batch) {
     for (int i = 1; i < rows; i += 2) {
       int va[LPT], vb[LPT];
-      load_row(row_ids(p, r0 + i), row_len(p, r0 + i), p.runs, va);
+      load_batch(row_ids(p, r0 + i), row_len(p, r0 + i), 0, va);
       const bool two = i + 1 < rows;
-      load_row(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, p.runs,
-               vb);
+      load_batch(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, 0, vb);
       mark_ids(p, bits, w_lo, nw, va);
       mark_ids(p, bits, w_lo, nw, vb);
     }
@@ -375,7 +334,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   // rows at once: as many rows' count words as the shared memory holds (ceil(U / 2) a row),
   // so a group costs two barriers, not each row, and its copy-out is one flat loop
   const int half = (u + 1) >> 1;
-  const int grp = min(min(p.rp, p.group_rows), max(1, p.count_words / max(half, 1)));
+  const int grp = min(p.rp, max(1, p.count_words / max(half, 1)));
   int32_t* cnt_t = p.cnt + static_cast<int64_t>(lt) * p.s_ct;
   uint32_t* cr = cs;   // the counted row's words (cs + its place in the group)
   auto pos_of = [&](int s) {   // s's place in the union, or -1 for an invalid entry
@@ -384,40 +343,18 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
       return static_cast<int>(pre[w]) + __popc(bits[w] & ((1u << (s & 31)) - 1u));
     return -1;
   };
+  // one atomic an entry, on its 16-bit field of the row's words (a field holds at most
+  // topk <= 65535)
   auto count = [&](int s) {
     const int pos = pos_of(s);
     if (pos >= 0) atomicAdd(cr + (pos >> 1), 1u << ((pos & 1) * 16));
-  };
-  // a thread's loaded ids: one atomic an id, or (runs) one a run of ids in the same count word
-  // (a word's two 16-bit fields summed in place: a field holds at most topk <= 65535)
-  auto count_ids = [&](const int (&v)[LPT]) {
-    if (!p.runs) {
-#pragma unroll
-      for (int q = 0; q < LPT; ++q) count(v[q]);
-      return;
-    }
-    int cw = -1;
-    uint32_t acc = 0u;
-#pragma unroll
-    for (int q = 0; q < LPT; ++q) {
-      const int pos = pos_of(v[q]);
-      if (pos >= 0) {
-        if ((pos >> 1) != cw) {
-          if (cw >= 0) atomicAdd(cr + cw, acc);
-          cw = pos >> 1;
-          acc = 0u;
-        }
-        acc += 1u << ((pos & 1) * 16);
-      }
-    }
-    if (cw >= 0) atomicAdd(cr + cw, acc);
   };
   // Rows of one batch (topk <= LPT x THREADS): the next row's ids are loaded as soon as this
   // row's are counted, so their latency passes under the counting, the barriers and the
   // copy-out. (A thread clears, for the next group, only words it copied out itself: the
   // flat loops give word c to the same thread each time, so no barrier between.)
   int v[LPT];
-  if (one_batch) load_row(row_ids(p, r0), row_len(p, r0), p.runs, v);
+  if (one_batch) load_batch(row_ids(p, r0), row_len(p, r0), 0, v);
   for (int i0 = 0; i0 < p.rp; i0 += grp) {
     const int g = min(grp, p.rp - i0);
     const int n = g * half;
@@ -427,8 +364,9 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
       const int i = i0 + j;
       cr = cs + j * half;
       if (one_batch) {
-        count_ids(v);
-        if (i + 1 < p.rp) load_row(row_ids(p, r0 + i + 1), row_len(p, r0 + i + 1), p.runs, v);
+#pragma unroll
+        for (int q = 0; q < LPT; ++q) count(v[q]);
+        if (i + 1 < p.rp) load_batch(row_ids(p, r0 + i + 1), row_len(p, r0 + i + 1), 0, v);
       } else {
         for_row_ids(p, r0 + i, count);
       }
@@ -453,11 +391,10 @@ extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* 
                                const int32_t* pt, int64_t s_pb, int page_size, int num_ids,
                                int topk, int tile0, int ntiles, int total_q, int rp,
                                int dense_span, int union_pct, int umax, int count_words,
-                               int group_rows, int runs, void* stream) {
+                               void* stream) {
   Params p{idx, s_it, lens, lo, hi, nv, flag, usz, slots, s_lt, cnt, s_ct, s_cr, row_req, pt,
            s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
-           (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2,
-           group_rows > 0 ? group_rows : rp, runs != 0};
+           (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2};
   const size_t bytes = (2 * static_cast<size_t>(p.words) + p.count_words) * 4;
   int dev = 0, limit = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
