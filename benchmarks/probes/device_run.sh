@@ -29,7 +29,8 @@
 # dists-indexer (issue #25: every score distribution through kreg bench), stream (the CUDA
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
-# pre-pass's GPU tests and its A/B in union_phases), exact-heads (issue #26: union tiles of the
+# pre-pass's GPU tests and its A/B in union_phases), union-stages (issue #26: the union kernel at 2-4 pipeline stages),
+# exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
@@ -372,6 +373,30 @@ for step in "$@"; do
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
         done
       done ;;
+    union-stages)
+      # issue 26: the union kernel's pipeline depth. At 2 stages its gathers' slots are a
+      # global load in the loop that the K/V addresses wait on (ncu-union: 12% of the stall
+      # samples, besides 17% at the loop head's wait for the K/V copies); at 3+ stages Triton
+      # stages the slots through shared memory a step ahead at the same K/V buffers (201 KB at
+      # 128x64, cross-compiled). The CUDA pre-pass's GPU tests unless US_SKIP_TESTS is set, then
+      # union_phases at group 6, KV 8K, the kinds in US_KINDS (default prefill chunk), both index
+      # sets: h200, the union tiles at 128x64 with 2 and 3 stages and at 128x32 with 4 (CUDA
+      # pre-pass), and 128x64x3 with the Triton pre-pass (chunk g6's policy takes that one at 2);
+      # then ncu of `_union_fwd` at 3 stages on top-k rows
+      [ -n "${US_SKIP_TESTS:-}" ] || union_gpu_tests union_stages 200 "cuda_pre_pass and 16"
+      for kind in ${US_KINDS:-prefill chunk}; do
+        F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
+        U=geometry=$F:union300
+        for ix in ${US_INDICES:-topk walk}; do
+          stage "union-stages: $kind g6 KV 8192 $ix"
+          timeout ${US_TIMEOUT:-150} python3 benchmarks/probes/union_phases.py --kind $kind \
+            --group-size 6 --kv-len 8192 --indices $ix \
+            --configs "h200,$U:dt128x64x8x2:uc,$U:dt128x64x8x3:uc,$U:dt128x32x8x4:uc,$U:dt128x64x8x3" \
+            > "$OUT/union_stages_${kind}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/union_stages_${kind}_$ix.log" | grep -v "max err" | tail -26
+        done
+      done
+      [ -n "${US_SKIP_NCU:-}" ] || ncu_kernel "_union_fwd|topk3|python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 --kv-len 8192 --indices topk --iters 1 --configs geometry=8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x3:uc" ;;
     exact-heads)
       # issue 26: union tiles of the group's heads exactly (TILE_HEADS="group", `:xh`: group 6
       # is 21 rows in 126 of 128 lines, not 16 in 128): the GPU tests of the exact-head tiles

@@ -56,6 +56,10 @@ def main() -> int:
         if set(prov.split("@")[1:]) - _SUFFIXES:
             ap.error(f"--configs: {prov!r} has an unknown suffix; expected any of "
                      f"{', '.join('@' + s for s in sorted(_SUFFIXES))} after the provider")
+    for prov in a.configs.split(","):
+        if "old" in prov.split("@")[1:] and not a.old:
+            ap.error(f"--configs: {prov!r} runs the earlier kernels, which --old PATHS names "
+                     f"(copies of an earlier tile_kernels.py and/or triton_kernels.py)")
     import importlib.util
 
     import backends.sparse_prefill.triton_kernels as tk

@@ -249,7 +249,7 @@ def digests(sass_dir: str = "", wgmma: bool = False, extra: list[str] | None = N
                         n, w = wgmma_waits(norm)
                         serial = n < 8 or w > n // 4
                         out[name] = f"{'SERIALIZED' if serial else 'pipelined'}: {n} wgmma, " \
-                                    f"{w} followed by a wait"
+                                    f"{w} followed by a wait, {ck.metadata.shared} B smem"
                     if sass_dir:
                         os.makedirs(sass_dir, exist_ok=True)
                         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)

@@ -21,7 +21,14 @@ def _probe(configs: str) -> subprocess.CompletedProcess[str]:
 # strided), gone with the runs form: they are unknown suffixes now, as any other is
 @pytest.mark.parametrize("bad", ["h200@g1", "h200@r0", "h200@old@g2"])
 def test_an_unknown_suffix_names_the_known_ones(bad: str) -> None:
-    r = _probe(f"h200,h200@old,{bad}")
+    r = _probe(f"h200,h200@old,{bad}")   # @old is known: the bad one is named first
     assert r.returncode == 2
     assert f"{bad!r} has an unknown suffix; expected any of @old after the provider" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_old_without_the_earlier_files_says_which_option_names_them() -> None:
+    r = _probe("h200,h200@old")
+    assert r.returncode == 2
+    assert "'h200@old' runs the earlier kernels, which --old PATHS names" in r.stderr
     assert "Traceback" not in r.stderr
