@@ -846,13 +846,15 @@ _PREP_LOGGED: set[str] = set()
 
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
-           stats: tuple[Any, Any, Any], dense_span: int, flag: Any = None,
+           stats: tuple[Any, Any, Any] | None, dense_span: int, flag: Any = None,
            chunk_ids: ChunkIds | None = None) -> Any:
     """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
     alone): per chunk of tiles the pre-pass (the Triton kernels, or with UNION_PREP="cuda" the
     one CUDA kernel) and the union kernel. The union is over ``idx``'s slot ids, or over
-    ``chunk_ids``' positions (then ``stats`` are theirs). Returns ``FLAG`` (int32 per tile: 0
-    gather, 1 dense, 2 union) for the gathering kernel's skip."""
+    ``chunk_ids``' positions (then ``stats`` are theirs). ``stats`` None (no DENSE tiles): the
+    CUDA pre-pass takes each tile's statistics from its ids; the Triton one has them computed
+    here first. Returns ``FLAG`` (int32 per tile: 0 gather, 1 dense, 2 union) for the gathering
+    kernel's skip."""
     import torch
 
     # here, not at the top: triton_kernels imports this module
@@ -897,6 +899,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
                                   by_req, num_ids=num_ids, tile0=tile0, ntiles=nt, rp=rp,
                                   dense_span=dense_span, pct=pct, umax=umax)
         if not done:
+            if stats is None:
+                stats = row_stats(idx, lens, has_lens, num_ids)
             if scratch is None:
                 bits = torch.empty((chunk, words), device=dev, dtype=torch.int32)
                 scratch = (bits, torch.empty_like(bits),
@@ -923,12 +927,9 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
     whose FLAG is 0."""
     if chunk_ids is not None and var["DENSE"]:
         raise ValueError("DENSE tiles run on slot statistics: no chunk ids with DENSE")
-    if chunk_ids is not None:
-        stats = row_stats(chunk_ids.ids, lens, has_lens, chunk_ids.num_ids)
-    else:
-        stats = row_stats(idx, lens, has_lens, k.shape[0])
-    flag, span = None, 0
+    stats, flag, span = None, None, 0   # without DENSE, the union pre-pass's to compute
     if var["DENSE"]:
+        stats = row_stats(idx, lens, has_lens, k.shape[0])
         *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec,
                                     d_pad, stats)
     if var["UNION"]:

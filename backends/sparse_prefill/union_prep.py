@@ -26,8 +26,9 @@ __all__ = ["SOURCE", "available", "run", "shared_bytes"]
 NAME = "sparse_prefill union pre-pass (UNION_PREP='cuda')"
 SOURCE = Path(__file__).with_name("cuda") / "union_prep.cu"
 #: The kernel's shared memory a block (the H100 / H200 opt-in limit, 227 KiB, less its
-#: static part); the host checks a call's need against it before taking this path.
-MAX_SHARED = 227 * 1024 - 256
+#: static part: union_prep.cu's ``Shared``, 304 bytes, asserted there to stay within 512); the
+#: host checks a call's need against it before taking this path.
+MAX_SHARED = 227 * 1024 - 512
 #: Shared memory for the tile rows' counts (bytes): the kernel counts as many rows at once as
 #: their ceil(U / 2) words fit (16 rows of a 2,355-slot union in one group), two barriers a
 #: group; at least one row's worst case (umax / 2 words) whatever this says.
@@ -99,28 +100,31 @@ def available(device: Any, num_ids: int, umax: int) -> tuple[bool, str]:
     return True, ""
 
 
-def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any], flag: Any, usz: Any, slots: Any,
+def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz: Any, slots: Any,
         cnt: Any, by_req: tuple[Any, Any, int, int] | None, *, num_ids: int, tile0: int,
         ntiles: int, rp: int, dense_span: int, pct: int, umax: int) -> bool:
     """The pre-pass of tiles ``tile0 .. tile0 + ntiles`` (scratch rows ``0 .. ntiles``) on the
     current stream: True when launched, False when the kernel cannot be had (the caller runs
     the Triton pre-pass). ``idx`` int32 ``[total_q, topk]`` (unit column stride); ``lens`` None
-    or int32 ``[total_q]``; ``stats`` (LO, HI, NV); ``by_req`` None or (rows' requests, page
-    table, page size, page-table row stride) for chunk positions."""
+    or int32 ``[total_q]``; ``stats`` (LO, HI, NV), or None when no DENSE tiles need them:
+    the kernel then takes its tiles' statistics from their ids in a first pass (the same
+    values, no ``_row_stats`` launch); ``by_req`` None or (rows' requests, page table, page
+    size, page-table row stride) for chunk positions."""
     import torch
 
     lib = _load()
     if lib is None:
         return False
     total_q, topk = idx.shape
-    lo, hi, nv = stats
+    lo, hi, nv = stats if stats is not None else (None, None, None)
     rr, pt, page_size, s_pb = by_req if by_req is not None else (None, None, 1, 0)
     dev = idx.device
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         rc = lib.kreg_union_prep(
             idx.data_ptr(), idx.stride(0), None if lens is None else lens.data_ptr(),
-            lo.data_ptr(), hi.data_ptr(), nv.data_ptr(), flag.data_ptr(), usz.data_ptr(),
+            *(None if t is None else t.data_ptr() for t in (lo, hi, nv)), flag.data_ptr(),
+            usz.data_ptr(),
             slots.data_ptr(), slots.stride(0), cnt.data_ptr(), cnt.stride(0), cnt.stride(1),
             None if rr is None else rr.data_ptr(), None if pt is None else pt.data_ptr(),
             s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct, umax,

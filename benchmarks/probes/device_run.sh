@@ -30,6 +30,8 @@
 # streaming kernel: GPU tests, A/B against the Triton kernels and STREAM_VARIANTS), stream-bench
 # (its docs table through kreg bench), union-prep (issue #26: the one-kernel CUDA union
 # pre-pass's GPU tests and its A/B in union_phases), union-stages (issue #26: the union kernel at 2-4 pipeline stages),
+# prep-stats (issue #26: the CUDA pre-pass counting its tiles' statistics, A/B against the
+# previous commit's kernels in .device/old),
 # exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
@@ -371,6 +373,27 @@ for step in "$@"; do
             --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc$DU" \
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
+        done
+      done ;;
+    prep-stats)
+      # issue 26: the CUDA pre-pass taking its tiles' statistics from their ids (no _row_stats
+      # launch without DENSE tiles) against the same tree's kernels with the statistics given:
+      # the pre-pass's GPU tests, then union_phases of the union tiles (128x64x8x2, :uc) at
+      # group 6, KV 8K, both kinds and index sets, each run again as NAME@old on PS_OLD (default
+      # .device/old: copies of the previous commit's triton_kernels.py and tile_kernels.py,
+      # .device carried)
+      [ -n "${PS_SKIP_TESTS:-}" ] || union_gpu_tests prep_stats 240 "cuda_pre_pass"
+      old=${PS_OLD:-.device/old}
+      for kind in ${PS_KINDS:-prefill chunk}; do
+        F=8x16x1x2:rev:split2:v2:lean:o32; [ $kind = chunk ] && F=$F:pre
+        for ix in topk walk; do
+          stage "prep-stats: $kind g6 KV 8192 $ix"
+          timeout ${PS_TIMEOUT:-90} python3 benchmarks/probes/union_phases.py --kind $kind \
+            --group-size 6 --kv-len 8192 --indices $ix \
+            --configs "geometry=$F:union300:dt128x64x8x2:uc" \
+            --old "$old/triton_kernels.py,$old/tile_kernels.py" \
+            > "$OUT/prep_stats_${kind}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/prep_stats_${kind}_$ix.log" | grep -v "max err" | tail -14
         done
       done ;;
     union-stages)

@@ -10,7 +10,9 @@ pre-pass's rules (``tile_kernels._union_gate`` / ``_mark`` / ``_size`` / ``_coun
 test runs those four Triton kernels under the interpreter on the same inputs: the three agree
 on top-k shaped rows, the walk, dense tiles, chunk positions through a page table, tiles that
 span two requests, empty tiles and rows, and -1 / negative / out-of-range / duplicate /
-past-length entries. The GPU test is in ``test_sparse_prefill_union.py``.
+past-length entries; each case both with the rows' statistics given (LO / HI / NV, as beside
+DENSE tiles) and counted by the kernel itself (without them, as without DENSE). The GPU test is
+in ``test_sparse_prefill_union.py``.
 """
 
 from __future__ import annotations
@@ -133,10 +135,13 @@ class Case:
 
 
 def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1,
-            count_words: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+            count_words: int = 0, stats: bool = True
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
     emulator's error count. ``count_words``: the shared count words (at least, and for 0, one
-    row's worst case, umax / 2; :func:`count_groups` says how many rows they count at once)."""
+    row's worst case, umax / 2; :func:`count_groups` says how many rows they count at once).
+    ``stats`` False: the kernel gets no row statistics (LO / HI / NV) and takes its tiles'
+    from their ids, as the host launches it without DENSE tiles."""
     c = case
     rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
@@ -146,7 +151,8 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     fin, fout = tmp / "in.bin", tmp / "out.bin"
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
-    res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words)],
+    res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words),
+                          str(int(stats))],
                          capture_output=True, text=True, timeout=600, check=False,
                          env={**os.environ, "KREG_EMU_SEED": str(seed)})
     assert res.returncode == 0, res.stderr
@@ -222,10 +228,11 @@ def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
 @pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
 @pytest.mark.parametrize("groups", ["fewest", "three", "all"])
-def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, groups):
+def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, groups, stats):
     """Rows an indexer would emit (neighbours share most slots), with -1, negative,
     out-of-range, duplicate and past-length entries, rows past total_q, empty and clamped
     lengths: mostly union tiles, exact against the model. The rows' counts in groups of as
@@ -248,14 +255,15 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, groups):
         assert min(grp.values()) == 3 and any(rp % g for g in grp.values()), grp
     else:
         assert set(grp.values()) == {rp}, grp
-    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words)
+    got = run_emu(emu, case, tmp_path, mode=mode, seed=rp, count_words=count_words, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
 @pytest.mark.parametrize("count_words,groups", [(0, 1), (1 << 14, 4)])
-def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups):
+def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups, stats):
     """Rows of 2,000 ascending entries, as an indexer emits them: lanes of a warp land on the
     same bitmap word and the same count word (same-address shared atomics), a slot listed 3
     times in a row (three lanes add to one 16-bit field), a duplicate across neighbouring
@@ -274,14 +282,15 @@ def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups):
     assert kinds(case)["union"] >= 2, kinds(case)
     assert set(count_groups(case, count_words).values()) == {groups}
     assert case.model()[3][0][1].max() >= 3   # the triple counted in tile 0's row 1
-    got = run_emu(emu, case, tmp_path, mode=1, count_words=count_words)
+    got = run_emu(emu, case, tmp_path, mode=1, count_words=count_words, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
 @pytest.mark.parametrize("lpt", [8, 1])
-def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt):
+def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt, stats):
     """Rows of more entries than one batch of the CTA's id loads (LPT x 512 threads; the
     product's LPT 8 holds rows of up to 4096 in one batch): 4,200 entries in the product, and
     600 with one load a thread in flight (LPT 1), so a row takes two to five batches and a
@@ -296,14 +305,15 @@ def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt):
     lens[2] = topk - 5
     case = Case(ids, lens, width, rp)
     assert kinds(case)["union"] >= 2, kinds(case)
-    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt)
+    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
 @pytest.mark.parametrize("lpt,topk", [(8, 40), (1, 600)])
-def test_the_gate_reads_the_last_row(tmp_path, lpt, topk):
+def test_the_gate_reads_the_last_row(tmp_path, lpt, topk, stats):
     """The gate estimates the union from the first and the last row only: a tile whose last
     row shares nothing with the others is gathered although its exact union (2 x topk) would
     pass, and the same tile with a last row like the first goes union. Both forms of the gate:
@@ -318,19 +328,38 @@ def test_the_gate_reads_the_last_row(tmp_path, lpt, topk):
     case = Case(ids, None, width, rp)
     flag = case.model()[0]
     assert flag.tolist() == [0, 2], flag
-    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt)
+    got = run_emu(binary, case, tmp_path, mode=1, seed=lpt, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
-def test_walk_tiles_are_gated_to_the_gathering_kernel(emu, tmp_path):
+def test_a_tile_whose_ids_end_on_word_boundaries(emu, tmp_path, stats):
+    """A tile's least id the last bit of a bitmap word (31) and its greatest the first of one
+    (96, alone in its word): the bitmap's span must hold both words, whether the statistics
+    come from LO / HI or from the kernel's own pass over the ids."""
+    rp, num_ids = 4, 130
+    base = np.array([31, 40, 41, 50, 63, 64, 70], np.int32)
+    ids = np.stack([np.append(base, 96 if r == 2 else 65) for r in range(2 * rp)])
+    ids[5, 0] = -1
+    case = Case(ids, None, num_ids, rp)
+    assert kinds(case)["union"] == 2, kinds(case)
+    assert case.model()[2][0][0] == 31 and case.model()[2][0][-1] == 96
+    got = run_emu(emu, case, tmp_path, mode=1, seed=6, stats=stats)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+
+
+@pytest.mark.parametrize("stats", [True, False])
+@needs_cxx
+def test_walk_tiles_are_gated_to_the_gathering_kernel(emu, tmp_path, stats):
     """The seed's walk (neighbouring rows share little): the gate sends tiles to the gathering
     kernel (its ramp's tiles, which select nearly the same prefix, still go union)."""
     ids, lens = walk_indices(_causal(40, 400), 96)
     case = Case(ids.numpy(), lens.numpy(), 400, 8, pct=150)
     assert kinds(case)["gather"] >= 3, kinds(case)
-    got = run_emu(emu, case, tmp_path, mode=1)
+    got = run_emu(emu, case, tmp_path, mode=1, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 
@@ -352,13 +381,15 @@ def test_dense_tiles_keep_their_flag_and_a_chunk_of_tiles(emu, tmp_path):
     got = run_emu(emu, later, tmp_path, seed=3)
     assert got[-1] == 0 and mismatches(later, got) == []
     alone = Case(ids, None, width, 8)
-    got = run_emu(emu, alone, tmp_path, mode=1, seed=4)
-    assert got[-1] == 0 and mismatches(alone, got) == []
-    assert got[0][5] == 2 and got[1][5] == 0
+    for stats in (True, False):
+        got = run_emu(emu, alone, tmp_path, mode=1, seed=4, stats=stats)
+        assert got[-1] == 0 and mismatches(alone, got) == []
+        assert got[0][5] == 2 and got[1][5] == 0
 
 
+@pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
-def test_chunk_positions_through_the_page_table(emu, tmp_path):
+def test_chunk_positions_through_the_page_table(emu, tmp_path, stats):
     """Chunk rows (ids are positions): the union is written as slots through the request's
     page table; a tile whose rows span two requests is gathered."""
     topk, width, page = 48, 160, 4
@@ -372,7 +403,7 @@ def test_chunk_positions_through_the_page_table(emu, tmp_path):
     case = Case(ids, None, width, 8, row_req=row_req, pt=pt, page_size=page)
     k = kinds(case)
     assert k["union"] >= 3 and k["gather"] >= 1, k   # tile 2 holds rows 16-23: two requests
-    got = run_emu(emu, case, tmp_path, mode=1, seed=9)
+    got = run_emu(emu, case, tmp_path, mode=1, seed=9, stats=stats)
     assert got[-1] == 0
     assert mismatches(case, got) == []
 

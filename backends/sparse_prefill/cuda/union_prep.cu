@@ -20,8 +20,11 @@
 // An entry is valid when 0 <= id < num_ids and it lies within its row's length (lens, clamped to
 // [0, topk]); a slot listed twice counts twice. The bitmap covers the tile's span
 // [lo >> 5, hi >> 5] (LO / HI / NV: the rows' statistics, backends/sparse_prefill's
-// _row_stats); a span wider than the shared memory holds hands the tile to the gathering
-// kernel (never a wrong answer; the host sizes the memory for the whole id range).
+// _row_stats, or without them, when no DENSE tiles need them, the same statistics of the
+// tile's rows from a first pass over their ids here: one launch and the statistics' writes and
+// reads fewer, and the ids the marks read again come from L2); a span wider than the shared
+// memory holds hands the tile to the gathering kernel (never a wrong answer; the host sizes
+// the memory for the whole id range).
 //
 // Host entry: `kreg_union_prep` (extern "C"; backends/sparse_prefill/union_prep.py).
 // Under -DKREG_CUDA_EMU only the kernel is compiled (tests/kernels/cuda_emu, the CPU emulator).
@@ -46,8 +49,8 @@ struct Params {
   const int32_t* idx;        // [total_q, s_it] ids (slots, or chunk positions)
   int64_t s_it;
   const int32_t* lens;       // null: every row has topk entries
-  const int32_t* lo;         // per row: least / greatest valid id (num_ids / -1 when none)
-  const int32_t* hi;
+  const int32_t* lo;         // per row: least / greatest valid id (num_ids / -1 when none);
+  const int32_t* hi;         // all three null: the kernel counts its tile's rows itself
   const int32_t* nv;         // per row: valid entries
   int32_t* flag;             // per tile (global tile index): 0 gather, 1 dense, 2 union
   int32_t* usz;              // per tile: U (0 unless union)
@@ -76,9 +79,13 @@ struct Params {
 struct Shared {
   int32_t red[2][WARPS];
   int32_t part[WARPS];
+  int32_t part0[WARPS];
   int64_t nv;
+  int32_t nv0;               // the first row's valid entries (the gate's)
   int32_t lo, hi, go, dense, run, gate, u;
 };
+// union_prep.py's MAX_SHARED leaves the opt-in limit 512 bytes for this static part
+static_assert(sizeof(Shared) <= 512, "Shared outgrew the room union_prep.py leaves it");
 
 __device__ __forceinline__ int row_len(const Params& p, int r) {
   if (r >= p.total_q) return 0;
@@ -164,35 +171,70 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   const int r0 = t * p.rp;
   const int tid = threadIdx.x;
 
-  // the tile's statistics (a thread a row, then warp and CTA reductions) and the first
-  // decisions (DENSE's tile, an empty one, mixed requests)
+  const bool one_batch = p.topk <= LPT * THREADS;   // a row's ids are one batch of loads
+  const int rows = min(p.total_q - r0, p.rp);
+  const int r1 = r0 + rows - 1;
+
+  // the tile's statistics (from LO / HI / NV a thread a row, or from the rows' ids, then warp
+  // and CTA reductions) and the first decisions (DENSE's tile, an empty one, mixed requests)
   {
-    uint32_t lo = 2147483647u, hi1 = 0u, nvr = 0u;   // hi + 1 (HI is -1 for an empty row)
-    for (int i = tid; i < p.rp; i += THREADS) {
-      const int r = r0 + i;
-      if (r < p.total_q) {
-        lo = min(lo, static_cast<uint32_t>(p.lo[r]));
-        hi1 = max(hi1, static_cast<uint32_t>(p.hi[r] + 1));
-        nvr += static_cast<uint32_t>(p.nv[r]);
+    uint32_t lo = 2147483647u, hi1 = 0u, nvr = 0u, nv0 = 0u;   // hi + 1 (HI is -1 if none)
+    if (p.lo != nullptr) {
+      for (int i = tid; i < p.rp; i += THREADS) {
+        const int r = r0 + i;
+        if (r < p.total_q) {
+          lo = min(lo, static_cast<uint32_t>(p.lo[r]));
+          hi1 = max(hi1, static_cast<uint32_t>(p.hi[r] + 1));
+          nvr += static_cast<uint32_t>(p.nv[r]);
+        }
+      }
+      nv0 = tid == 0 ? static_cast<uint32_t>(p.nv[r0]) : 0u;
+    } else {
+      auto see = [&](int s, bool first) {
+        if (s >= 0 && s < p.num_ids) {
+          lo = min(lo, static_cast<uint32_t>(s));
+          hi1 = max(hi1, static_cast<uint32_t>(s) + 1u);
+          ++nvr;
+          nv0 += first ? 1u : 0u;
+        }
+      };
+      if (one_batch) {   // two rows' loads in flight at a time, as the marks below
+        for (int i = 0; i < rows; i += 2) {
+          int va[LPT], vb[LPT];
+          load_batch(row_ids(p, r0 + i), row_len(p, r0 + i), 0, va);
+          const bool two = i + 1 < rows;
+          load_batch(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, 0,
+                     vb);
+#pragma unroll
+          for (int q = 0; q < LPT; ++q) {
+            see(va[q], i == 0);
+            see(vb[q], false);
+          }
+        }
+      } else {
+        for (int i = 0; i < rows; ++i) for_row_ids(p, r0 + i, [&](int s) { see(s, i == 0); });
       }
     }
     lo = __reduce_min_sync(0xFFFFFFFFu, lo);
     hi1 = __reduce_max_sync(0xFFFFFFFFu, hi1);
     nvr = __reduce_add_sync(0xFFFFFFFFu, nvr);
+    nv0 = __reduce_add_sync(0xFFFFFFFFu, nv0);
     if (tid % 32 == 0) {
       sh.red[0][tid / 32] = static_cast<int32_t>(lo);
       sh.red[1][tid / 32] = static_cast<int32_t>(hi1);
       sh.part[tid / 32] = static_cast<int32_t>(nvr);
+      sh.part0[tid / 32] = static_cast<int32_t>(nv0);
     }
   }
   __syncthreads();
   if (tid == 0) {
-    int lo = 2147483647, hi = -1;
+    int lo = 2147483647, hi = -1, nv0 = 0;
     int64_t nv = 0;
     for (int w = 0; w < WARPS; ++w) {
       lo = min(lo, sh.red[0][w]);
       hi = max(hi, sh.red[1][w] - 1);
       nv += sh.part[w];
+      nv0 += sh.part0[w];
     }
     bool dense = false;
     if (p.dense_span > 0) {
@@ -209,6 +251,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     sh.lo = lo;
     sh.hi = hi;
     sh.nv = nv;
+    sh.nv0 = nv0;
     sh.go = go;
     sh.dense = dense;
     sh.run = go && !mixed && nw <= p.words;
@@ -227,9 +270,6 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
 
   // the gate: the first row's bits, then the last row's valid entries and hits on them (rows
   // of one batch: both rows' ids loaded first, their latency under the clear)
-  const bool one_batch = p.topk <= LPT * THREADS;   // a row's ids are one batch of loads
-  const int rows = min(p.total_q - r0, p.rp);
-  const int r1 = r0 + rows - 1;
   {
     int v1 = 0, h1 = 0;
     auto hit = [&](int s) {
@@ -258,7 +298,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     }
     v1 = block_sum(sh, v1, 0);
     h1 = block_sum(sh, h1, 1);
-    const int64_t est = static_cast<int64_t>(p.nv[r0]) +
+    const int64_t est = static_cast<int64_t>(sh.nv0) +
                         static_cast<int64_t>(rows - 1) * max(v1 - h1, 0);
     if (!(est * p.rp * 100 <= 2 * nv * p.union_pct)) {
       if (tid == 0) {

@@ -2,9 +2,10 @@
 // a tile, for tests/kernels/test_sparse_prefill_union_prep_emu.py. Build (the test does):
 //   g++ -std=c++17 -O1 -DKREG_CUDA_EMU -Itests/kernels/cuda_emu -Ibackends/sparse_prefill/cuda
 //       tests/kernels/cuda_emu/union_driver.cpp -o union_emu  (one line)
-// Usage: union_emu IN OUT [MODE [COUNT_WORDS]] (MODE and KREG_EMU_SEED as stream_driver.cpp's;
-// COUNT_WORDS, the shared count words, at least and by default umax / 2: a union of U counts
-// min(rp, COUNT_WORDS / ceil(U / 2)) rows at once).
+// Usage: union_emu IN OUT [MODE [COUNT_WORDS [STATS]]] (MODE and KREG_EMU_SEED as
+// stream_driver.cpp's; COUNT_WORDS, the shared count words, at least and by default umax / 2: a
+// union of U counts min(rp, COUNT_WORDS / ceil(U / 2)) rows at once; STATS 0: the kernel gets
+// no LO / HI / NV and counts its tiles' rows itself, as without DENSE tiles; default 1).
 // IN: int32 header [total_q, s_it, topk, has_lens, num_ids, rp, tile0, ntiles, dense_span,
 // union_pct, umax, by_req, page_size, s_pb, page table entries, tiles (FLAG's length)], then
 // int32 arrays: ids [total_q * s_it], lens, LO, HI, NV [total_q each], FLAG [tiles] (as DENSE
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
            pt.data(), s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
            (num_ids + 31) / 32, umax / 2, 0};
   const int count_words = argc > 4 ? atoi(argv[4]) : 0;
+  if (argc > 5 && atoi(argv[5]) == 0) p.lo = p.hi = p.nv = nullptr;
   p.count_words = count_words > umax / 2 ? count_words : umax / 2;   // as kreg_union_prep
   kreg_emu::row_lo = reinterpret_cast<const char*>(ids.data());   // the ids are read by __ldg
   kreg_emu::row_hi = kreg_emu::row_lo + ids.size() * 4;
