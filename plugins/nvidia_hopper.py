@@ -201,12 +201,16 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # (1.25x); prefill group 6 at 8K wins on top-k rows (0.83-0.90x) but the walk then runs 4-24%
 # slower than the dense tiles (DENSE and UNION share DENSE_TILE); prefill at 32K and prefill
 # group 12 run the Gluon wgmma kernel, whose programs do not skip tiles another path took.
-# KV 16K sits between the two measured lengths; other row counts were not measured.
+# KV 16K sits between the two measured lengths; other row counts were not measured. The chunk
+# config's pre-pass is the one CUDA kernel (UNION_PREP="cuda", built with nvcc on first use; the
+# Triton pre-pass where it cannot be had, the same answer): on an H100 (session 45, one window a
+# cell, CUDA-graph replays, 8192 rows) 0.889x the Triton pre-pass's time on top-k rows and 0.948x
+# on the walk at KV 8K, 0.887x / 0.987x at 32K (docs/notes/sparse_prefill.md, "Session 45").
 H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "UNION": 300},
     ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
     ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
-                   "UNION": 300, "DENSE_TILE": "128x64x8x2"},
+                   "UNION": 300, "DENSE_TILE": "128x64x8x2", "UNION_PREP": "cuda"},
     ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "UNION": 300},
 }
 UNION_POLICY = frozenset({("chunk", 6)})

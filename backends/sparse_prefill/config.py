@@ -116,7 +116,10 @@ UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels a
                            h200 family's time with it, 0.731x with the Triton pre-pass). It
                            now counts a tile's rows in groups: 125 us on top-k rows, 51 on the
                            walk in session 44's window (0.643x; the row at a time 132 / 56).
-                           No policy takes it yet (the chunk cell's A/B is pending).
+                           Without DENSE it takes its tiles' row statistics from their ids
+                           (no _row_stats launch: 0.98-0.99x, session 45). The H200 family's
+                           chunk group-6 union config takes it (session 45, H100: 0.889x the
+                           Triton pre-pass's time on top-k rows, 0.948x on the walk at KV 8K).
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of
@@ -430,7 +433,8 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
             over = ("; chunk rows: the union counted over their token positions, a tile "
                     "spanning two requests gathered")
         if var["UNION_PREP"] == "cuda":
-            over += "; pre-pass: one CUDA kernel a tile"
+            over += ("; pre-pass: one CUDA kernel a tile (built with nvcc on first use; the "
+                     "Triton pre-pass where it cannot be had)")
         spec, tile_key = union_tile(var)
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries ({tile_key} {spec}; "

@@ -613,9 +613,10 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     ``_dense_fwd``'s: line m is row ``m // HP``, head ``m % HP``). Gathers the union's K/V rows
     ``SLOTS[.., u]`` BLOCK_N positions a step (pointer loads) and scores them for every line at
     once; a line's weight of position u is ``count * exp2(score)`` with its row's count
-    ``CNT[.., row, u]`` (-inf where 0), the dense kernel's arithmetic. Other tiles do
-    nothing. OFFS32: the gathered rows' element offsets (``slot * stride + d``) in int32, which
-    the wrapper sets only where ``_offsets_fit_int32`` holds; int64 otherwise."""
+    ``CNT[.., row, u]`` (-inf where 0), the dense kernel's arithmetic. Other tiles' programs
+    return at once (the walk's gated tiles cost a launch, no Q read or masked step). OFFS32:
+    the gathered rows' element offsets (``slot * stride + d``) in int32, which the wrapper
+    sets only where ``_offsets_fit_int32`` holds; int64 otherwise."""
     RP: tl.constexpr = BLOCK_M // HP
     pid = tl.program_id(0)
     if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -623,12 +624,13 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     else:
         lt = pid
     t = tile0 + lt
+    if tl.load(FLAG + t) != 2:  # another path's tile: no Q read, no MMA
+        return
     h, ri, hh, m_ok = _tile_lines(t, total_q, group, RP, HP, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
-    take = tl.load(FLAG + t) == 2
-    n_u = tl.where(take, tl.load(USZ + t), 0)
+    n_u = tl.load(USZ + t)
     r64 = ri.to(tl.int64)
     heads = h * group + hh
     q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
@@ -644,8 +646,8 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    # at least one step (all masked for a tile another path takes), as in _dense_fwd: a loop
-    # that may run zero times makes ptxas serialize every wgmma of the loop (C7515)
+    # at least one step (all masked for an empty union, U = 0), as in _dense_fwd: a loop that
+    # may run zero times makes ptxas serialize every wgmma of the loop (C7515)
     for u0 in range(0, tl.maximum(n_u, 1), BLOCK_N):
         u = u0 + offs_n
         u_ok = u < n_u
@@ -665,7 +667,7 @@ def _union_fwd(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, ti
         m_i, l_i, acc = _counted_step(q, k, v, c, m_i, l_i, acc, qk_scale, DOT_PREC, SLACK)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o_ptr = OUT + r64[:, None] * s_ot + heads[:, None] * s_oh + offs_d[None, :]
-    keep = _hand_back(FLAG, t, acc, take)
+    keep = _hand_back(FLAG, t, acc, True)
     tl.store(o_ptr, (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
              mask=tl.where(keep, m_ok[:, None] & d_mask[None, :], False))
 

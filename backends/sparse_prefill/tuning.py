@@ -110,7 +110,11 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
     # tile shapes measured fastest on top-k rows (session 18: 128 lines x 64 slots for group 6,
     # 64 x 32 for group 12, beside the default 128 x 32): candidates wherever a family config
     # runs (chunk rows need translated slots); the policy takes one of them at measured cells.
-    unions = [{**cfg, "UNION": 300, **({"DENSE_TILE": tile} if tile else {}),
+    # Their pre-pass is the one CUDA kernel on sm_90 (faster on every cell measured: session
+    # 45, docs/notes/sparse_prefill.md), the Triton kernels elsewhere.
+    prep = ({"UNION_PREP": "cuda"} if facts is not None and facts.vendor == "nvidia"
+            and facts.arch == "sm_90" else {})
+    unions = [{**cfg, "UNION": 300, **({"DENSE_TILE": tile} if tile else {}), **prep,
                **({"CHUNK_MODE": "pretranslate"} if case.kind == "chunk" else {})}
               for cfg in offered if not (cfg.get("DENSE") or cfg.get("UNION")
                                          or cfg.get("SLOT_ORDER")
@@ -118,7 +122,7 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
               for tile in ("", "128x64x8x2", "64x32x4x3")]
     # and over the dense-tile configs on offer (prefill), the union tiles at their own geometry
     # (UNION_TILE, the dense tiles' 128 lines): each path at its measured tile shape
-    unions += [{**cfg, "UNION": 300, "UNION_TILE": "128x64x8x2"}
+    unions += [{**cfg, "UNION": 300, "UNION_TILE": "128x64x8x2", **prep}
                for cfg in offered if cfg.get("DENSE") and not cfg.get("UNION")
                and case.kind == "prefill" and cfg.get("ENGINE", "triton") == "triton"
                and str(cfg.get("DENSE_TILE", "128x32x8x3")).startswith("128x")]

@@ -552,6 +552,17 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
     assert compare(out, ref) is None and (out.double() - ref).abs().max() <= 1e-4
 
 
+def _is_policy_chunk_union(cfg: dict[str, Any]) -> bool:
+    """The policy's chunk union config, offered to the tuner as it is (a prefill case gets it
+    without CHUNK_MODE)."""
+    from plugins.nvidia_hopper import H200_UNION_CONFIGS
+
+    def strip(c: dict[str, Any]) -> dict[str, Any]:
+        return {k: x for k, x in c.items() if k != "CHUNK_MODE"}
+
+    return strip(cfg) == strip(H200_UNION_CONFIGS[("chunk", 6)])
+
+
 def test_tuner_space_has_union_candidates_over_the_family() -> None:
     from backends.sparse_prefill import tuning
     from backends.sparse_prefill.bench import BenchCase
@@ -580,6 +591,25 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
             validate_config(cfg, 6, 256)
         # not on tiles of the group's heads exactly (measured slower, session 43)
         assert not any(cfg.get("TILE_HEADS") for cfg in unions), unions
+        # with the Triton pre-pass unless the device is sm_90 (the CUDA one's only target;
+        # the policy's chunk config, offered as it is, names the CUDA one)
+        assert not any("UNION_PREP" in cfg for cfg in unions
+                       if not _is_policy_chunk_union(cfg)), unions
+
+
+def test_tuner_union_candidates_take_the_cuda_pre_pass_on_sm90_only() -> None:
+    from backends.sparse_prefill import tuning
+    from backends.sparse_prefill.bench import BenchCase
+    from plugins.nvidia_hopper import H200_UNION_CONFIGS
+    from registry import profiles
+
+    assert H200_UNION_CONFIGS[("chunk", 6)]["UNION_PREP"] == "cuda"
+    for kind in ("prefill", "chunk"):
+        case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
+        for dev, prep in (("h200", {"cuda"}), ("rtx-5090", {None}), ("mi300x", {None})):
+            unions = [cfg for _, cfg, _ in tuning.candidates(case, profiles()[dev])
+                      if cfg is not None and cfg.get("UNION") and not _is_policy_chunk_union(cfg)]
+            assert len(unions) >= 3 and {cfg.get("UNION_PREP") for cfg in unions} == prep, dev
 
 
 def test_explain_says_which_path_a_union_config_takes() -> None:
