@@ -14,7 +14,8 @@ densely in their span by streaming K/V blocks (DENSE); prefill from ``GLUON_MIN_
 except for ``WGMMA_OVER_DENSE``; chunk group 12 too, on pretranslated rows), else the mma_v2
 one (ENGINE="gluon") for group 6 from ``GLUON_MIN_TOTAL_Q`` rows; chunk group 6 at
 ``UNION_KV`` slots from ``UNION_MIN_TOTAL_Q`` rows runs union tiles (UNION) over the one-warp
-pretranslated family (``family_config``).
+pretranslated family, and prefill group 6 at ``UNION_KV[0]`` to ``DENSE_MAX_KV`` slots
+(``UNION_OVER_DENSE``) runs them beside its dense tiles (``family_config``).
 Every other device is unaffected; ``nvidia_hopper.sparse_prefill_tuned:measure`` waives the
 envelope on another sm_90 part (an H100 or H20) to measure it with ``kreg bench``.
 
@@ -198,22 +199,31 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # rows 0.59x at KV 8K (0.997 against 1.690 ms) and 0.71x at 32K (1.416 against 1.986), the
 # bench walk 0.98x / 1.00x (the gate keeps its tiles on the gathering kernel). Not taken elsewhere:
 # chunk group 12 wins on top-k rows with 64-line tiles (0.93x at 8K) but loses on the walk
-# (1.25x); prefill group 6 at 8K wins on top-k rows (0.83-0.90x) but the walk then runs 4-24%
-# slower than the dense tiles (DENSE and UNION share DENSE_TILE); prefill at 32K and prefill
-# group 12 run the Gluon wgmma kernel, whose programs do not skip tiles another path took.
+# (1.25x); prefill group 6 at 8K with union tiles alone wins on top-k rows (0.63x on an H100)
+# but the walk then runs 23% slower without the dense tiles (below: both); prefill at 32K and
+# prefill group 12 run the Gluon wgmma kernel, whose programs do not skip tiles another path
+# took.
 # KV 16K sits between the two measured lengths; other row counts were not measured. The chunk
 # config's pre-pass is the one CUDA kernel (UNION_PREP="cuda", built with nvcc on first use; the
 # Triton pre-pass where it cannot be had, the same answer): on an H100 (session 45, one window a
 # cell, CUDA-graph replays, 8192 rows) 0.889x the Triton pre-pass's time on top-k rows and 0.948x
 # on the walk at KV 8K, 0.887x / 0.987x at 32K (docs/notes/sparse_prefill.md, "Session 45").
+# Prefill group 6 at KV 8192 (its dense tiles' cell, from 8192 rows: UNION_OVER_DENSE) runs
+# union tiles beside the dense tiles, each path at its own tile shape (UNION_TILE 128x64x8x2),
+# with the CUDA pre-pass: on an H100 (session 45, one window a cell, CUDA-graph replays, 8192
+# rows) 0.741x the dense config's time on top-k rows (0.899 against 1.214 ms) and 1.009x on the
+# walk (1.401 against 1.390), once the union kernel's programs of other tiles return at once
+# (1.033x before). Not yet on an H200.
 H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
-    ("prefill", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "UNION": 300},
+    ("prefill", 6): {**H200_DENSE_CONFIGS[("prefill", 6)], "UNION": 300,
+                     "UNION_TILE": "128x64x8x2", "UNION_PREP": "cuda"},
     ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
     ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
                    "UNION": 300, "DENSE_TILE": "128x64x8x2", "UNION_PREP": "cuda"},
     ("chunk", 12): {**H200_PREFILL_CONFIGS[("chunk", 12)], "UNION": 300},
 }
 UNION_POLICY = frozenset({("chunk", 6)})
+UNION_OVER_DENSE = frozenset({("prefill", 6)})  # at KV UNION_KV[0] to DENSE_MAX_KV
 UNION_KV = (8192, 32768)  # the measured KV lengths (inclusive)
 UNION_MIN_TOTAL_Q = 8192
 
@@ -296,6 +306,8 @@ def family_config(kind: str, group_size: int, kv_len: int | None,
     if (kv_len is not None and kv_len <= DENSE_MAX_KV and key in H200_DENSE_CONFIGS
             and total_q is not None and total_q >= DENSE_MIN_TOTAL_Q
             and not (wgmma and key in WGMMA_OVER_DENSE)):
+        if key in UNION_OVER_DENSE and kv_len >= UNION_KV[0] and total_q >= UNION_MIN_TOTAL_Q:
+            return dict(H200_UNION_CONFIGS[key])
         return dict(H200_DENSE_CONFIGS[key])
     if wgmma:
         return dict(H200_WGMMA_CONFIGS[key])
@@ -353,7 +365,8 @@ CONFORMANCE_CASES = (
 
 _TABLES = {"family": H200_PREFILL_CONFIGS, "long_kv": H200_LONG_KV_CONFIGS,
            "dense": H200_DENSE_CONFIGS,
-           "union": {key: H200_UNION_CONFIGS[key] for key in sorted(UNION_POLICY)},
+           "union": {key: H200_UNION_CONFIGS[key]
+                     for key in sorted(UNION_POLICY | UNION_OVER_DENSE)},
            "gluon": H200_GLUON_CONFIGS,
            "wgmma": H200_WGMMA_CONFIGS}
 

@@ -118,8 +118,9 @@ UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels a
                            walk in session 44's window (0.643x; the row at a time 132 / 56).
                            Without DENSE it takes its tiles' row statistics from their ids
                            (no _row_stats launch: 0.98-0.99x, session 45). The H200 family's
-                           chunk group-6 union config takes it (session 45, H100: 0.889x the
-                           Triton pre-pass's time on top-k rows, 0.948x on the walk at KV 8K).
+                           union configs take it (chunk g6, session 45, H100: 0.889x the
+                           Triton pre-pass's time on top-k rows, 0.948x on the walk at KV 8K;
+                           prefill g6 at KV 8K, beside the dense tiles).
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of

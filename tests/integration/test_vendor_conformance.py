@@ -57,7 +57,7 @@ def test_nvidia_hopper_executes_its_triton_configs_and_names_the_gluon_ones(
         tmp_path: Path) -> None:
     code, out = kit("--kreg-conformance", "nvidia_hopper", "-rA", cwd=tmp_path)
     assert code == 0, out
-    assert ("sparse_prefill: 11 of the 15 configs plugin 'nvidia_hopper' offers executed; not "
+    assert ("sparse_prefill: 12 of the 16 configs plugin 'nvidia_hopper' offers executed; not "
             "runnable here (not tested): gluon.prefill_g6, wgmma.prefill_g6, wgmma.prefill_g12, "
             "wgmma.chunk_g12"
             in out), out
@@ -65,14 +65,14 @@ def test_nvidia_hopper_executes_its_triton_configs_and_names_the_gluon_ones(
     ran = passed(out)
     for config in ("long_kv.prefill_g6", "dense.prefill_g6", "long_kv.prefill_g12",
                    "dense.prefill_g12", "long_kv.chunk_g6", "long_kv.chunk_g12",
-                   "union.chunk_g6"):
+                   "union.chunk_g6", "union.prefill_g6"):
         assert any(n.endswith(f"@{config}]") and n.startswith(
             "nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-") for n in ran), (config, out)
     assert {"nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-seed_prefill_g6]",
             "nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-seed_chunk_g6x2]",
             "nvidia_hopper.sparse_prefill_tuned[h200:cpu-float32-seed_chunk_g12x2]"} <= ran
-    # 5 cases x 2 dtypes and the 7 Triton configs found at larger sizes
-    assert "kreg conformance nvidia_hopper: 17 executed (17 passed), judged on h200, this " \
+    # 5 cases x 2 dtypes and the 8 Triton configs found at larger sizes
+    assert "kreg conformance nvidia_hopper: 18 executed (18 passed), judged on h200, this " \
            "machine; 4 not runnable here (not tested)" in out, out
     assert "nvidia_hopper.sparse_prefill_tuned[h200:cpu-float16-seed_full_row]" in ran
 

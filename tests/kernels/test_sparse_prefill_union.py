@@ -552,15 +552,16 @@ def test_popcount_and_union_helpers_agree_with_python() -> None:
     assert compare(out, ref) is None and (out.double() - ref).abs().max() <= 1e-4
 
 
-def _is_policy_chunk_union(cfg: dict[str, Any]) -> bool:
-    """The policy's chunk union config, offered to the tuner as it is (a prefill case gets it
-    without CHUNK_MODE)."""
+def _is_policy_union(cfg: dict[str, Any]) -> bool:
+    """One of the policy's union configs (chunk g6; prefill g6 beside its dense tiles), offered
+    to the tuner as they are (a prefill case gets the chunk one without CHUNK_MODE)."""
     from plugins.nvidia_hopper import H200_UNION_CONFIGS
 
     def strip(c: dict[str, Any]) -> dict[str, Any]:
         return {k: x for k, x in c.items() if k != "CHUNK_MODE"}
 
-    return strip(cfg) == strip(H200_UNION_CONFIGS[("chunk", 6)])
+    return any(strip(cfg) == strip(H200_UNION_CONFIGS[key])
+               for key in (("chunk", 6), ("prefill", 6)))
 
 
 def test_tuner_space_has_union_candidates_over_the_family() -> None:
@@ -594,7 +595,7 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
         # with the Triton pre-pass unless the device is sm_90 (the CUDA one's only target;
         # the policy's chunk config, offered as it is, names the CUDA one)
         assert not any("UNION_PREP" in cfg for cfg in unions
-                       if not _is_policy_chunk_union(cfg)), unions
+                       if not _is_policy_union(cfg)), unions
 
 
 def test_tuner_union_candidates_take_the_cuda_pre_pass_on_sm90_only() -> None:
@@ -604,11 +605,12 @@ def test_tuner_union_candidates_take_the_cuda_pre_pass_on_sm90_only() -> None:
     from registry import profiles
 
     assert H200_UNION_CONFIGS[("chunk", 6)]["UNION_PREP"] == "cuda"
+    assert H200_UNION_CONFIGS[("prefill", 6)]["UNION_PREP"] == "cuda"
     for kind in ("prefill", "chunk"):
         case = BenchCase(kind=kind, group_size=6, total_q=8192, kv_len=8192)
         for dev, prep in (("h200", {"cuda"}), ("rtx-5090", {None}), ("mi300x", {None})):
             unions = [cfg for _, cfg, _ in tuning.candidates(case, profiles()[dev])
-                      if cfg is not None and cfg.get("UNION") and not _is_policy_chunk_union(cfg)]
+                      if cfg is not None and cfg.get("UNION") and not _is_policy_union(cfg)]
             assert len(unions) >= 3 and {cfg.get("UNION_PREP") for cfg in unions} == prep, dev
 
 

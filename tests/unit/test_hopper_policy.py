@@ -16,10 +16,15 @@ from plugins.nvidia_hopper import (
     H200_GLUON_CONFIGS,
     H200_LONG_KV_CONFIGS,
     H200_PREFILL_CONFIGS,
+    H200_UNION_CONFIGS,
     H200_WGMMA_CONFIGS,
     LONG_KV_FROM,
     LONG_KV_MIN_TOTAL_Q,
     MIN_TOTAL_Q,
+    UNION_KV,
+    UNION_MIN_TOTAL_Q,
+    UNION_OVER_DENSE,
+    UNION_POLICY,
     WGMMA_MIN_TOTAL_Q,
     WGMMA_OVER_DENSE,
 )
@@ -123,9 +128,14 @@ def test_dense_config_for_short_prefill_with_the_measured_rows(kind: str, group:
                   and tq >= DENSE_MIN_TOTAL_Q and not over)
             if over and kv <= DENSE_MAX_KV and tq >= DENSE_MIN_TOTAL_Q:
                 assert d.config == H200_WGMMA_CONFIGS[(kind, group)]
+            # prefill group 6 at KV 8192 from 8192 rows: union tiles beside the dense ones
+            both = (on and (kind, group) in UNION_OVER_DENSE and kv >= UNION_KV[0]
+                    and tq >= UNION_MIN_TOTAL_Q)
             if on:
-                assert d.config == H200_DENSE_CONFIGS[(kind, group)]
-                assert d.config == {**short, "DENSE": d.config["DENSE"]} and d.config["DENSE"] > 0
+                dense = H200_DENSE_CONFIGS[(kind, group)]
+                assert dense == {**short, "DENSE": dense["DENSE"]} and dense["DENSE"] > 0
+                assert d.config == (H200_UNION_CONFIGS[(kind, group)] if both else dense)
+                assert ("UNION" in d.config) == both, (kv, tq, d.config)
             else:
                 assert "DENSE" not in d.config, (kv, tq, d.config)
 
@@ -157,7 +167,10 @@ def test_gluon_configs_for_mid_kv_prefill_on_triton_3_6(kind: str, group: int) -
                          and tq >= DENSE_MIN_TOTAL_Q
                          and not (wg_on and (kind, group) in WGMMA_OVER_DENSE))
                 mid = mid and not dense
-                if dense:
+                if dense and (kind, group) in UNION_OVER_DENSE and kv >= UNION_KV[0] \
+                        and tq >= UNION_MIN_TOTAL_Q:
+                    want = H200_UNION_CONFIGS[(kind, group)]   # with union tiles beside
+                elif dense:
                     want = H200_DENSE_CONFIGS[(kind, group)]
                 elif wg_on:
                     want = wg
@@ -188,17 +201,14 @@ def test_explain_names_the_gluon_engine_and_a_what_if_on_another_triton() -> Non
 @pytest.mark.parametrize("kind,group", sorted(H200_PREFILL_CONFIGS))
 def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -> None:
     """Union tiles for chunk group 6 at KV 8192-32768 from 8192 rows (UNION_POLICY, UNION_KV,
-    UNION_MIN_TOTAL_Q), nowhere else; without them while batch invariance is required."""
+    UNION_MIN_TOTAL_Q) and for prefill group 6 at KV 8192 beside its dense tiles
+    (UNION_OVER_DENSE, up to DENSE_MAX_KV), nowhere else; without them while batch invariance
+    is required."""
     from backends.sparse_prefill import SparsePrefillWorkload
-    from plugins.nvidia_hopper import (
-        H200_UNION_CONFIGS,
-        UNION_KV,
-        UNION_MIN_TOTAL_Q,
-        UNION_POLICY,
-        _invariant_config,
-    )
+    from plugins.nvidia_hopper import _invariant_config
 
     assert frozenset({("chunk", 6)}) == UNION_POLICY and UNION_KV == (8192, 32768)
+    assert frozenset({("prefill", 6)}) == UNION_OVER_DENSE and UNION_KV[0] == DENSE_MAX_KV
     facts = profile("h200")
     for kv in (None, 4096, 8191, 8192, 8193, 16384, 32768, 32769, 65536):
         for tq in (MIN_TOTAL_Q[(kind, group)], UNION_MIN_TOTAL_Q - 1, UNION_MIN_TOTAL_Q, 16384):
@@ -208,7 +218,15 @@ def test_union_config_only_where_it_was_measured_faster(kind: str, group: int) -
             d = pick(w)
             on = ((kind, group) in UNION_POLICY and kv is not None
                   and UNION_KV[0] <= kv <= UNION_KV[1] and tq >= UNION_MIN_TOTAL_Q)
-            assert ("UNION" in d.config) == on, (kv, tq, d.config)
+            over = ((kind, group) in UNION_OVER_DENSE and kv is not None
+                    and UNION_KV[0] <= kv <= DENSE_MAX_KV and tq >= UNION_MIN_TOTAL_Q)
+            assert ("UNION" in d.config) == (on or over), (kv, tq, d.config)
+            if over:
+                assert d.config == H200_UNION_CONFIGS[(kind, group)]
+                assert d.config["DENSE"] and d.config["UNION_TILE"] == "128x64x8x2"
+                assert "dense-span tiles" in d.explain() and "union tiles" in d.explain()
+                inv = _invariant_config(facts, SparsePrefillWorkload(**w))
+                assert "UNION" not in inv and "DENSE" not in inv
             if on:
                 assert d.config == H200_UNION_CONFIGS[(kind, group)]
                 assert d.config["CHUNK_MODE"] == "pretranslate"
