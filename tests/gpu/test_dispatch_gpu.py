@@ -75,9 +75,15 @@ def test_long_kv_launches_the_slot_ordered_family(kind: str, group: int) -> None
 @pytest.mark.parametrize("group", [6, 12])
 def test_short_prefill_launches_the_dense_family(group: int) -> None:
     # prefill at KV 8K (group 12: 4K, below the wgmma kernel's KV band, which takes KV 8K) and
-    # 8192 rows (the policy's bounds): the dense config (DENSE) launches; the causal ramp has
-    # dense tiles (its first rows) and gathered ones
-    from plugins.nvidia_hopper import DENSE_MAX_KV, DENSE_MIN_TOTAL_Q, H200_DENSE_CONFIGS
+    # 8192 rows (the policy's bounds): the dense config (DENSE) launches, at group 6 with union
+    # tiles beside (UNION_OVER_DENSE); the causal ramp has dense tiles (its first rows) and
+    # gathered ones
+    from plugins.nvidia_hopper import (
+        DENSE_MAX_KV,
+        DENSE_MIN_TOTAL_Q,
+        H200_DENSE_CONFIGS,
+        H200_UNION_CONFIGS,
+    )
 
     case = BenchCase(kind="prefill", group_size=group,
                      kv_len=DENSE_MAX_KV if group == 6 else DENSE_MAX_KV // 2,
@@ -86,7 +92,8 @@ def test_short_prefill_launches_the_dense_family(group: int) -> None:
     assert len(launches) == 1
     if _is_h200():
         assert launches[0].implementation == "nvidia_hopper.sparse_prefill_tuned"
-        assert dict(launches[0].config) == H200_DENSE_CONFIGS[("prefill", group)]
+        want = (H200_UNION_CONFIGS if group == 6 else H200_DENSE_CONFIGS)[("prefill", group)]
+        assert dict(launches[0].config) == want and want["DENSE"]
     assert torch.isfinite(out).all()
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
