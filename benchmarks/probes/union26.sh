@@ -10,7 +10,9 @@
 # flashinfer: the table, the family, auto and FlashInfer's raw paged attention (flashinfer-paged, when
 # importable) at KV 8K and 32K on both index sets; kv128k: the same at KV 128K; overlap: the
 # --overlap sweep plotted for prefill g6 and g12 at KV 8K, $OUT/overlap_g*.png, the union path
-# at the default tile and at the one measured fastest for the group)
+# at the default tile and at the one measured fastest for the group). U26_TEST_TIMEOUT and
+# U26_TEST_K (a -k filter) for the tests step; U26_GROUPS, U26_KV and U26_FI_TIMEOUT narrow the
+# flashinfer step (default groups 6,12, KV 8192,32768, 200 s a kind and index set)
 set -u
 OUT=${OUT:-./union26-out}
 mkdir -p "$OUT"
@@ -37,7 +39,8 @@ fam_base() {
 }
 if [[ $STEPS == *tests* ]]; then
   log "union GPU tests"
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sparse_prefill_union.py \
+  timeout ${U26_TEST_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/kernels/test_sparse_prefill_union.py ${U26_TEST_K:+-k "$U26_TEST_K"} \
     > "$OUT/tests_union.log" 2>&1; log "rc=$? $(tail -1 "$OUT/tests_union.log")"
   grep -E "passed|failed|Error" "$OUT/tests_union.log" | tail -5
 fi
@@ -118,8 +121,9 @@ if [[ $STEPS == *flashinfer* ]]; then
   for kind in prefill chunk; do
     for ix in topk walk; do
       log "flashinfer $kind $ix"
-      timeout 200 python3 cli.py bench sparse_prefill --kind $kind --group-size 6,12 \
-        --kv-len 8192,32768 --total-q 8192 --indices $ix --graphs --warmup 3 --iters 10 \
+      timeout ${U26_FI_TIMEOUT:-200} python3 cli.py bench sparse_prefill --kind $kind \
+        --group-size ${U26_GROUPS:-6,12} --kv-len ${U26_KV:-8192,32768} --total-q 8192 \
+        --indices $ix --graphs --warmup 3 --iters 10 \
         --providers "table,h200,auto$FIP" --baseline h200 >> "$OUT/sparse_fi.txt" 2>&1
       log "rc=$?"
     done
