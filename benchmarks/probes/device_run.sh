@@ -32,7 +32,8 @@
 # pre-pass's GPU tests and its A/B in union_phases), union-stages (issue #26: the union kernel at 2-4 pipeline stages),
 # prep-stats (issue #26: the CUDA pre-pass counting its tiles' statistics, A/B against the
 # previous commit's kernels in .device/old),
-# exact-heads (issue #26: union tiles of the
+# gpu26 (issue #26: union GPU tests through dispatch and of the CUDA pre-pass, the dispatch GPU
+# tests, memcheck of sparse_prefill when GPU26_SANITIZE is set), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
 # cluster kernel: GPU tests, memcheck, A/B against CLUSTER_PATCHES, the docs table), sanitize
@@ -353,6 +354,23 @@ for step in "$@"; do
         --dtype bfloat16 --dist randn,ties,recent,relu --providers $sb_providers \
         --baseline triton --graphs --warmup 3 --iters 15 2>&1 | tee "$OUT/stream_bench_bf16.log" \
         | grep -v "^-" | tail -20 ;;
+    gpu26)
+      # issue 26 after a policy change: the union path's GPU tests through dispatch and of the
+      # CUDA pre-pass (GPU26_K narrows them), the dispatch GPU tests, then compute-sanitizer
+      # memcheck of the sparse_prefill kernels (the policy's union configs included)
+      union_gpu_tests gpu26 "${GPU26_TIMEOUT:-240}" "${GPU26_K:-through_dispatch or cuda_pre_pass}"
+      stage "gpu26: dispatch GPU tests"
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dispatch_gpu.py \
+        > "$OUT/gpu26_dispatch.log" 2>&1
+      echo "dispatch gpu tests rc=$?"; tail -1 "$OUT/gpu26_dispatch.log"
+      grep -E "^E |FAILED" "$OUT/gpu26_dispatch.log" | head -10
+      [ -n "${GPU26_SANITIZE:-}" ] || continue
+      stage "gpu26: compute-sanitizer sparse_prefill"
+      timeout 120 python3 benchmarks/probes/sanitize_sparse.py > "$OUT/sanitize_warm.log" 2>&1
+      echo "uninstrumented rc=$?"; tail -1 "$OUT/sanitize_warm.log"
+      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python3 benchmarks/probes/sanitize_sparse.py > "$OUT/sanitizer_sparse.log" 2>&1
+      echo "compute-sanitizer rc=$?"; tail -3 "$OUT/sanitizer_sparse.log" ;;
     union-prep)
       # issue 26: the union pre-pass in one CUDA kernel (UNION_PREP="cuda", `:uc`): its GPU tests
       # unless UP_SKIP_TESTS is set (output by output against the Triton pre-pass; through dispatch at the seed's shapes),
@@ -455,7 +473,12 @@ for dt in (torch.float32, torch.bfloat16):
     s = torch.randn(4, 131072, device='cuda').to(dt)
     ln = torch.full((4,), 131072, dtype=torch.int32, device='cuda')
     print(dt, p.indexer_topk(s, ln, 2048)[0, :4].tolist(), flush=True)
-" > "$OUT/fi_build.log" 2>&1; echo "fi-build rc=$?" >> "$OUT/fi_build.log" ) &
+" > "$OUT/fi_build.log" 2>&1; echo "fi-build rc=$?" >> "$OUT/fi_build.log"
+        # and FlashInfer's paged attention at the sparse_prefill seed's shapes (flashinfer-paged)
+        timeout 300 python3 cli.py bench sparse_prefill --kind prefill --group-size 6,12 \
+          --kv-len 8192 --total-q 256 --providers flashinfer-paged --baseline flashinfer-paged \
+          --warmup 1 --iters 2 >> "$OUT/fi_build.log" 2>&1
+        echo "fi-build paged rc=$?" >> "$OUT/fi_build.log" ) &
       FI_PID=$! ;;
     fi-wait)
       stage "fi-wait"

@@ -56,7 +56,7 @@ def main() -> None:
     from backends.sparse_prefill.reference import sparse_prefill_reference
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
     from plugins.generic import sparse_prefill_table_config
-    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, H200_PREFILL_CONFIGS
+    from plugins.nvidia_hopper import H200_LONG_KV_CONFIGS, H200_PREFILL_CONFIGS, H200_UNION_CONFIGS
 
     if not torch.cuda.is_available():
         sys.exit("sanitize_sparse.py needs a GPU")
@@ -88,6 +88,9 @@ def main() -> None:
                 cfgs += [{**dense, "UNION": u, "UNION_PREP": "cuda", "DENSE_TILE": "128x64x8x2"}
                          for u in (10**6, 700)]
                 cfgs.append({**dense, "DENSE": 600, "UNION": 700, "UNION_PREP": "cuda"})
+                # the policy's own union config for the cell (prefill g6: dense tiles beside
+                # union tiles, UNION_TILE; chunk g6: union tiles alone), as shipped
+                cfgs.append(H200_UNION_CONFIGS[(kind, group)])
             # ENGINE=gluon (chunk rows pretranslated): the shipped ring, two stages of 32
             # keys, int64 offsets, slot ordering
             gl = {"BLOCK_M": 8 if group <= 8 else 16, "BLOCK_N": 16, "num_warps": 2,
