@@ -48,6 +48,7 @@ Providers (``--providers``, comma separated):
   union's pre-pass in one CUDA kernel), ``xh`` (TILE_HEADS=group: row tiles of the group's
   heads exactly), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
   (UNION_TILE: the union tiles' own geometry, e.g. ``dense250:union300:ut128x64x8x2``),
+  ``udN`` (UNION_DENSE=N: the union path may take DENSE's tiles, e.g. ``dense250:union300:ud80``),
   ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
   stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
   e.g. ``geometry=16x32x4x3:pre:r96``, ``geometry=8x16x2x1:gl:o32``,
@@ -240,6 +241,9 @@ def parse_geometry(spec: str) -> dict[str, Any]:
         if o.startswith("dense") and o[5:].isdigit():
             cfg["DENSE"] = int(o[5:])
             continue
+        if o.startswith("ud") and o[2:].isdigit():
+            cfg["UNION_DENSE"] = int(o[2:])
+            continue
         if o.startswith("union") and o[5:].isdigit():
             cfg["UNION"] = int(o[5:])
             continue
@@ -275,6 +279,8 @@ def format_geometry(cfg: dict[str, Any]) -> str:
         s += f":dt{cfg['DENSE_TILE']}"
     if cfg.get("UNION") and cfg.get("UNION_TILE"):
         s += f":ut{cfg['UNION_TILE']}"
+    if cfg.get("UNION_DENSE"):
+        s += f":ud{cfg['UNION_DENSE']}"
     if cfg.get("MAXNREG"):
         s += f":r{cfg['MAXNREG']}"
     return s

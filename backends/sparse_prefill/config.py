@@ -121,6 +121,17 @@ UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels a
                            union configs take it (chunk g6, session 45, H100: 0.889x the
                            Triton pre-pass's time on top-k rows, 0.948x on the walk at KV 8K;
                            prefill g6 at KV 8K, beside the dense tiles).
+UNION_DENSE     0          with DENSE and UNION both on, B > 0 lets the union path take DENSE's
+                           tiles too: the union pre-pass runs first and decides every tile, and
+                           a tile DENSE's rule takes goes union when its exact union has at
+                           most B percent of its span's slots (and UNION's own threshold
+                           holds), else stays dense (a gate that fails leaves it dense). On
+                           top-k rows a causal ramp's dense tiles have a union ~1.15x their
+                           rows' entries but a span up to DENSE% of them, and the dense kernel
+                           streams the whole span; on the walk their union is close to the
+                           span and they stay dense. The dense kernels then read the pre-pass's
+                           FLAG instead of deciding. 0: DENSE keeps its tiles and the union is
+                           tried on the others (the pre-pass runs after the dense kernels).
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of
@@ -182,6 +193,7 @@ DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MA
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
                                    "UNION": 0, "UNION_PREP": "triton", "UNION_TILE": "",
+                                   "UNION_DENSE": 0,
                                    "TILE_HEADS": "pow2", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
@@ -216,7 +228,8 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "UNION_PREP", "UNION_TILE", "DENSE_TILE", "TILE_HEADS"})
+                         "UNION", "UNION_PREP", "UNION_TILE", "UNION_DENSE", "DENSE_TILE",
+                         "TILE_HEADS"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -285,6 +298,15 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
             if var["SLOT_ORDER"]:
                 raise ConfigError(f"{key} and SLOT_ORDER both reorganize the rows' entries: set "
                                   f"SLOT_ORDER=0 or {key}=0")
+    ud = var["UNION_DENSE"]
+    if not isinstance(ud, int) or isinstance(ud, bool) or not 0 <= ud <= _MAX_PERCENT:
+        raise ConfigError(f"UNION_DENSE={ud!r}: expected 0 (off) or the percent of a dense "
+                          f"tile's span its union may have to go union, at most {_MAX_PERCENT} "
+                          f"(e.g. 80)")
+    if ud and not (var["DENSE"] and var["UNION"]):
+        raise ConfigError(f"UNION_DENSE={ud} hands DENSE's tiles to the union path, so it needs "
+                          f"DENSE and UNION both on (got DENSE={var['DENSE']}, "
+                          f"UNION={var['UNION']}): set both, or drop UNION_DENSE")
     if var["TILE_HEADS"] != "pow2" and not (var["DENSE"] or var["UNION"]):
         raise ConfigError(f"TILE_HEADS={var['TILE_HEADS']!r} shapes the DENSE and UNION row "
                           f"tiles, and this config has neither: set DENSE or UNION, or drop "
@@ -436,6 +458,9 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         if var["UNION_PREP"] == "cuda":
             over += ("; pre-pass: one CUDA kernel a tile (built with nvcc on first use; the "
                      "Triton pre-pass where it cannot be had)")
+        if var["UNION_DENSE"] and var["DENSE"]:
+            over += (f"; tried first on the dense tiles too: one whose union is <= "
+                     f"{var['UNION_DENSE']}% of its span goes union (UNION_DENSE)")
         spec, tile_key = union_tile(var)
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries ({tile_key} {spec}; "

@@ -231,15 +231,20 @@ def _dense_tile(LO, HI, NV, tile, total_q, dense_span, RP: tl.constexpr, RP_P: t
 @triton.jit
 def _count_slots(IDX, LENS, LO, HI, NV, CNT, FLAG, num_slots, topk, row0, total_q, dense_span,
                  s_it, s_ct, HAS_LENS: tl.constexpr, RP: tl.constexpr, RP_P: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, FLAG_SET: tl.constexpr):
     """DENSE: for row ``row0 + program_id(0)`` of a dense tile, the multiplicity of every slot of
     the row's own span ``[LO, HI]`` in 16-bit fields (slot s: ``CNT[i, s >> 1] >> (16 * (s &
     1)) & 0xFFFF``). Only those words are zeroed and counted; the dense kernel never reads the
-    row's words outside its span, and rows of sparse tiles are left alone."""
+    row's words outside its span, and rows of sparse tiles are left alone. The tile is dense by
+    ``_dense_tile`` (its FLAG written here), or with FLAG_SET (UNION_DENSE: the union pre-pass
+    ran first and decided every tile) where its FLAG is 1."""
     i = tl.program_id(0)
     r = row0 + i
-    dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP, RP_P)
-    tl.store(FLAG + r // RP, tl.where(dense, 1, 0), mask=(r % RP) == 0)  # the tile's first row
+    if FLAG_SET:
+        dense = tl.load(FLAG + r // RP) == 1
+    else:
+        dense = _dense_tile(LO, HI, NV, r // RP, total_q, dense_span, RP, RP_P)
+        tl.store(FLAG + r // RP, tl.where(dense, 1, 0), mask=(r % RP) == 0)  # the first row
     if dense:
         r64 = r.to(tl.int64)
         if HAS_LENS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -288,7 +293,7 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HP: tl.constexpr, RP_P: tl.constexpr,
                REVERSE_ROWS: tl.constexpr, DESC: tl.constexpr, DOT_PREC: tl.constexpr,
-               SLACK: tl.constexpr):
+               SLACK: tl.constexpr, FLAG_SET: tl.constexpr):
     """DENSE: the ``RP = BLOCK_M // HP`` rows of one tile (of the chunk ``row0 .. row0 +
     nrows``) and the query heads of KV head ``program_id(1) // ceil(group / HP)``: HP is the
     group, or the group rounded up to a power of two (``config._dense_heads``), so ``ceil(group
@@ -298,7 +303,8 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     descriptors ``KD``/``VD`` when ``DESC`` (else pointer loads); a line's weight of slot s is
     ``count * exp2(score)``, 0 where the count is 0 (``_counted_step``; and V's
     NaN in the accumulator hands the tile back: ``FLAG[tile] = 0``, nothing stored). Tiles that
-    ``_dense_tile`` leaves to the gathering kernel do nothing."""
+    ``_dense_tile`` leaves to the other paths (FLAG_SET, UNION_DENSE: tiles whose FLAG is not
+    1) return at once."""
     RP: tl.constexpr = BLOCK_M // HP
     pid = tl.program_id(0)
     ntiles = tl.cdiv(nrows, RP)
@@ -311,7 +317,12 @@ def _dense_fwd(Q, K, V, KD, VD, CNT, LO, HI, NV, FLAG, OUT, qk_scale, num_slots,
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
     rr, r_ok = _tile_rows(tile, nrows, RP, RP_P)
-    dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP, RP_P)
+    if FLAG_SET:
+        dense = tl.load(FLAG + (row0 + tile * RP) // RP) == 1
+    else:
+        dense = _dense_tile(LO, HI, NV, (row0 + tile * RP) // RP, total_q, dense_span, RP, RP_P)
+    if dense == 0:  # another path's tile: no Q read, no masked step
+        return
     r64 = (row0 + ri).to(tl.int64)
     heads = h * group + hh
     q = tl.load(Q + r64[:, None] * s_qt + heads[:, None] * s_qh + offs_d[None, :],
@@ -425,7 +436,7 @@ def _mark_row(IDX_row, BITS_t, n, num_slots, BLOCK: tl.constexpr, RUNS: tl.const
 
 @triton.jit
 def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots, topk, tile0,
-                total_q, dense_span, union_pct, s_it, s_bt, HAS_LENS: tl.constexpr,
+                total_q, dense_span, union_pct, union_dense, s_it, s_bt, HAS_LENS: tl.constexpr,
                 HAS_DENSE: tl.constexpr, RP: tl.constexpr, RP_P: tl.constexpr,
                 BLOCK: tl.constexpr, WB: tl.constexpr, BY_REQ: tl.constexpr,
                 RUNS: tl.constexpr):
@@ -439,7 +450,8 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
     tiles that share little (the bench walk) cost two rows, not RP. The estimate only decides
     whether the exact union is counted; the exact union decides the path. BY_REQ (ids are
     chunk positions, ``ChunkIds``): a tile whose first and last rows are in different requests
-    is gathered."""
+    is gathered. ``union_dense`` > 0 (UNION_DENSE): DENSE's tiles are tried too, and every
+    tile's FLAG is written here or in ``_union_size`` (a dense tile not gated: 1)."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr, r_ok = _tile_rows(t, total_q, RP, RP_P)
@@ -450,7 +462,8 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
         dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP, RP_P)
     else:
         dense = hi < -1  # False
-    go = (hi >= lo) & (dense == 0)
+    try_dense = union_dense > 0
+    go = (hi >= lo) & ((dense == 0) | try_dense)
     gate = go & False
     if BY_REQ:
         r_last = tl.minimum(t * RP + RP, total_q) - 1
@@ -488,8 +501,10 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
         est = nv0.to(tl.int64) + (rows - 1).to(tl.int64) * tl.maximum(nv1 - hit, 0).to(tl.int64)
         gate = est * RP * 100 <= 2 * nv * union_pct
     tl.store(GATE + lt, gate.to(tl.int32))
-    # decided here: tiles not gated (0), empty tiles (2 with U = 0); the others in _union_size
-    tl.store(FLAG + t, tl.where(go, 0, 2), mask=(dense == 0) & (gate == 0))
+    # decided here: tiles not gated (0), empty tiles (2 with U = 0), with UNION_DENSE DENSE's
+    # tiles not gated (1); the others in _union_size
+    tl.store(FLAG + t, tl.where(dense, 1, tl.where(go, 0, 2)),
+             mask=((dense == 0) | try_dense) & (gate == 0))
     tl.store(USZ + t, 0, mask=gate == 0)
 
 
@@ -510,12 +525,14 @@ def _union_mark(IDX, LENS, BITS, GATE, num_slots, topk, tile0, total_q, s_it, s_
 
 @triton.jit
 def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT, tile0,
-                total_q, union_pct, page_size, s_bt, s_lt, s_ct, s_cr, s_pb, RP: tl.constexpr,
-                RP_P: tl.constexpr, BLOCK: tl.constexpr, WB: tl.constexpr,
-                BY_REQ: tl.constexpr):
+                total_q, dense_span, union_pct, union_dense, page_size, s_bt, s_lt, s_ct, s_cr,
+                s_pb, HAS_DENSE: tl.constexpr, RP: tl.constexpr, RP_P: tl.constexpr,
+                BLOCK: tl.constexpr, WB: tl.constexpr, BY_REQ: tl.constexpr):
     """UNION, a gated tile: count the set bits over its span (the exact union size U). The
     tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
-    rows) * union_pct``, else to the gathering kernel (0); then ``WPRE`` gets each word's
+    rows) * union_pct`` (and, for a tile DENSE's rule takes, gated only with UNION_DENSE,
+    ``U * 100 <= span * union_dense``), else to the gathering kernel (0; DENSE's tile: 1);
+    then ``WPRE`` gets each word's
     exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
     set bits below in the word), and the tile's ``CNT`` rows are zeroed. BY_REQ: the ids are
     the tile's request's token positions (``ChunkIds``), written to ``SLOTS`` as their slots
@@ -538,7 +555,13 @@ def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT,
             cnt += _popc(wd.to(tl.int64) & 0xFFFFFFFF)
         u = tl.sum(cnt, 0).to(tl.int32)
         union = u.to(tl.int64) * RP * 100 <= nv * union_pct
-        tl.store(FLAG + t, tl.where(union, 2, 0))
+        if HAS_DENSE:
+            dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP, RP_P)
+            span = tl.maximum(hi - lo + 1, 0).to(tl.int64)
+            union = union & ((dense == 0) | (u.to(tl.int64) * 100 <= span * union_dense))
+        else:
+            dense = union & False
+        tl.store(FLAG + t, tl.where(union, 2, tl.where(dense, 1, 0)))
         tl.store(USZ + t, tl.where(union, u, 0))
         if union:
             base = 0 * u
@@ -726,10 +749,12 @@ def _fwd_rows(rp: int, hp: int, bm: int) -> int:
 
 def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
-           stats: tuple[Any, Any, Any] | None = None) -> tuple[Any, ...]:
+           stats: tuple[Any, Any, Any] | None = None, flag: Any = None) -> tuple[Any, ...]:
     """DENSE's part of a call: row statistics (unless given), then per chunk of rows the
     counts and the dense kernel on the dense tiles. Returns (LO, HI, NV, RP, span, FLAG): FLAG
-    per tile 1 where the dense kernel stored the tile's rows, else 0 (the gathering kernel's)."""
+    per tile 1 where the dense kernel stored the tile's rows, else 0 (the gathering kernel's).
+    ``flag`` given (UNION_DENSE: the union pre-pass decided every tile first): the dense tiles
+    are those whose FLAG is 1, and only a hand-back changes it (to 0)."""
     import torch
 
     total_q, _, d = q.shape
@@ -738,7 +763,9 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     span = int(var["DENSE"])
     dev = q.device
     lo, hi, nv = stats if stats is not None else row_stats(idx, lens, has_lens, num_slots)
-    flag = torch.empty((-(-total_q // rp),), device=dev, dtype=torch.int32)
+    flag_set = flag is not None
+    if flag is None:
+        flag = torch.empty((-(-total_q // rp),), device=dev, dtype=torch.int32)
     words = (num_slots + 1) // 2
     chunk_rows = max(rp, (_DENSE_SCRATCH_BYTES // (4 * words)) // rp * rp)
     chunk_rows = min(chunk_rows, -(-total_q // rp) * rp)
@@ -757,14 +784,14 @@ def _dense(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
                                span,
                                idx.stride(0), cnt.stride(0), HAS_LENS=has_lens, RP=rp,
                                RP_P=triton.next_power_of_2(rp), BLOCK=_DENSE_COUNT_BLOCK,
-                               num_warps=4)
+                               FLAG_SET=flag_set, num_warps=4)
         _dense_fwd[(triton.cdiv(nrows, rp), hkv * triton.cdiv(group, hp))](
             q, k, v, kd, vd, cnt, lo, hi, nv, flag, out, qk_scale, num_slots, group, total_q, row0,
             nrows, span, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), cnt.stride(0), out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp,
             RP_P=_fwd_rows(rp, hp, bm), REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DESC=desc,
-            DOT_PREC=dot_prec, SLACK=slack,
+            DOT_PREC=dot_prec, SLACK=slack, FLAG_SET=flag_set,
             num_warps=nw, num_stages=ns)  # MAXNREG: the gathering kernel's only
     return lo, hi, nv, rp, span, flag
 
@@ -774,13 +801,16 @@ def union_prep_triton(idx: Any, lens: Any, has_lens: bool, stats: tuple[Any, Any
                       flag: Any, dense_span: int, pct: int, rp: int, umax: int, num_ids: int,
                       by_req: tuple[Any, Any, int, int] | None = None, *, tile0: int = 0,
                       ntiles: int | None = None, out: tuple[Any, Any, Any] | None = None,
-                      scratch: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any, Any]:
+                      scratch: tuple[Any, Any, Any] | None = None, union_dense: int = 0
+                      ) -> tuple[Any, Any, Any, Any]:
     """UNION's pre-pass by the four Triton kernels (gate, mark, size, count) for tiles
     ``tile0 .. tile0 + ntiles`` (default: all): ``(FLAG, USZ, slots, counts)``, the last two
     ``[ntiles, umax]`` and ``[ntiles, RP, umax / 2]`` (``out`` gives USZ, slots, counts;
     ``scratch`` the bitmaps, prefixes and gates of a chunk). ``flag``: DENSE's per tile (it
-    keeps its tiles; ``dense_span`` 0 without DENSE). ``by_req``: (rows' requests, page table,
-    page size, page-table row stride) when ``idx`` holds chunk positions. The one-kernel CUDA
+    keeps its tiles; ``dense_span`` 0 without DENSE; with ``union_dense`` > 0, UNION_DENSE,
+    every tile's FLAG is written here, DENSE's tiles tried too). ``by_req``: (rows' requests,
+    page table, page size, page-table row stride) when ``idx`` holds chunk positions. The
+    one-kernel CUDA
     pre-pass (``union_prep.py``) writes the same outputs."""
     import torch
 
@@ -808,14 +838,16 @@ def union_prep_triton(idx: Any, lens: Any, has_lens: bool, stats: tuple[Any, Any
     runs = mark_runs(topk, num_ids)
     kw = dict(HAS_LENS=has_lens, RP=rp, BLOCK=_UNION_BLOCK, num_warps=_UNION_WARPS)
     _union_gate[(nt,)](idx, lens, lo, hi, nv, bits, gate, flag, usz, row_req, num_ids, topk,
-                       tile0, total_q, dense_span, pct, idx.stride(0), bits.stride(0),
+                       tile0, total_q, dense_span, pct, union_dense, idx.stride(0),
+                       bits.stride(0),
                        HAS_DENSE=dense_span > 0, RP_P=triton.next_power_of_2(rp),
                        WB=_UNION_WORDS, BY_REQ=by_req is not None, RUNS=runs, **kw)
     _union_mark[(nt * rp,)](idx, lens, bits, gate, num_ids, topk, tile0, total_q,
                             idx.stride(0), bits.stride(0), RUNS=runs, **kw)
     _union_size[(nt,)](lo, hi, nv, bits, wpre, slots, cnt, gate, flag, usz, row_req, pt,
-                       tile0, total_q, pct, page_size, bits.stride(0), slots.stride(0),
-                       cnt.stride(0), cnt.stride(1), s_pb, RP=rp,
+                       tile0, total_q, dense_span, pct, union_dense, page_size,
+                       bits.stride(0), slots.stride(0), cnt.stride(0), cnt.stride(1), s_pb,
+                       HAS_DENSE=dense_span > 0, RP=rp,
                        RP_P=triton.next_power_of_2(rp), BLOCK=_UNION_BLOCK, WB=_UNION_WORDS,
                        BY_REQ=by_req is not None, num_warps=_UNION_WARPS)
     _union_count[(nt * rp,)](idx, lens, bits, wpre, cnt, flag, num_ids, topk, tile0,
@@ -849,13 +881,15 @@ _PREP_LOGGED: set[str] = set()
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any] | None, dense_span: int, flag: Any = None,
-           chunk_ids: ChunkIds | None = None) -> Any:
+           chunk_ids: ChunkIds | None = None, union_dense: int = 0) -> Any:
     """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
     alone): per chunk of tiles the pre-pass (the Triton kernels, or with UNION_PREP="cuda" the
     one CUDA kernel) and the union kernel. The union is over ``idx``'s slot ids, or over
     ``chunk_ids``' positions (then ``stats`` are theirs). ``stats`` None (no DENSE tiles): the
     CUDA pre-pass takes each tile's statistics from its ids; the Triton one has them computed
-    here first. Returns ``FLAG`` (int32 per tile: 0 gather, 1 dense, 2 union) for the gathering
+    here first. ``union_dense`` > 0 (UNION_DENSE): run before the dense kernels, the pre-pass
+    decides every tile, DENSE's included (``flag`` None). Returns ``FLAG`` (int32 per tile: 0
+    gather, 1 dense, 2 union) for the dense kernels (with UNION_DENSE) and the gathering
     kernel's skip."""
     import torch
 
@@ -899,7 +933,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
 
             done = union_prep.run(idx, lens if has_lens else None, stats, flag, usz, slots, cnt,
                                   by_req, num_ids=num_ids, tile0=tile0, ntiles=nt, rp=rp,
-                                  dense_span=dense_span, pct=pct, umax=umax)
+                                  dense_span=dense_span, pct=pct, umax=umax,
+                                  union_dense=union_dense)
         if not done:
             if stats is None:
                 stats = row_stats(idx, lens, has_lens, num_ids)
@@ -909,7 +944,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
                            torch.empty((chunk,), device=dev, dtype=torch.int32))
             union_prep_triton(idx, lens, has_lens, stats, flag, dense_span, pct, rp, umax,
                               num_ids, by_req, tile0=tile0, ntiles=nt, out=(usz, slots, cnt),
-                              scratch=scratch)
+                              scratch=scratch, union_dense=union_dense)
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -925,18 +960,27 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
               chunk_ids: ChunkIds | None = None) -> tuple[Any, int]:
     """The row-tile part of a DENSE and/or UNION call (``idx`` holds slot ids): statistics,
     the dense tiles, the union tiles (over ``chunk_ids``' positions when given: UNION without
-    DENSE on chunk rows). Returns (FLAG, RP): the gathering kernel does the rows of the tiles
+    DENSE on chunk rows); with UNION_DENSE the union tiles first, their pre-pass deciding the
+    dense ones too. Returns (FLAG, RP): the gathering kernel does the rows of the tiles
     whose FLAG is 0."""
     if chunk_ids is not None and var["DENSE"]:
         raise ValueError("DENSE tiles run on slot statistics: no chunk ids with DENSE")
     stats, flag, span = None, None, 0   # without DENSE, the union pre-pass's to compute
-    if var["DENSE"]:
+    if var["DENSE"] and var["UNION"] and var["UNION_DENSE"]:
+        # UNION_DENSE: the union pre-pass decides every tile first (DENSE's too), then the dense
+        # kernels run on the tiles it left dense (FLAG 1)
         stats = row_stats(idx, lens, has_lens, k.shape[0])
-        *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec,
-                                    d_pad, stats)
-    if var["UNION"]:
         flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
-                      span, flag, chunk_ids)
+                      int(var["DENSE"]), None, None, union_dense=int(var["UNION_DENSE"]))
+        _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats, flag)
+    else:
+        if var["DENSE"]:
+            stats = row_stats(idx, lens, has_lens, k.shape[0])
+            *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var,
+                                        dot_prec, d_pad, stats)
+        if var["UNION"]:
+            flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad,
+                          stats, span, flag, chunk_ids)
     _, rp = tile_rows(var, q.shape[1] // k.shape[1], "DENSE" if var["DENSE"] else "UNION")
     if TILE_PATHS is not None:
         TILE_PATHS.append(flag)

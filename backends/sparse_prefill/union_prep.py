@@ -46,7 +46,7 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, 
              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-             ctypes.c_int, ctypes.c_void_p]
+             ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
 
 
 def shared_bytes(num_ids: int, umax: int) -> int:
@@ -102,14 +102,17 @@ def available(device: Any, num_ids: int, umax: int) -> tuple[bool, str]:
 
 def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz: Any, slots: Any,
         cnt: Any, by_req: tuple[Any, Any, int, int] | None, *, num_ids: int, tile0: int,
-        ntiles: int, rp: int, dense_span: int, pct: int, umax: int) -> bool:
+        ntiles: int, rp: int, dense_span: int, pct: int, umax: int, union_dense: int = 0
+        ) -> bool:
     """The pre-pass of tiles ``tile0 .. tile0 + ntiles`` (scratch rows ``0 .. ntiles``) on the
     current stream: True when launched, False when the kernel cannot be had (the caller runs
     the Triton pre-pass). ``idx`` int32 ``[total_q, topk]`` (unit column stride); ``lens`` None
     or int32 ``[total_q]``; ``stats`` (LO, HI, NV), or None when no DENSE tiles need them:
     the kernel then takes its tiles' statistics from their ids in a first pass (the same
     values, no ``_row_stats`` launch); ``by_req`` None or (rows' requests, page table, page
-    size, page-table row stride) for chunk positions."""
+    size, page-table row stride) for chunk positions. ``union_dense`` > 0 (UNION_DENSE, with
+    ``dense_span``): the pre-pass runs before the dense kernels and writes every tile's FLAG,
+    DENSE's tiles included (1, or 2 where their union is at most that percent of their span)."""
     import torch
 
     lib = _load()
@@ -127,8 +130,8 @@ def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz:
             usz.data_ptr(),
             slots.data_ptr(), slots.stride(0), cnt.data_ptr(), cnt.stride(0), cnt.stride(1),
             None if rr is None else rr.data_ptr(), None if pt is None else pt.data_ptr(),
-            s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct, umax,
-            count_words(num_ids, umax), stream)
+            s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct,
+            union_dense, umax, count_words(num_ids, umax), stream)
     if rc:
         raise KernelUnavailableError(f"{NAME}: {_ERRORS.get(rc, f'error {rc}')}")
     return True

@@ -32,7 +32,7 @@
 # pre-pass's GPU tests and its A/B in union_phases), union-stages (issue #26: the union kernel at 2-4 pipeline stages),
 # prep-stats (issue #26: the CUDA pre-pass counting its tiles' statistics, A/B against the
 # previous commit's kernels in .device/old),
-# gpu26 (issue #26: union GPU tests through dispatch and of the CUDA pre-pass, the dispatch GPU
+# union-dense (issue #26: UNION_DENSE's A/B at prefill g6), gpu26 (issue #26: union GPU tests through dispatch and of the CUDA pre-pass, the dispatch GPU
 # tests, memcheck of sparse_prefill when GPU26_SANITIZE is set), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
@@ -391,6 +391,33 @@ for step in "$@"; do
             --kv-len ${UP_KV:-8192} --indices $ix --configs "h200,$U,$U:uc$DU" \
             > "$OUT/union_prep_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_prep_${kind}_$ix.log" | tail -25
+        done
+      done ;;
+    union-dense)
+      # issue 26: UNION_DENSE (the union pre-pass first, DENSE's tiles to the union path where
+      # their union is at most N% of their span) on the H200 family's prefill g6 config (dense +
+      # union tiles, the CUDA pre-pass) at UD_KV (default 8192 4096), both index sets, against
+      # h200 (the policy) and the union tiles alone; then h200 against h200@old on the walk at
+      # KV 8192 (UD_OLD, default .device/old: the previous tile_kernels.py, without the dense
+      # kernel's early return)
+      F=8x16x1x2:rev:split2:v2:lean:o32
+      DU=geometry=$F:uc:dense250:union300:ut128x64x8x2
+      old=${UD_OLD:-.device/old}
+      if [ -f "$old/tile_kernels.py" ]; then
+        stage "union-dense: h200 against h200@old, prefill g6 KV 8192 walk"
+        timeout 90 python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 \
+          --kv-len 8192 --indices walk --old "$old/tile_kernels.py" --configs h200 \
+          > "$OUT/union_dense_old_walk.log" 2>&1
+        echo "rc=$?"; grep -v "^#" "$OUT/union_dense_old_walk.log" | grep -v "max err" | tail -16
+      fi
+      for kv in ${UD_KV:-8192 4096}; do
+        for ix in topk walk; do
+          stage "union-dense: prefill g6 KV $kv $ix"
+          timeout ${UD_TIMEOUT:-110} python3 benchmarks/probes/union_phases.py --kind prefill \
+            --group-size 6 --kv-len $kv --indices $ix \
+            --configs "h200,$DU:ud${UD_A:-60},$DU:ud${UD_B:-80},$DU:ud${UD_C:-100},geometry=$F:union300:dt128x64x8x2:uc" \
+            > "$OUT/union_dense_${kv}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/union_dense_${kv}_$ix.log" | grep -v "max err" | tail -40
         done
       done ;;
     prep-stats)

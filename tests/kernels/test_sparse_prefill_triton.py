@@ -621,7 +621,8 @@ def test_bench_geometry_round_trip():
     for spec in ("16x16x1x2", "8x32x4x2:pre:rev:split2:r96", "16x64x4x3:stage",
                  "8x16x1x2:rev:split2:v2:lean:o32:ord1", "16x16x1x2:ord1",
                  "8x16x1x2:rev:dense250", "16x16x1x2:dense200:dt128x64x8x2",
-                 "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1", "16x64x4x2:wg:o32:r96"):
+                 "8x16x2x1:gl:o32", "16x32x4x2:gl:pre:ord1", "16x64x4x2:wg:o32:r96",
+                 "8x16x1x2:uc:dense250:union300:ut128x64x8x2:ud80"):
         cfg = parse_geometry(spec)
         assert parse_geometry(format_geometry(cfg)) == cfg
     assert parse_geometry("16x64x4x2:wg:o32:r96")["ENGINE"] == "gluon_wgmma"
@@ -631,6 +632,7 @@ def test_bench_geometry_round_trip():
                 *H200_GLUON_CONFIGS.values(), *H200_WGMMA_CONFIGS.values()):
         assert parse_geometry(format_geometry(cfg)) == cfg
     assert parse_geometry("8x16x1x2:dense250")["DENSE"] == 250
+    assert parse_geometry("8x16x1x2:dense250:union300:ud80")["UNION_DENSE"] == 80
 
 
 def test_bench_inputs_follow_the_affine_walk():

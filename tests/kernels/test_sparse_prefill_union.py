@@ -98,13 +98,17 @@ def _shared_case(seed: int, *, total_q: int = 16, group: int = 6, hkv: int = 1, 
 
 
 def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
-                dense: int = 0, gates: list[bool] | None = None) -> list[int]:
+                dense: int = 0, gates: list[bool] | None = None,
+                union_dense: int = 0) -> list[int]:
     """The path of every tile (the kernels' rule, in Python): DENSE when on and the span is at
     most ``dense`` % of the mean valid entries; else UNION when the gate's estimate (the first
     row's valid entries plus rows - 1 times the last row's entries outside the first row's
     slots) is at most twice the threshold and the exact union of the tile's valid slots is at
-    most ``union`` % of the mean valid entries; else the gathering kernel. ``gates`` gets the
-    gate's verdict of each tile that is neither dense nor empty."""
+    most ``union`` % of the mean valid entries; else the gathering kernel. ``union_dense``
+    (UNION_DENSE): a tile DENSE takes that has valid entries goes UNION when it passes the
+    same gate and union rule and its union is at most ``union_dense`` % of its span, else
+    stays DENSE. ``gates`` gets the gate's verdict of each tile that is neither dense nor
+    empty."""
     def valid(r: int) -> list[int]:
         n = idx.shape[1] if lengths is None else max(0, min(int(lengths[r]), idx.shape[1]))
         return [int(s) for s in idx[r, :n] if 0 <= int(s) < num_slots]
@@ -115,7 +119,8 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
         slots = [s for r in rows for s in valid(r)]
         nv = len(slots)
         span = (max(slots) - min(slots) + 1) if slots else 0
-        if dense and span * rp * 100 <= nv * dense:
+        is_dense = bool(dense) and span * rp * 100 <= nv * dense
+        if is_dense and not (union_dense and slots):
             out.append(DENSE)
             continue
         if not slots:
@@ -125,9 +130,14 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
         est = len(first) + (len(rows) - 1) * max(0, len(last) - sum(s in set(first)
                                                                     for s in last))
         gate = est * rp * 100 <= 2 * nv * union
-        if gates is not None:
+        if gates is not None and not is_dense:
             gates.append(gate)
-        out.append(UNION if gate and len(set(slots)) * rp * 100 <= nv * union else GATHER)
+        u = len(set(slots))
+        ok = gate and u * rp * 100 <= nv * union
+        if is_dense:
+            out.append(UNION if ok and u * 100 <= span * union_dense else DENSE)
+        else:
+            out.append(UNION if ok else GATHER)
     return out
 
 
@@ -215,6 +225,38 @@ def test_union_and_dense_in_one_call(union_tile: str, heads: str, rp: int,
     idx[rp:][idx[rp:] == 31] = 30
     _run(q, k, v, idx, cfg, lengths=lengths)
     assert poisoned[1].tolist() == [GATHER, UNION, UNION, GATHER]
+
+
+@pytest.mark.parametrize("heads,rp", [("pow2", 4), ("group", 5)])
+def test_union_dense_gives_dense_tiles_with_a_small_union_to_the_union_path(
+        heads: str, rp: int, poisoned: list[Any]) -> None:
+    """UNION_DENSE=80: the union pre-pass runs first and decides DENSE's tiles too. Tile 0's
+    rows select all of a 20-slot span (union = span: stays dense), tile 1's the same 20 slots
+    of a 40-slot span (union 50% of the span: union), tile 2 a shared block (union), tile 3 is
+    spread (gathered). Without UNION_DENSE tile 1 is dense. A NaN V row in tile 0's streamed
+    blocks hands it back to the gathering kernel, with the tiles' FLAG written by the
+    pre-pass."""
+    q, k, v, idx, lengths = _shared_case(5, total_q=4 * rp, block=rp, spread=(3,))
+    idx[:rp] = torch.arange(10, 30, dtype=torch.int32)[torch.randperm(20)][None, :]
+    lengths[:rp] = 20
+    lengths[1] = 0
+    idx[rp:2 * rp] = torch.arange(40, 80, 2, dtype=torch.int32)[torch.randperm(20)][None, :]
+    lengths[rp:2 * rp] = 20
+    g = torch.Generator().manual_seed(55)
+    fin = k.shape[0] - 8   # slots 0 .. 87 finite: both dense tiles' streamed blocks
+    k[:fin], v[:fin] = torch.randn(k[:fin].shape, generator=g), \
+        torch.randn(v[:fin].shape, generator=g)
+    for ud, tile1 in ((80, UNION), (0, DENSE)):
+        cfg = {**BASE, "DENSE": 250, "UNION": 250, "DENSE_TILE": "32x16x4x2",
+               "UNION_TILE": "32x32x2x1", "TILE_HEADS": heads, "UNION_DENSE": ud}
+        want = _tile_paths(idx, lengths, k.shape[0], rp, 250, dense=250, union_dense=ud)
+        assert want == [DENSE, tile1, UNION, GATHER], want
+        _run(q, k, v, idx, cfg, lengths=lengths)
+        assert poisoned[-1].tolist() == want
+    v[31] = NAN   # in tile 0's last streamed block (slots 16 .. 31), selected by no row
+    idx[rp:][idx[rp:] == 31] = 30
+    _run(q, k, v, idx, {**cfg, "UNION_DENSE": 80}, lengths=lengths)
+    assert poisoned[-1].tolist() == [GATHER, UNION, UNION, GATHER]
 
 
 def test_the_gate_skips_the_exact_count_of_tiles_whose_last_row_is_new(
@@ -519,6 +561,13 @@ def test_union_chunk_needs_translated_entries() -> None:
      "BM=64 must equal DENSE_TILE's BM=128 .* use '128x64x8x2'"),
     ({"BLOCK_M": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ENGINE": "gluon_wgmma",
       "UNION": 300, "REVERSE_ROWS": 1}, "does not take REVERSE_ROWS"),
+    ({**BASE, "UNION": 300, "UNION_DENSE": 80}, "UNION_DENSE=80 .* needs DENSE and UNION both "
+                                                 "on .*DENSE=0, UNION=300"),
+    ({**BASE, "DENSE": 250, "UNION_DENSE": 80}, "UNION_DENSE=80 .*UNION=0.*or drop UNION_DENSE"),
+    ({**BASE, "DENSE": 250, "UNION": 300, "UNION_DENSE": -5}, "UNION_DENSE=-5: expected 0"),
+    ({**BASE, "DENSE": 250, "UNION": 300, "UNION_DENSE": 0.8}, "UNION_DENSE=0.8: expected 0 "
+                                                               ".*e.g. 80"),
+    ({**BASE, "DENSE": 250, "UNION": 300, "UNION_DENSE": True}, "UNION_DENSE=True"),
 ])
 def test_bad_union_configs(cfg: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -632,6 +681,11 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
     assert "(DENSE_TILE 128x32x8x3;" in describe_path(union)
     both = describe_path({**union, "DENSE": 250, "UNION_TILE": "128x64x8x2"})
     assert "(DENSE_TILE 128x32x8x3)" in both and "(UNION_TILE 128x64x8x2;" in both, both
+    assert "UNION_DENSE" not in both
+    first = describe_path({**union, "DENSE": 250, "UNION_DENSE": 80})
+    assert "tried first on the dense tiles too: one whose union is <= 80% of its span goes " \
+        "union (UNION_DENSE)" in first, first
+    validate_config({**union, "DENSE": 250, "UNION_DENSE": 80}, 6, 256)
 
     class _Plugin:
         @hookimpl
@@ -735,6 +789,46 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
         h = (u + 1) // 2
         # (an odd U's last word: its high field is 0 in both, cleared before counting)
         assert torch.equal(cnt[t, :, :h], want[3][t, :, :h]), f"tile {t}: counts"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("indices", ["topk", "walk"])
+@pytest.mark.parametrize("ud", [80, 100])
+def test_gpu_union_dense_on_the_seed_ramp(indices: str, ud: int,
+                                          poisoned: list[Any]) -> None:
+    # UNION_DENSE on the H200 family's prefill g6 union config (dense tiles, union tiles at
+    # their own geometry, the CUDA pre-pass) at the seed's shapes on a prefix-free causal ramp
+    # of 4096 rows: the CUDA and the Triton pre-pass send every tile the same way, some of
+    # DENSE's tiles go union on top-k rows (their union ~1.15 x top-k, their span up to 4096),
+    # only DENSE's tiles change hands, and every output is within the bf16 bound of the fp32
+    # reference
+    _cuda_prep_or_skip()
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+    from plugins.nvidia_hopper import H200_UNION_CONFIGS
+
+    inp = make_inputs(BenchCase(kind="prefill", group_size=6, kv_heads=1, total_q=4096,
+                                kv_len=4096, indices=indices), "cuda")
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
+    base = H200_UNION_CONFIGS[("prefill", 6)]
+    outs = {}
+    for prep in ("cuda", "triton"):
+        cfg = {**base, "UNION_DENSE": ud, "UNION_PREP": prep}
+        outs[prep] = sparse_prefill_triton(q, k, v, idx, config=cfg, **kw)
+        assert compare(outs[prep], ref) is None
+        err = (outs[prep].float() - ref).abs().max().item()
+        assert err <= error_bound(torch.bfloat16), (prep, err)
+    legacy = sparse_prefill_triton(q, k, v, idx, config=dict(base), **kw)
+    torch.cuda.synchronize()
+    cuda_paths, triton_paths, legacy_paths = (f.tolist() for f in poisoned[-3:])
+    assert cuda_paths == triton_paths
+    taken = sum(a == UNION and b == DENSE for a, b in zip(cuda_paths, legacy_paths,
+                                                          strict=True))
+    if indices == "topk":
+        assert taken > 0, (cuda_paths, legacy_paths)
+    assert all(a == b for a, b in zip(cuda_paths, legacy_paths, strict=True)
+               if b != DENSE)   # only DENSE's tiles change hands
+    assert (legacy.float() - ref).abs().max().item() <= error_bound(torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -50,11 +50,12 @@ class Case:
     def __init__(self, ids: np.ndarray, lens: np.ndarray | None, num_ids: int, rp: int, *,
                  pct: int = 300, dense_span: int = 0, row_req: np.ndarray | None = None,
                  pt: np.ndarray | None = None, page_size: int = 1, tile0: int = 0,
-                 ntiles: int | None = None) -> None:
+                 ntiles: int | None = None, union_dense: int = 0) -> None:
         self.ids = np.ascontiguousarray(ids, dtype=np.int32)
         self.total_q, self.topk = self.ids.shape
         self.lens = None if lens is None else np.asarray(lens, dtype=np.int32)
         self.num_ids, self.rp, self.pct, self.dense_span = num_ids, rp, pct, dense_span
+        self.union_dense = union_dense
         self.row_req = None if row_req is None else np.asarray(row_req, dtype=np.int32)
         self.pt = np.zeros((1, 1), np.int32) if pt is None else np.asarray(pt, dtype=np.int32)
         self.page_size = page_size
@@ -67,9 +68,12 @@ class Case:
         self.lo = np.array([v.min() if len(v) else num_ids for v in self.valid], np.int32)
         self.hi = np.array([v.max() if len(v) else -1 for v in self.valid], np.int32)
         self.nv = np.array([len(v) for v in self.valid], np.int32)
-        # DENSE's FLAG (1 for the tiles its rule takes), as the dense kernel leaves it
+        # DENSE's FLAG (1 for the tiles its rule takes), as the dense kernel leaves it; with
+        # UNION_DENSE the pre-pass runs first and must write every tile of its chunk: poison
         self.flag_in = np.array([1 if self._dense(t) else 0 for t in range(self.tiles)],
                                 np.int32)
+        if union_dense:
+            self.flag_in[tile0: tile0 + self.ntiles] = POISON
 
     def row_len(self, r: int) -> int:
         if r >= self.total_q:
@@ -94,7 +98,10 @@ class Case:
     def model(self) -> tuple[np.ndarray, dict[int, int], dict[int, list[int]],
                              dict[int, np.ndarray]]:
         """(FLAG, USZ, slots, counts) by the Triton pre-pass's rules (module doc); USZ, slots
-        and counts for the tiles in [tile0, tile0 + ntiles), counts as [RP, U] ints."""
+        and counts for the tiles in [tile0, tile0 + ntiles), counts as [RP, U] ints. With
+        UNION_DENSE a tile DENSE's rule takes is tried too: union when it also has U * 100 <=
+        span * union_dense, else dense (FLAG 1), as is one the gate turns away or with no
+        valid entries."""
         flag, usz, slots, counts = self.flag_in.copy(), {}, {}, {}
         for t in range(self.tile0, self.tile0 + self.ntiles):
             rows = self._rows(t)
@@ -103,10 +110,13 @@ class Case:
             lo = min((int(v.min()) for v in vs if len(v)), default=2**31 - 1)
             hi = max((int(v.max()) for v in vs if len(v)), default=-1)
             dense = self._dense(t)
-            go = hi >= lo and not dense
+            ud = self.union_dense if dense else 0
+            go = hi >= lo and (not dense or ud > 0)
             mixed = self.row_req is not None and \
                 self.row_req[rows[0]] != self.row_req[rows[-1]]
             usz[t] = 0
+            if dense and self.union_dense:
+                flag[t] = 1   # unless the union takes it below
             if not go or mixed:
                 if not dense:
                     flag[t] = 0 if go else 2
@@ -116,8 +126,9 @@ class Case:
             est = len(vs[0]) + (len(rows) - 1) * max(len(vs[-1]) - hits, 0)
             union = sorted(set(np.concatenate(vs).tolist()))
             if est * self.rp * 100 > 2 * nv * self.pct or \
-                    len(union) * self.rp * 100 > nv * self.pct:
-                flag[t] = 0
+                    len(union) * self.rp * 100 > nv * self.pct or \
+                    (dense and len(union) * 100 > (hi - lo + 1) * ud):
+                flag[t] = 1 if dense else 0
                 continue
             flag[t], usz[t] = 2, len(union)
             where = {x: i for i, x in enumerate(union)}
@@ -147,7 +158,7 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
     head = np.array([c.total_q, c.topk, c.topk, c.lens is not None, c.num_ids, c.rp, c.tile0,
                      c.ntiles, c.dense_span, c.pct, c.umax, c.row_req is not None, c.page_size,
-                     c.pt.shape[1], c.pt.size, c.tiles], np.int32)
+                     c.pt.shape[1], c.pt.size, c.tiles, c.union_dense], np.int32)
     fin, fout = tmp / "in.bin", tmp / "out.bin"
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
@@ -387,6 +398,45 @@ def test_dense_tiles_keep_their_flag_and_a_chunk_of_tiles(emu, tmp_path):
         assert got[0][5] == 2 and got[1][5] == 0
 
 
+@needs_cxx
+@pytest.mark.parametrize("ud,mode", [(70, 0), (80, 1), (90, 0)])
+def test_union_dense_decides_dense_tiles_too(emu, tmp_path, ud, mode):
+    """UNION_DENSE: the pre-pass runs before the dense kernels and writes every tile's FLAG
+    (the input FLAG is poison). On a causal ramp of top-k rows (a window of 4 recent
+    positions) DENSE=250 takes the first 8 tiles; of those, the ones whose union is at most
+    ``ud`` % of their span go union, the others stay dense (1), as does an empty tile; the
+    rest go union or gathered by UNION's rule. Nasty entries throughout; then a later chunk of
+    tiles (tile0 > 0), which writes only its own."""
+    from backends.sparse_prefill.indices import TopkParams
+
+    topk, rows, width, rp = 32, 88, 104, 8
+    ids, lens = topk_indices(_causal(rows, width), topk, TopkParams(window=4))
+    ids = nasty(ids.numpy(), width, seed=ud)
+    ids[16:24] = -1   # tile 2: no valid entry (DENSE's rule takes it: span 0)
+    # tile 3: seven rows of the even slots of a span and a last row of its odd ones: dense,
+    # and the gate turns it away (estimate 8 x 20 entries): it stays dense
+    ids[24:32] = -1
+    ids[24:31, :20] = np.arange(40, 80, 2, dtype=np.int32)
+    ids[31, :20] = np.arange(41, 81, 2, dtype=np.int32)
+    case = Case(ids, lens.numpy(), width, rp, dense_span=250, union_dense=ud)
+    flag = case.model()[0]
+    dense = [case._dense(t) for t in range(case.tiles)]
+    taken = [t for t in range(case.tiles) if dense[t] and flag[t] == 2]
+    kept = [t for t in range(case.tiles) if dense[t] and flag[t] == 1]
+    assert 2 in kept and 3 in kept and len(kept) >= 3 and len(taken) >= 2, (flag, dense)
+    assert Case(ids, lens.numpy(), width, rp, dense_span=250).model()[0][taken].tolist() == \
+        [1] * len(taken)   # without UNION_DENSE they are DENSE's
+    got = run_emu(emu, case, tmp_path, mode=mode, seed=ud)
+    assert got[-1] == 0
+    assert mismatches(case, got) == []
+    later = Case(ids, lens.numpy(), width, rp, dense_span=250, union_dense=ud, tile0=3,
+                 ntiles=5)
+    got = run_emu(emu, later, tmp_path, mode=1 - mode, seed=ud + 1)
+    assert got[-1] == 0
+    assert mismatches(later, got) == []   # FLAG outside the chunk as it came in
+    assert (later.flag_in[3:8] == POISON).all() and (got[0][3:8] != POISON).all()
+
+
 @pytest.mark.parametrize("stats", [True, False])
 @needs_cxx
 def test_chunk_positions_through_the_page_table(emu, tmp_path, stats):
@@ -422,17 +472,30 @@ def test_the_model_is_the_triton_pre_pass():
     ids = nasty(ids.numpy(), width, seed=2)
     lens = lens.numpy().copy()
     lens[3] = 7
+    cases = []
     for row_req in (None, np.array([0] * 13 + [1] * 16, np.int32)):
         pt = np.arange(2 * width, dtype=np.int32)[::-1].reshape(2, width).copy()
-        case = Case(ids, lens, width, rp, row_req=row_req, pt=pt if row_req is not None
-                    else None)
+        cases.append(Case(ids, lens, width, rp, row_req=row_req,
+                          pt=pt if row_req is not None else None))
+    # UNION_DENSE: DENSE's tiles decided by the pre-pass too (a ramp of top-k rows)
+    from backends.sparse_prefill.indices import TopkParams
+
+    ramp, ramp_lens = topk_indices(_causal(88, 104), 32, TopkParams(window=4))
+    ramp = nasty(ramp.numpy(), 104, seed=8)
+    cases += [Case(ramp, ramp_lens.numpy(), 104, rp, dense_span=250, union_dense=ud)
+              for ud in (70, 100)]
+    assert {f for c in cases[2:] for f in c.model()[0].tolist()} == {1, 2}
+    for case in cases:
+        row_req = case.row_req
+        width = case.num_ids
         t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
              dict(ids=case.ids, lens=case.lens, lo=case.lo, hi=case.hi, nv=case.nv,
                   pt=case.pt, rr=case.row_req if row_req is not None else case.lo).items()}
         got = tk.union_prep_triton(
             t["ids"], t["lens"], True, (t["lo"], t["hi"], t["nv"]),
-            torch.from_numpy(case.flag_in.copy()), 0, case.pct, rp, case.umax, width,
-            (t["rr"], t["pt"], 1, t["pt"].stride(0)) if row_req is not None else None)
+            torch.from_numpy(case.flag_in.copy()), case.dense_span, case.pct, rp, case.umax,
+            width, (t["rr"], t["pt"], 1, t["pt"].stride(0)) if row_req is not None else None,
+            union_dense=case.union_dense)
         flag, usz, slots, cnt = (x.numpy() for x in got)
         usz_full = usz.copy()
         assert mismatches(case, (flag, usz_full, slots, cnt)) == []

@@ -12,6 +12,11 @@
 //   * a tile DENSE takes keeps its FLAG (USZ 0); a tile without valid entries is union with
 //     U = 0 (FLAG 2); a chunk tile whose first and last rows are in different requests, and a
 //     tile whose gate fails, is gathered (FLAG 0);
+//   * UNION_DENSE (union_dense > 0, the pre-pass run before the dense kernels): every tile's
+//     FLAG is written here, DENSE's tiles included: a tile DENSE's rule takes is tried as the
+//     others are and goes union when also U * 100 <= span * union_dense, else stays dense
+//     (FLAG 1: a failed gate, a span past the shared memory, no valid entries); the dense
+//     kernels then read FLAG;
 //   * the gate: the first row's slots marked, the last row's valid entries and hits on them
 //     counted: estimate = n_first + (rows - 1) * (n_last - hits); gated when
 //     estimate * RP * 100 <= 2 * (valid entries of the tile's rows) * union_pct;
@@ -70,6 +75,7 @@ struct Params {
   int rp;
   int dense_span;            // DENSE's threshold (0: no DENSE)
   int union_pct;
+  int union_dense;           // UNION_DENSE's threshold (0: DENSE's tiles keep their FLAG)
   int words;                 // bitmap words the shared memory holds
   int half_max;              // count words a row may need (umax / 2)
   int count_words;           // count words the shared memory holds (>= half_max): a union of
@@ -83,6 +89,7 @@ struct Shared {
   int64_t nv;
   int32_t nv0;               // the first row's valid entries (the gate's)
   int32_t lo, hi, go, dense, run, gate, u;
+  int64_t span;              // the tile's hi - lo + 1 (UNION_DENSE's rule)
 };
 // union_prep.py's MAX_SHARED leaves the opt-in limit 512 bytes for this static part
 static_assert(sizeof(Shared) <= 512, "Shared outgrew the room union_prep.py leaves it");
@@ -237,11 +244,9 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
       nv0 += sh.part0[w];
     }
     bool dense = false;
-    if (p.dense_span > 0) {
-      const int64_t span = max(hi - lo + 1, 0);
-      dense = span * p.rp * 100 <= nv * p.dense_span;
-    }
-    const bool go = hi >= lo && !dense;
+    const int64_t span = max(hi - lo + 1, 0);
+    if (p.dense_span > 0) dense = span * p.rp * 100 <= nv * p.dense_span;
+    const bool go = hi >= lo && (!dense || p.union_dense > 0);
     bool mixed = false;
     if (p.row_req != nullptr) {
       const int r_last = min(r0 + p.rp, p.total_q) - 1;
@@ -254,12 +259,19 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     sh.nv0 = nv0;
     sh.go = go;
     sh.dense = dense;
+    sh.span = span;
     sh.run = go && !mixed && nw <= p.words;
   }
   __syncthreads();
-  if (!sh.run) {   // not gated: DENSE's tile keeps its FLAG, an empty one is union with U = 0
+  // not gated: DENSE's tile keeps its FLAG (with UNION_DENSE it is written: 1), an empty one
+  // is union with U = 0
+  if (!sh.run) {
     if (tid == 0) {
-      if (!sh.dense) p.flag[t] = sh.go ? 0 : 2;
+      if (sh.dense) {
+        if (p.union_dense > 0) p.flag[t] = 1;
+      } else {
+        p.flag[t] = sh.go ? 0 : 2;
+      }
       p.usz[t] = 0;
     }
     return;
@@ -302,7 +314,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
                         static_cast<int64_t>(rows - 1) * max(v1 - h1, 0);
     if (!(est * p.rp * 100 <= 2 * nv * p.union_pct)) {
       if (tid == 0) {
-        p.flag[t] = 0;
+        p.flag[t] = sh.dense ? 1 : 0;
         p.usz[t] = 0;
       }
       return;
@@ -346,9 +358,10 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     pre[w] = static_cast<uint32_t>(before);
     before += __popc(bits[w]);
   }
-  const bool is_union = static_cast<int64_t>(u) * p.rp * 100 <= nv * p.union_pct;
+  const bool is_union = static_cast<int64_t>(u) * p.rp * 100 <= nv * p.union_pct &&
+                        (!sh.dense || static_cast<int64_t>(u) * 100 <= sh.span * p.union_dense);
   if (tid == 0) {
-    p.flag[t] = is_union ? 2 : 0;
+    p.flag[t] = is_union ? 2 : (sh.dense ? 1 : 0);
     p.usz[t] = is_union ? u : 0;
   }
   if (!is_union) return;
@@ -430,10 +443,11 @@ extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* 
                                int32_t* cnt, int64_t s_ct, int64_t s_cr, const int32_t* row_req,
                                const int32_t* pt, int64_t s_pb, int page_size, int num_ids,
                                int topk, int tile0, int ntiles, int total_q, int rp,
-                               int dense_span, int union_pct, int umax, int count_words,
-                               void* stream) {
+                               int dense_span, int union_pct, int union_dense, int umax,
+                               int count_words, void* stream) {
   Params p{idx, s_it, lens, lo, hi, nv, flag, usz, slots, s_lt, cnt, s_ct, s_cr, row_req, pt,
            s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
+           union_dense,
            (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2};
   const size_t bytes = (2 * static_cast<size_t>(p.words) + p.count_words) * 4;
   int dev = 0, limit = 0;

@@ -7,7 +7,8 @@
 // union of U counts min(rp, COUNT_WORDS / ceil(U / 2)) rows at once; STATS 0: the kernel gets
 // no LO / HI / NV and counts its tiles' rows itself, as without DENSE tiles; default 1).
 // IN: int32 header [total_q, s_it, topk, has_lens, num_ids, rp, tile0, ntiles, dense_span,
-// union_pct, umax, by_req, page_size, s_pb, page table entries, tiles (FLAG's length)], then
+// union_pct, umax, by_req, page_size, s_pb, page table entries, tiles (FLAG's length),
+// union_dense], then
 // int32 arrays: ids [total_q * s_it], lens, LO, HI, NV [total_q each], FLAG [tiles] (as DENSE
 // left it), the rows' requests [total_q], the page table.
 // OUT: int32 FLAG [tiles], USZ [tiles], slots [ntiles * umax], counts [ntiles * rp * umax / 2],
@@ -30,12 +31,13 @@ bool read_all(FILE* f, std::vector<int32_t>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int32_t h[16];
-  FILE* f = kreg_emu::open_input(argc, argv, h, 16);
+  int32_t h[17];
+  FILE* f = kreg_emu::open_input(argc, argv, h, 17);
   if (!f) return 2;
   const int total_q = h[0], s_it = h[1], topk = h[2], has_lens = h[3], num_ids = h[4], rp = h[5];
   const int tile0 = h[6], ntiles = h[7], dense_span = h[8], union_pct = h[9], umax = h[10];
   const int by_req = h[11], page_size = h[12], s_pb = h[13], pt_len = h[14], tiles = h[15];
+  const int union_dense = h[16];
   std::vector<int32_t> ids(static_cast<size_t>(total_q) * s_it), lens(total_q), lo(total_q),
       hi(total_q), nv(total_q), flag(tiles), row_req(total_q), pt(pt_len);
   if (!read_all(f, ids) || !read_all(f, lens) || !read_all(f, lo) || !read_all(f, hi) ||
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
            flag.data(), usz.data() + G, slots.data() + G, umax, cnt.data() + G,
            static_cast<int64_t>(rp) * (umax / 2), umax / 2, by_req ? row_req.data() : nullptr,
            pt.data(), s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
-           (num_ids + 31) / 32, umax / 2, 0};
+           union_dense, (num_ids + 31) / 32, umax / 2, 0};
   const int count_words = argc > 4 ? atoi(argv[4]) : 0;
   if (argc > 5 && atoi(argv[5]) == 0) p.lo = p.hi = p.nv = nullptr;
   p.count_words = count_words > umax / 2 ? count_words : umax / 2;   // as kreg_union_prep
