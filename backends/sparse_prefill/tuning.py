@@ -122,10 +122,13 @@ def _space(case: Any, facts: Any) -> list[dict[str, Any]]:
               for tile in ("", "128x64x8x2", "64x32x4x3")]
     # and over the dense-tile configs on offer (prefill), the union tiles at their own geometry
     # (UNION_TILE, the dense tiles' 128 lines): each path at its measured tile shape
-    unions += [{**cfg, "UNION": 300, "UNION_TILE": "128x64x8x2", **prep}
-               for cfg in offered if cfg.get("DENSE") and not cfg.get("UNION")
-               and case.kind == "prefill" and cfg.get("ENGINE", "triton") == "triton"
-               and str(cfg.get("DENSE_TILE", "128x32x8x3")).startswith("128x")]
+    dense_unions = [{**cfg, "UNION": 300, "UNION_TILE": "128x64x8x2", **prep}
+                    for cfg in offered if cfg.get("DENSE") and not cfg.get("UNION")
+                    and case.kind == "prefill" and cfg.get("ENGINE", "triton") == "triton"
+                    and str(cfg.get("DENSE_TILE", "128x32x8x3")).startswith("128x")]
+    # each also with UNION_DENSE=80: the union pre-pass first, DENSE's tiles whose union is at
+    # most 80% of their span to the union path (issue 26, session 46)
+    unions += dense_unions + [{**cfg, "UNION_DENSE": 80} for cfg in dense_unions]
     # (not on tiles of the group's heads exactly, TILE_HEADS="group": 1.2-1.6x slower than
     # these on the H100, session 43, docs/notes/sparse_prefill.md)
     base = [_table_config(case, facts), *offered, *unions]

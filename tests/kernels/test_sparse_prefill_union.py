@@ -637,6 +637,9 @@ def test_tuner_space_has_union_candidates_over_the_family() -> None:
         else:
             assert not any("CHUNK_MODE" in cfg for cfg in unions)
             assert dense_union in unions, unions
+            # and with the union pre-pass first, taking DENSE's tiles of a small union
+            assert {**dense_union, "UNION_DENSE": 80} in unions, unions
+        assert all(cfg.get("DENSE") for cfg in unions if cfg.get("UNION_DENSE"))
         for cfg in unions:
             validate_config(cfg, 6, 256)
         # not on tiles of the group's heads exactly (measured slower, session 43)
