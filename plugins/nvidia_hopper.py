@@ -213,10 +213,14 @@ H200_DENSE_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
 # with the CUDA pre-pass: on an H100 (session 45, one window a cell, CUDA-graph replays, 8192
 # rows) 0.741x the dense config's time on top-k rows (0.899 against 1.214 ms) and 1.009x on the
 # walk (1.401 against 1.390), once the union kernel's programs of other tiles return at once
-# (1.033x before). Not yet on an H200.
+# (1.033x before). Its union pre-pass runs first and takes the dense tiles whose union is at most
+# 60% of their span (UNION_DENSE=60, session 46): on an H100 (one window, CUDA-graph replays)
+# 0.954x the config without it on top-k rows (0.828 against 0.867 ms) and 1.013x on the walk
+# (1.414 against 1.397); 80% was 0.979x / 1.012x, 100% 0.906x / 1.058x (the walk's full-span
+# tiles then leave the dense kernel). Not yet on an H200.
 H200_UNION_CONFIGS: dict[tuple[str, int], dict[str, Any]] = {
     ("prefill", 6): {**H200_DENSE_CONFIGS[("prefill", 6)], "UNION": 300,
-                     "UNION_TILE": "128x64x8x2", "UNION_PREP": "cuda"},
+                     "UNION_TILE": "128x64x8x2", "UNION_PREP": "cuda", "UNION_DENSE": 60},
     ("prefill", 12): {**H200_PREFILL_CONFIGS[("prefill", 12)], "UNION": 300},
     ("chunk", 6): {**H200_PREFILL_CONFIGS[("prefill", 6)], "CHUNK_MODE": "pretranslate",
                    "UNION": 300, "DENSE_TILE": "128x64x8x2", "UNION_PREP": "cuda"},

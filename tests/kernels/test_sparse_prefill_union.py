@@ -799,9 +799,10 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
 @pytest.mark.parametrize("ud", [80, 100])
 def test_gpu_union_dense_on_the_seed_ramp(indices: str, ud: int,
                                           poisoned: list[Any]) -> None:
-    # UNION_DENSE on the H200 family's prefill g6 union config (dense tiles, union tiles at
-    # their own geometry, the CUDA pre-pass) at the seed's shapes on a prefix-free causal ramp
-    # of 4096 rows: the CUDA and the Triton pre-pass send every tile the same way, some of
+    # UNION_DENSE 80 / 100 (the policy's 60 takes few tiles at KV 4096) on the H200 family's
+    # prefill g6 union config against it without UNION_DENSE (dense tiles, union tiles at their
+    # own geometry, the CUDA pre-pass) at the seed's shapes on a prefix-free causal ramp of 4096
+    # rows: the CUDA and the Triton pre-pass send every tile the same way, some of
     # DENSE's tiles go union on top-k rows (their union ~1.15 x top-k, their span up to 4096),
     # only DENSE's tiles change hands, and every output is within the bf16 bound of the fp32
     # reference
@@ -821,7 +822,7 @@ def test_gpu_union_dense_on_the_seed_ramp(indices: str, ud: int,
         assert compare(outs[prep], ref) is None
         err = (outs[prep].float() - ref).abs().max().item()
         assert err <= error_bound(torch.bfloat16), (prep, err)
-    legacy = sparse_prefill_triton(q, k, v, idx, config=dict(base), **kw)
+    legacy = sparse_prefill_triton(q, k, v, idx, config={**base, "UNION_DENSE": 0}, **kw)
     torch.cuda.synchronize()
     cuda_paths, triton_paths, legacy_paths = (f.tolist() for f in poisoned[-3:])
     assert cuda_paths == triton_paths
