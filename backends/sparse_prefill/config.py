@@ -132,6 +132,10 @@ UNION_DENSE     0          with DENSE and UNION both on, B > 0 lets the union pa
                            span and they stay dense. The dense kernels then read the pre-pass's
                            FLAG instead of deciding. 0: DENSE keeps its tiles and the union is
                            tried on the others (the pre-pass runs after the dense kernels).
+                           Prefill g6 KV 8K, H100 (session 46): 60 took 0.954x the time
+                           without it on top-k rows, 1.013x on the walk (80: 0.979x / 1.012x;
+                           100: 0.906x / 1.058x); the H200 family's prefill g6 union config
+                           takes 60.
 DENSE_TILE      "128x32x8x3"  the row-tile kernels' (DENSE's and UNION's) ``BMxBNxWxS``:
                            query lines per program (a power of two >= 16 and >= the group
                            rounded up to a power of two, HP: a program takes every head of
