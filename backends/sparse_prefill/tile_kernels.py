@@ -532,9 +532,9 @@ def _union_size(LO, HI, NV, BITS, WPRE, SLOTS, CNT, GATE, FLAG, USZ, ROWREQ, PT,
     tile goes union (``FLAG = 2``, ``USZ = U``) when ``U * RP * 100 <= (valid entries of its
     rows) * union_pct`` (and, for a tile DENSE's rule takes, gated only with UNION_DENSE,
     ``U * 100 <= span * union_dense``), else to the gathering kernel (0; DENSE's tile: 1);
-    then ``WPRE`` gets each word's
-    exclusive prefix of set bits, ``SLOTS`` the union's slots ascending (position = prefix +
-    set bits below in the word), and the tile's ``CNT`` rows are zeroed. BY_REQ: the ids are
+    then ``WPRE`` gets each word's exclusive prefix of set bits, ``SLOTS`` the union's slots
+    ascending (position = prefix + set bits below in the word), and the tile's ``CNT`` rows
+    are zeroed. BY_REQ: the ids are
     the tile's request's token positions (``ChunkIds``), written to ``SLOTS`` as their slots
     through the request's page table row."""
     lt = tl.program_id(0)
@@ -810,8 +810,7 @@ def union_prep_triton(idx: Any, lens: Any, has_lens: bool, stats: tuple[Any, Any
     keeps its tiles; ``dense_span`` 0 without DENSE; with ``union_dense`` > 0, UNION_DENSE,
     every tile's FLAG is written here, DENSE's tiles tried too). ``by_req``: (rows' requests,
     page table, page size, page-table row stride) when ``idx`` holds chunk positions. The
-    one-kernel CUDA
-    pre-pass (``union_prep.py``) writes the same outputs."""
+    one-kernel CUDA pre-pass (``union_prep.py``) writes the same outputs."""
     import torch
 
     total_q, topk = idx.shape
