@@ -125,7 +125,9 @@ UNION_DENSE     0          with DENSE and UNION both on, B > 0 lets the union pa
                            tiles too: the union pre-pass runs first and decides every tile, and
                            a tile DENSE's rule takes goes union when its exact union has at
                            most B percent of its span's slots (and UNION's own threshold
-                           holds), else stays dense (a gate that fails leaves it dense). On
+                           holds), else stays dense (a gate that fails leaves it dense; a tile
+                           whose largest row alone has more than B percent of the span's
+                           slots in valid entries is never gated: its union cannot pass). On
                            top-k rows a causal ramp's dense tiles have a union ~1.15x their
                            rows' entries but a span up to DENSE% of them, and the dense kernel
                            streams the whole span; on the walk their union is close to the
@@ -464,7 +466,8 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
                      "Triton pre-pass where it cannot be had)")
         if var["UNION_DENSE"] and var["DENSE"]:
             over += (f"; tried first on the dense tiles too: one whose union is <= "
-                     f"{var['UNION_DENSE']}% of its span goes union (UNION_DENSE)")
+                     f"{var['UNION_DENSE']}% of its span goes union (UNION_DENSE; one whose "
+                     f"largest row alone is past that stays dense ungated)")
         spec, tile_key = union_tile(var)
         parts.append(f"union tiles where a tile's union of selected slots is <= "
                      f"{var['UNION']}% of its rows' mean valid entries ({tile_key} {spec}; "

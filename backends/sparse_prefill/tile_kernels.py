@@ -450,19 +450,23 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
     tiles that share little (the bench walk) cost two rows, not RP. The estimate only decides
     whether the exact union is counted; the exact union decides the path. BY_REQ (ids are
     chunk positions, ``ChunkIds``): a tile whose first and last rows are in different requests
-    is gathered. ``union_dense`` > 0 (UNION_DENSE): DENSE's tiles are tried too, and every
-    tile's FLAG is written here or in ``_union_size`` (a dense tile not gated: 1)."""
+    is gathered. ``union_dense`` > 0 (UNION_DENSE): DENSE's tiles are tried too (not one
+    whose largest row has more valid entries than ``union_dense`` % of the span: that row's
+    slots alone would fail the rule), and every tile's FLAG is written here or in
+    ``_union_size`` (a dense tile not gated: 1)."""
     lt = tl.program_id(0)
     t = tile0 + lt
     rr, r_ok = _tile_rows(t, total_q, RP, RP_P)
     lo = tl.min(tl.load(LO + rr, mask=r_ok, other=2**31 - 1), 0)
     hi = tl.max(tl.load(HI + rr, mask=r_ok, other=-1), 0)
-    nv = tl.sum(tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64), 0)
+    nv_r = tl.load(NV + rr, mask=r_ok, other=0).to(tl.int64)
+    nv = tl.sum(nv_r, 0)
     if HAS_DENSE:  # noqa: SIM108 (constexpr branch in a kernel)
         dense = _dense_tile(LO, HI, NV, t, total_q, dense_span, RP, RP_P)
     else:
         dense = hi < -1  # False
-    try_dense = union_dense > 0
+    span = tl.maximum(hi - lo + 1, 0).to(tl.int64)
+    try_dense = (union_dense > 0) & (tl.max(nv_r, 0) * 100 <= span * union_dense)
     go = (hi >= lo) & ((dense == 0) | try_dense)
     gate = go & False
     if BY_REQ:
@@ -504,7 +508,7 @@ def _union_gate(IDX, LENS, LO, HI, NV, BITS, GATE, FLAG, USZ, ROWREQ, num_slots,
     # decided here: tiles not gated (0), empty tiles (2 with U = 0), with UNION_DENSE DENSE's
     # tiles not gated (1); the others in _union_size
     tl.store(FLAG + t, tl.where(dense, 1, tl.where(go, 0, 2)),
-             mask=((dense == 0) | try_dense) & (gate == 0))
+             mask=((dense == 0) | (union_dense > 0)) & (gate == 0))
     tl.store(USZ + t, 0, mask=gate == 0)
 
 

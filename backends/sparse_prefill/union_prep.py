@@ -112,9 +112,13 @@ def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz:
     values, no ``_row_stats`` launch); ``by_req`` None or (rows' requests, page table, page
     size, page-table row stride) for chunk positions. ``union_dense`` > 0 (UNION_DENSE, with
     ``dense_span``): the pre-pass runs before the dense kernels and writes every tile's FLAG,
-    DENSE's tiles included (1, or 2 where their union is at most that percent of their span)."""
+    DENSE's tiles included (1, or 2 where their union is at most that percent of their span;
+    a tile whose largest row alone has more valid entries than that stays 1 ungated)."""
     import torch
 
+    if dense_span and stats is None:
+        raise ValueError("union_prep.run: dense_span > 0 needs the rows' statistics (LO, HI, "
+                         "NV): DENSE's rule and UNION_DENSE's skip read them")
     lib = _load()
     if lib is None:
         return False

@@ -107,8 +107,9 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
     most ``union`` % of the mean valid entries; else the gathering kernel. ``union_dense``
     (UNION_DENSE): a tile DENSE takes that has valid entries goes UNION when it passes the
     same gate and union rule and its union is at most ``union_dense`` % of its span, else
-    stays DENSE. ``gates`` gets the gate's verdict of each tile that is neither dense nor
-    empty."""
+    stays DENSE (ungated when its largest row's valid entries, duplicates counted, are past
+    ``union_dense`` % of the span). ``gates`` gets the gate's verdict of each tile that is
+    neither dense nor empty."""
     def valid(r: int) -> list[int]:
         n = idx.shape[1] if lengths is None else max(0, min(int(lengths[r]), idx.shape[1]))
         return [int(s) for s in idx[r, :n] if 0 <= int(s) < num_slots]
@@ -120,7 +121,8 @@ def _tile_paths(idx: Any, lengths: Any, num_slots: int, rp: int, union: int,
         nv = len(slots)
         span = (max(slots) - min(slots) + 1) if slots else 0
         is_dense = bool(dense) and span * rp * 100 <= nv * dense
-        if is_dense and not (union_dense and slots):
+        widest = max(len(valid(r)) for r in rows)
+        if is_dense and not (union_dense and slots and widest * 100 <= span * union_dense):
             out.append(DENSE)
             continue
         if not slots:
@@ -687,7 +689,8 @@ def test_explain_says_which_path_a_union_config_takes() -> None:
     assert "UNION_DENSE" not in both
     first = describe_path({**union, "DENSE": 250, "UNION_DENSE": 80})
     assert "tried first on the dense tiles too: one whose union is <= 80% of its span goes " \
-        "union (UNION_DENSE)" in first, first
+        "union (UNION_DENSE; one whose largest row alone is past that stays dense " \
+        "ungated)" in first, first
     validate_config({**union, "DENSE": 250, "UNION_DENSE": 80}, 6, 256)
 
     class _Plugin:

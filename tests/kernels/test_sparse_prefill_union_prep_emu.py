@@ -100,8 +100,9 @@ class Case:
         """(FLAG, USZ, slots, counts) by the Triton pre-pass's rules (module doc); USZ, slots
         and counts for the tiles in [tile0, tile0 + ntiles), counts as [RP, U] ints. With
         UNION_DENSE a tile DENSE's rule takes is tried too: union when it also has U * 100 <=
-        span * union_dense, else dense (FLAG 1), as is one the gate turns away or with no
-        valid entries."""
+        span * union_dense, else dense (FLAG 1), as is one the gate turns away, one with no
+        valid entries, and one whose largest row has more valid entries (duplicates counted)
+        than union_dense % of the span (never gated)."""
         flag, usz, slots, counts = self.flag_in.copy(), {}, {}, {}
         for t in range(self.tile0, self.tile0 + self.ntiles):
             rows = self._rows(t)
@@ -111,7 +112,9 @@ class Case:
             hi = max((int(v.max()) for v in vs if len(v)), default=-1)
             dense = self._dense(t)
             ud = self.union_dense if dense else 0
-            go = hi >= lo and (not dense or ud > 0)
+            # a dense tile whose largest row alone is past UNION_DENSE's share stays ungated
+            widest = max((len(v) for v in vs), default=0)
+            go = hi >= lo and (not dense or (ud > 0 and widest * 100 <= (hi - lo + 1) * ud))
             mixed = self.row_req is not None and \
                 self.row_req[rows[0]] != self.row_req[rows[-1]]
             usz[t] = 0
@@ -398,6 +401,18 @@ def test_dense_tiles_keep_their_flag_and_a_chunk_of_tiles(emu, tmp_path):
         assert got[0][5] == 2 and got[1][5] == 0
 
 
+def _widest_row_past_the_share(ids: np.ndarray, r0: int, ud: int) -> None:
+    """Rows ``r0 .. r0 + 8`` of ``ids`` (32 entries a row): ten slots of the span 40-69, the
+    same in every row, each listed three times or more. DENSE=250 takes the tile, and UNION's
+    gate, its rule and UNION_DENSE's ``U * 100 <= span * ud`` all pass (U = 10, span 30), but
+    each row's 32 valid entries are more than ``ud`` % of the span: UNION_DENSE keeps the tile
+    dense without gating it."""
+    ten = np.array([40, 43, 46, 49, 52, 55, 58, 61, 64, 69], np.int32)
+    ids[r0: r0 + 8] = np.concatenate([np.repeat(ten, 3), ten[[0, -1]]])
+    span, u = 30, 10
+    assert u * 8 * 100 <= 8 * 32 * 300 and u * 100 <= span * ud < 32 * 100
+
+
 @needs_cxx
 @pytest.mark.parametrize("ud,mode", [(70, 0), (80, 1), (90, 0)])
 def test_union_dense_decides_dense_tiles_too(emu, tmp_path, ud, mode):
@@ -418,12 +433,13 @@ def test_union_dense_decides_dense_tiles_too(emu, tmp_path, ud, mode):
     ids[24:32] = -1
     ids[24:31, :20] = np.arange(40, 80, 2, dtype=np.int32)
     ids[31, :20] = np.arange(41, 81, 2, dtype=np.int32)
+    _widest_row_past_the_share(ids, 32, ud)   # tile 4: stays dense, never gated
     case = Case(ids, lens.numpy(), width, rp, dense_span=250, union_dense=ud)
     flag = case.model()[0]
     dense = [case._dense(t) for t in range(case.tiles)]
     taken = [t for t in range(case.tiles) if dense[t] and flag[t] == 2]
     kept = [t for t in range(case.tiles) if dense[t] and flag[t] == 1]
-    assert 2 in kept and 3 in kept and len(kept) >= 3 and len(taken) >= 2, (flag, dense)
+    assert {2, 3, 4} <= set(kept) and len(taken) >= 2, (flag, dense)
     assert Case(ids, lens.numpy(), width, rp, dense_span=250).model()[0][taken].tolist() == \
         [1] * len(taken)   # without UNION_DENSE they are DENSE's
     got = run_emu(emu, case, tmp_path, mode=mode, seed=ud)
@@ -482,8 +498,10 @@ def test_the_model_is_the_triton_pre_pass():
 
     ramp, ramp_lens = topk_indices(_causal(88, 104), 32, TopkParams(window=4))
     ramp = nasty(ramp.numpy(), 104, seed=8)
+    _widest_row_past_the_share(ramp, 32, 70)
     cases += [Case(ramp, ramp_lens.numpy(), 104, rp, dense_span=250, union_dense=ud)
               for ud in (70, 100)]
+    assert [c.model()[0][4] for c in cases[2:]] == [1, 1]   # never gated: 32 entries, span 30
     assert {f for c in cases[2:] for f in c.model()[0].tolist()} == {1, 2}
     for case in cases:
         row_req = case.row_req

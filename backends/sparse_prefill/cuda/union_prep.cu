@@ -16,7 +16,9 @@
 //     FLAG is written here, DENSE's tiles included: a tile DENSE's rule takes is tried as the
 //     others are and goes union when also U * 100 <= span * union_dense, else stays dense
 //     (FLAG 1: a failed gate, a span past the shared memory, no valid entries); the dense
-//     kernels then read FLAG;
+//     kernels then read FLAG. A dense tile whose largest row has more valid entries than
+//     union_dense % of the span (max NV * 100 > span * union_dense) stays dense ungated: the
+//     union holds that row's slots (its duplicates counted here), so it could rarely pass;
 //   * the gate: the first row's slots marked, the last row's valid entries and hits on them
 //     counted: estimate = n_first + (rows - 1) * (n_last - hits); gated when
 //     estimate * RP * 100 <= 2 * (valid entries of the tile's rows) * union_pct;
@@ -73,7 +75,7 @@ struct Params {
   int tile0;
   int total_q;
   int rp;
-  int dense_span;            // DENSE's threshold (0: no DENSE)
+  int dense_span;            // DENSE's threshold (0: no DENSE; > 0 needs LO / HI / NV)
   int union_pct;
   int union_dense;           // UNION_DENSE's threshold (0: DENSE's tiles keep their FLAG)
   int words;                 // bitmap words the shared memory holds
@@ -86,6 +88,7 @@ struct Shared {
   int32_t red[2][WARPS];
   int32_t part[WARPS];
   int32_t part0[WARPS];
+  int32_t partm[WARPS];      // a warp's largest row NV (UNION_DENSE's skip)
   int64_t nv;
   int32_t nv0;               // the first row's valid entries (the gate's)
   int32_t lo, hi, go, dense, run, gate, u;
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   // and CTA reductions) and the first decisions (DENSE's tile, an empty one, mixed requests)
   {
     uint32_t lo = 2147483647u, hi1 = 0u, nvr = 0u, nv0 = 0u;   // hi + 1 (HI is -1 if none)
+    uint32_t nvm = 0u;   // the largest row NV (with statistics only: DENSE's tiles need them)
     if (p.lo != nullptr) {
       for (int i = tid; i < p.rp; i += THREADS) {
         const int r = r0 + i;
@@ -193,6 +197,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
           lo = min(lo, static_cast<uint32_t>(p.lo[r]));
           hi1 = max(hi1, static_cast<uint32_t>(p.hi[r] + 1));
           nvr += static_cast<uint32_t>(p.nv[r]);
+          nvm = max(nvm, static_cast<uint32_t>(p.nv[r]));
         }
       }
       nv0 = tid == 0 ? static_cast<uint32_t>(p.nv[r0]) : 0u;
@@ -226,27 +231,33 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
     hi1 = __reduce_max_sync(0xFFFFFFFFu, hi1);
     nvr = __reduce_add_sync(0xFFFFFFFFu, nvr);
     nv0 = __reduce_add_sync(0xFFFFFFFFu, nv0);
+    nvm = __reduce_max_sync(0xFFFFFFFFu, nvm);
     if (tid % 32 == 0) {
       sh.red[0][tid / 32] = static_cast<int32_t>(lo);
       sh.red[1][tid / 32] = static_cast<int32_t>(hi1);
       sh.part[tid / 32] = static_cast<int32_t>(nvr);
       sh.part0[tid / 32] = static_cast<int32_t>(nv0);
+      sh.partm[tid / 32] = static_cast<int32_t>(nvm);
     }
   }
   __syncthreads();
   if (tid == 0) {
-    int lo = 2147483647, hi = -1, nv0 = 0;
+    int lo = 2147483647, hi = -1, nv0 = 0, nvm = 0;
     int64_t nv = 0;
     for (int w = 0; w < WARPS; ++w) {
       lo = min(lo, sh.red[0][w]);
       hi = max(hi, sh.red[1][w] - 1);
       nv += sh.part[w];
       nv0 += sh.part0[w];
+      nvm = max(nvm, sh.partm[w]);
     }
     bool dense = false;
     const int64_t span = max(hi - lo + 1, 0);
     if (p.dense_span > 0) dense = span * p.rp * 100 <= nv * p.dense_span;
-    const bool go = hi >= lo && (!dense || p.union_dense > 0);
+    // UNION_DENSE tries a dense tile unless its largest row alone is past the threshold
+    const bool try_dense =
+        p.union_dense > 0 && static_cast<int64_t>(nvm) * 100 <= span * p.union_dense;
+    const bool go = hi >= lo && (!dense || try_dense);
     bool mixed = false;
     if (p.row_req != nullptr) {
       const int r_last = min(r0 + p.rp, p.total_q) - 1;
