@@ -884,16 +884,19 @@ _PREP_LOGGED: set[str] = set()
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any] | None, dense_span: int, flag: Any = None,
-           chunk_ids: ChunkIds | None = None, union_dense: int = 0) -> Any:
+           chunk_ids: ChunkIds | None = None, union_dense: int = 0
+           ) -> tuple[Any, tuple[Any, Any, Any] | None]:
     """UNION's part of a call (after DENSE's, whose ``flag`` it takes and whose tiles it leaves
     alone): per chunk of tiles the pre-pass (the Triton kernels, or with UNION_PREP="cuda" the
     one CUDA kernel) and the union kernel. The union is over ``idx``'s slot ids, or over
     ``chunk_ids``' positions (then ``stats`` are theirs). ``stats`` None (no DENSE tiles): the
     CUDA pre-pass takes each tile's statistics from its ids; the Triton one has them computed
     here first. ``union_dense`` > 0 (UNION_DENSE): run before the dense kernels, the pre-pass
-    decides every tile, DENSE's included (``flag`` None). Returns ``FLAG`` (int32 per tile: 0
-    gather, 1 dense, 2 union) for the dense kernels (with UNION_DENSE) and the gathering
-    kernel's skip."""
+    decides every tile, DENSE's included (``flag`` None; ``stats`` None: the CUDA pre-pass
+    writes the rows' statistics for the dense kernels, the Triton one has them computed).
+    Returns (``FLAG``, int32 per tile: 0 gather, 1 dense, 2 union, for the dense kernels with
+    UNION_DENSE and the gathering kernel's skip; the rows' statistics, None where nothing
+    computed them)."""
     import torch
 
     # here, not at the top: triton_kernels imports this module
@@ -928,6 +931,11 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
     cnt = torch.empty((chunk, rp, umax // 2), device=dev, dtype=torch.int32)
     scratch = None
+    # UNION_DENSE without statistics: the CUDA pre-pass counts them and writes them here
+    stats_out = None
+    if cuda_prep and stats is None and union_dense:
+        stats_out = tuple(torch.empty((total_q,), device=dev, dtype=torch.int32)
+                          for _ in range(3))
     for tile0 in range(0, ntiles, chunk):
         nt = min(chunk, ntiles - tile0)
         done = False
@@ -937,7 +945,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             done = union_prep.run(idx, lens if has_lens else None, stats, flag, usz, slots, cnt,
                                   by_req, num_ids=num_ids, tile0=tile0, ntiles=nt, rp=rp,
                                   dense_span=dense_span, pct=pct, umax=umax,
-                                  union_dense=union_dense)
+                                  union_dense=union_dense, stats_out=stats_out)
         if not done:
             if stats is None:
                 stats = row_stats(idx, lens, has_lens, num_ids)
@@ -955,7 +963,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, HP=hp, RP_P=_fwd_rows(rp, hp, bm),
             REVERSE_ROWS=bool(var["REVERSE_ROWS"]), DOT_PREC=dot_prec,
             SLACK=slack, OFFS32=offs32, num_warps=nw, num_stages=ns)
-    return flag
+    return flag, stats if stats is not None else stats_out
 
 
 def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
@@ -971,10 +979,11 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
     stats, flag, span = None, None, 0   # without DENSE, the union pre-pass's to compute
     if var["DENSE"] and var["UNION"] and var["UNION_DENSE"]:
         # UNION_DENSE: the union pre-pass decides every tile first (DENSE's too), then the dense
-        # kernels run on the tiles it left dense (FLAG 1)
-        stats = row_stats(idx, lens, has_lens, k.shape[0])
-        flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats,
-                      int(var["DENSE"]), None, None, union_dense=int(var["UNION_DENSE"]))
+        # kernels run on the tiles it left dense (FLAG 1), on the rows' statistics the pre-pass
+        # counted (or _row_stats, which the Triton pre-pass needs first)
+        flag, stats = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad,
+                             None, int(var["DENSE"]), None, None,
+                             union_dense=int(var["UNION_DENSE"]))
         _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad, stats, flag)
     else:
         if var["DENSE"]:
@@ -982,8 +991,8 @@ def row_tiles(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: 
             *_, rp, span, flag = _dense(q, k, v, idx, lens, has_lens, out, qk_scale, var,
                                         dot_prec, d_pad, stats)
         if var["UNION"]:
-            flag = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad,
-                          stats, span, flag, chunk_ids)
+            flag, _ = _union(q, k, v, idx, lens, has_lens, out, qk_scale, var, dot_prec, d_pad,
+                             stats, span, flag, chunk_ids)
     _, rp = tile_rows(var, q.shape[1] // k.shape[1], "DENSE" if var["DENSE"] else "UNION")
     if TILE_PATHS is not None:
         TILE_PATHS.append(flag)

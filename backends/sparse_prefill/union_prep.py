@@ -46,7 +46,8 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, 
              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-             ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+             ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+             ctypes.c_void_p]
 
 
 def shared_bytes(num_ids: int, umax: int) -> int:
@@ -102,29 +103,30 @@ def available(device: Any, num_ids: int, umax: int) -> tuple[bool, str]:
 
 def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz: Any, slots: Any,
         cnt: Any, by_req: tuple[Any, Any, int, int] | None, *, num_ids: int, tile0: int,
-        ntiles: int, rp: int, dense_span: int, pct: int, umax: int, union_dense: int = 0
-        ) -> bool:
+        ntiles: int, rp: int, dense_span: int, pct: int, umax: int, union_dense: int = 0,
+        stats_out: tuple[Any, Any, Any] | None = None) -> bool:
     """The pre-pass of tiles ``tile0 .. tile0 + ntiles`` (scratch rows ``0 .. ntiles``) on the
     current stream: True when launched, False when the kernel cannot be had (the caller runs
     the Triton pre-pass). ``idx`` int32 ``[total_q, topk]`` (unit column stride); ``lens`` None
     or int32 ``[total_q]``; ``stats`` (LO, HI, NV), or None when no DENSE tiles need them:
     the kernel then takes its tiles' statistics from their ids in a first pass (the same
-    values, no ``_row_stats`` launch); ``by_req`` None or (rows' requests, page table, page
-    size, page-table row stride) for chunk positions. ``union_dense`` > 0 (UNION_DENSE, with
-    ``dense_span``): the pre-pass runs before the dense kernels and writes every tile's FLAG,
-    DENSE's tiles included (1, or 2 where their union is at most that percent of their span;
-    a tile whose largest row alone has more valid entries than that stays 1 ungated)."""
+    values, no ``_row_stats`` launch) and, given ``stats_out`` (three int32 ``[total_q]``),
+    writes them there for its tiles' rows as ``_row_stats`` would; ``by_req`` None or (rows'
+    requests, page table, page size, page-table row stride) for chunk positions.
+    ``union_dense`` > 0 (UNION_DENSE, with ``dense_span``): the pre-pass runs before the dense
+    kernels and writes every tile's FLAG, DENSE's tiles included (1, or 2 where their union is
+    at most that percent of their span; a tile whose largest row alone has more valid entries
+    than that stays 1 ungated)."""
     import torch
 
-    if dense_span and stats is None:
-        raise ValueError("union_prep.run: dense_span > 0 needs the rows' statistics (LO, HI, "
-                         "NV): DENSE's rule and UNION_DENSE's skip read them")
     lib = _load()
     if lib is None:
         return False
     total_q, topk = idx.shape
     lo, hi, nv = stats if stats is not None else (None, None, None)
     rr, pt, page_size, s_pb = by_req if by_req is not None else (None, None, 1, 0)
+    outs = (None, None, None) if stats_out is None or stats is not None else \
+        tuple(t.data_ptr() for t in stats_out)
     dev = idx.device
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
@@ -135,7 +137,7 @@ def run(idx: Any, lens: Any, stats: tuple[Any, Any, Any] | None, flag: Any, usz:
             slots.data_ptr(), slots.stride(0), cnt.data_ptr(), cnt.stride(0), cnt.stride(1),
             None if rr is None else rr.data_ptr(), None if pt is None else pt.data_ptr(),
             s_pb, page_size, num_ids, topk, tile0, ntiles, total_q, rp, dense_span, pct,
-            union_dense, umax, count_words(num_ids, umax), stream)
+            union_dense, umax, count_words(num_ids, umax), *outs, stream)
     if rc:
         raise KernelUnavailableError(f"{NAME}: {_ERRORS.get(rc, f'error {rc}')}")
     return True

@@ -734,7 +734,7 @@ def _cuda_prep_or_skip() -> None:
 @pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("by_req", [False, True])
 @pytest.mark.parametrize("rp", [16, 21])
-@pytest.mark.parametrize("given", ["stats", "own"])
+@pytest.mark.parametrize("given", ["stats", "own", "out"])
 def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices: str,
                                                            rp: int, given: str) -> None:
     # the one-kernel pre-pass (union_prep.cu) against tile_kernels' four Triton kernels on the
@@ -742,7 +742,8 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
     # (or the walk) with -1, negative, out-of-range, duplicate and past-length entries, ragged
     # lengths, rows past the last full tile; by_req: chunk positions through a page table, a
     # tile spanning two requests gathered; given "own": the kernel gets no row statistics and
-    # takes its tiles' from their ids (the host's launch without DENSE tiles)
+    # takes its tiles' from their ids (the host's launch without DENSE tiles); "out": the same,
+    # and it writes them out (UNION_DENSE's launch): _row_stats' values, row by row
     _cuda_prep_or_skip()
     from backends.sparse_prefill import union_prep
     from backends.sparse_prefill.indices import topk_indices, walk_indices
@@ -780,10 +781,17 @@ def test_gpu_cuda_pre_pass_writes_what_the_triton_one_does(by_req: bool, indices
     usz = torch.full_like(flag, -7)
     slots = torch.full((tiles, umax), -7, device="cuda", dtype=torch.int32)
     cnt = torch.full((tiles, rp, umax // 2), -7, device="cuda", dtype=torch.int32)
+    out = tuple(torch.full((total_q,), -7, device="cuda", dtype=torch.int32)
+                for _ in range(3))
     assert union_prep.run(idx, lens, stats if given == "stats" else None, flag, usz, slots, cnt,
                           by, num_ids=width, tile0=0, ntiles=tiles, rp=rp, dense_span=0,
-                          pct=pct, umax=umax)
+                          pct=pct, umax=umax, stats_out=out if given != "own" else None)
     torch.cuda.synchronize()
+    for name, got, ref in zip(("LO", "HI", "NV"), out, stats, strict=True):
+        if given == "out":
+            assert torch.equal(got, ref), name
+        else:   # not asked for (or given the statistics): never written
+            assert (got == -7).all(), name
     assert flag.tolist() == want[0].tolist()
     assert usz.tolist() == want[1].tolist()
     union = [t for t in range(tiles) if flag[t] == UNION and usz[t] > 0]

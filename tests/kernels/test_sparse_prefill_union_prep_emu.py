@@ -149,13 +149,15 @@ class Case:
 
 
 def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1,
-            count_words: int = 0, stats: bool = True
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2]) and the
-    emulator's error count. ``count_words``: the shared count words (at least, and for 0, one
-    row's worst case, umax / 2; :func:`count_groups` says how many rows they count at once).
-    ``stats`` False: the kernel gets no row statistics (LO / HI / NV) and takes its tiles'
-    from their ids, as the host launches it without DENSE tiles."""
+            count_words: int = 0, stats: bool | str = True
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The kernel's (FLAG, USZ, slots [ntiles, umax], counts [ntiles, RP, umax / 2], the
+    row statistics it wrote out [3, total_q] (POISON where not written)) and the emulator's
+    error count. ``count_words``: the shared count words (at least, and for 0, one row's worst
+    case, umax / 2; :func:`count_groups` says how many rows they count at once). ``stats``
+    False: the kernel gets no row statistics (LO / HI / NV) and takes its tiles' from their
+    ids, as the host launches it without DENSE tiles; "out": the same, and it writes them out
+    (as with UNION_DENSE, whose dense kernels read them)."""
     c = case
     rr = np.zeros(c.total_q, np.int32) if c.row_req is None else c.row_req
     lens = np.zeros(c.total_q, np.int32) if c.lens is None else c.lens
@@ -166,19 +168,26 @@ def run_emu(binary: Path, case: Case, tmp: Path, *, mode: int = 0, seed: int = 1
     fin.write_bytes(b"".join(a.tobytes() for a in (head, c.ids, lens, c.lo, c.hi, c.nv,
                                                    c.flag_in, rr, c.pt)))
     res = subprocess.run([str(binary), str(fin), str(fout), str(mode), str(count_words),
-                          str(int(stats))],
+                          "2" if stats == "out" else str(int(bool(stats)))],
                          capture_output=True, text=True, timeout=600, check=False,
                          env={**os.environ, "KREG_EMU_SEED": str(seed)})
     assert res.returncode == 0, res.stderr
     data = np.fromfile(fout, dtype=np.int32)
     n_sl, n_cnt = c.ntiles * c.umax, c.ntiles * c.rp * (c.umax // 2)
-    assert len(data) == 2 * c.tiles + n_sl + n_cnt + 1
+    assert len(data) == 2 * c.tiles + n_sl + n_cnt + 3 * c.total_q + 1
     errors = int(data[-1])
     assert (errors == 0) == (res.stderr == ""), res.stderr
     flag, usz = data[: c.tiles], data[c.tiles: 2 * c.tiles]
     slots = data[2 * c.tiles: 2 * c.tiles + n_sl].reshape(c.ntiles, c.umax)
-    cnt = data[2 * c.tiles + n_sl: -1].reshape(c.ntiles, c.rp, c.umax // 2)
-    return flag, usz, slots, cnt, errors
+    end = 2 * c.tiles + n_sl + n_cnt
+    cnt = data[2 * c.tiles + n_sl: end].reshape(c.ntiles, c.rp, c.umax // 2)
+    written = data[end: -1].reshape(3, c.total_q)
+    if stats != "out":
+        assert (written == POISON).all(), "row statistics written without being asked for"
+    else:   # every row of the chunk's tiles (mismatches() checks the values)
+        rows = written[:, c.tile0 * c.rp: min((c.tile0 + c.ntiles) * c.rp, c.total_q)]
+        assert (rows != POISON).all(), "row statistics asked for and not written"
+    return flag, usz, slots, cnt, written, errors
 
 
 def count_groups(case: Case, count_words: int) -> dict[int, int]:
@@ -215,6 +224,16 @@ def mismatches(case: Case, got: tuple[np.ndarray, ...]) -> list[str]:
     for t in range(case.tiles):
         if not case.tile0 <= t < case.tile0 + case.ntiles and usz[t] != POISON:
             bad.append(f"USZ[{t}] written outside the chunk")
+    written = got[4] if len(got) == 6 else None   # run_emu's (the Triton pre-pass: 4)
+    if written is not None and not (written == POISON).all():   # statistics written out
+        mine = np.zeros(case.total_q, bool)
+        mine[case.tile0 * case.rp: (case.tile0 + case.ntiles) * case.rp] = True
+        for name, row, want in zip(("LO", "HI", "NV"), written, (case.lo, case.hi, case.nv),
+                                   strict=True):
+            bad += [f"{name}[{r}] {row[r]} != {want[r]}" for r in np.flatnonzero(mine)
+                    if row[r] != want[r]]
+            bad += [f"{name}[{r}] written outside the chunk" for r in np.flatnonzero(~mine)
+                    if row[r] != POISON]
     return bad
 
 
@@ -242,7 +261,7 @@ def nasty(ids: np.ndarray, num_ids: int, seed: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 @pytest.mark.parametrize("rp,mode", [(8, 0), (16, 1), (4, 0)])
 @pytest.mark.parametrize("groups", ["fewest", "three", "all"])
@@ -274,7 +293,7 @@ def test_topk_shaped_rows_with_nasty_entries(emu, tmp_path, rp, mode, groups, st
     assert mismatches(case, got) == []
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 @pytest.mark.parametrize("count_words,groups", [(0, 1), (1 << 14, 4)])
 def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups, stats):
@@ -301,7 +320,7 @@ def test_ascending_rows_with_repeats(emu, tmp_path, count_words, groups, stats):
     assert mismatches(case, got) == []
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 @pytest.mark.parametrize("lpt", [8, 1])
 def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt, stats):
@@ -324,7 +343,7 @@ def test_rows_longer_than_one_batch_of_loads(tmp_path, lpt, stats):
     assert mismatches(case, got) == []
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 @pytest.mark.parametrize("lpt,topk", [(8, 40), (1, 600)])
 def test_the_gate_reads_the_last_row(tmp_path, lpt, topk, stats):
@@ -347,7 +366,7 @@ def test_the_gate_reads_the_last_row(tmp_path, lpt, topk, stats):
     assert mismatches(case, got) == []
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 def test_a_tile_whose_ids_end_on_word_boundaries(emu, tmp_path, stats):
     """A tile's least id the last bit of a bitmap word (31) and its greatest the first of one
@@ -365,7 +384,7 @@ def test_a_tile_whose_ids_end_on_word_boundaries(emu, tmp_path, stats):
     assert mismatches(case, got) == []
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 def test_walk_tiles_are_gated_to_the_gathering_kernel(emu, tmp_path, stats):
     """The seed's walk (neighbouring rows share little): the gate sends tiles to the gathering
@@ -395,7 +414,7 @@ def test_dense_tiles_keep_their_flag_and_a_chunk_of_tiles(emu, tmp_path):
     got = run_emu(emu, later, tmp_path, seed=3)
     assert got[-1] == 0 and mismatches(later, got) == []
     alone = Case(ids, None, width, 8)
-    for stats in (True, False):
+    for stats in (True, False, "out"):
         got = run_emu(emu, alone, tmp_path, mode=1, seed=4, stats=stats)
         assert got[-1] == 0 and mismatches(alone, got) == []
         assert got[0][5] == 2 and got[1][5] == 0
@@ -442,18 +461,19 @@ def test_union_dense_decides_dense_tiles_too(emu, tmp_path, ud, mode):
     assert {2, 3, 4} <= set(kept) and len(taken) >= 2, (flag, dense)
     assert Case(ids, lens.numpy(), width, rp, dense_span=250).model()[0][taken].tolist() == \
         [1] * len(taken)   # without UNION_DENSE they are DENSE's
-    got = run_emu(emu, case, tmp_path, mode=mode, seed=ud)
-    assert got[-1] == 0
-    assert mismatches(case, got) == []
+    for stats in (True, "out"):   # "out": as the host runs it, the dense kernels' statistics
+        got = run_emu(emu, case, tmp_path, mode=mode, seed=ud, stats=stats)
+        assert got[-1] == 0
+        assert mismatches(case, got) == []
     later = Case(ids, lens.numpy(), width, rp, dense_span=250, union_dense=ud, tile0=3,
                  ntiles=5)
-    got = run_emu(emu, later, tmp_path, mode=1 - mode, seed=ud + 1)
+    got = run_emu(emu, later, tmp_path, mode=1 - mode, seed=ud + 1, stats="out")
     assert got[-1] == 0
     assert mismatches(later, got) == []   # FLAG outside the chunk as it came in
     assert (later.flag_in[3:8] == POISON).all() and (got[0][3:8] != POISON).all()
 
 
-@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("stats", [True, False, "out"])
 @needs_cxx
 def test_chunk_positions_through_the_page_table(emu, tmp_path, stats):
     """Chunk rows (ids are positions): the union is written as slots through the request's

@@ -27,9 +27,10 @@
 // An entry is valid when 0 <= id < num_ids and it lies within its row's length (lens, clamped to
 // [0, topk]); a slot listed twice counts twice. The bitmap covers the tile's span
 // [lo >> 5, hi >> 5] (LO / HI / NV: the rows' statistics, backends/sparse_prefill's
-// _row_stats, or without them, when no DENSE tiles need them, the same statistics of the
-// tile's rows from a first pass over their ids here: one launch and the statistics' writes and
-// reads fewer, and the ids the marks read again come from L2); a span wider than the shared
+// _row_stats, or without them the same statistics of the tile's rows from a first pass over
+// their ids here, a warp a row: one launch and the statistics' writes and reads fewer, and the
+// ids the marks read again come from L2; with UNION_DENSE the kernel writes them out for the
+// dense kernels that run after it, in _row_stats' place); a span wider than the shared
 // memory holds hands the tile to the gathering kernel (never a wrong answer; the host sizes
 // the memory for the whole id range).
 //
@@ -51,6 +52,7 @@ constexpr int WARPS = THREADS / 32;
 #define UNION_PREP_LPT 8
 #endif
 constexpr int LPT = UNION_PREP_LPT;
+constexpr int RLPT = 16;   // a lane's id loads in flight in the statistics' pass (a warp a row)
 
 struct Params {
   const int32_t* idx;        // [total_q, s_it] ids (slots, or chunk positions)
@@ -75,13 +77,16 @@ struct Params {
   int tile0;
   int total_q;
   int rp;
-  int dense_span;            // DENSE's threshold (0: no DENSE; > 0 needs LO / HI / NV)
+  int dense_span;            // DENSE's threshold (0: no DENSE)
   int union_pct;
   int union_dense;           // UNION_DENSE's threshold (0: DENSE's tiles keep their FLAG)
   int words;                 // bitmap words the shared memory holds
   int half_max;              // count words a row may need (umax / 2)
   int count_words;           // count words the shared memory holds (>= half_max): a union of
                              // U counts min(RP, count_words / ceil(U / 2)) rows at once
+  int32_t* lo_out;           // without LO / HI / NV: null, or per row [total_q] the rows'
+  int32_t* hi_out;           // statistics as the kernel counts them (its tiles' rows only),
+  int32_t* nv_out;           // as _row_stats writes them
 };
 
 struct Shared {
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
   // and CTA reductions) and the first decisions (DENSE's tile, an empty one, mixed requests)
   {
     uint32_t lo = 2147483647u, hi1 = 0u, nvr = 0u, nv0 = 0u;   // hi + 1 (HI is -1 if none)
-    uint32_t nvm = 0u;   // the largest row NV (with statistics only: DENSE's tiles need them)
+    uint32_t nvm = 0u;   // the largest row NV (UNION_DENSE's skip)
     if (p.lo != nullptr) {
       for (int i = tid; i < p.rp; i += THREADS) {
         const int r = r0 + i;
@@ -202,29 +207,47 @@ __global__ void __launch_bounds__(THREADS, 2) union_prep_kernel(Params p) {
       }
       nv0 = tid == 0 ? static_cast<uint32_t>(p.nv[r0]) : 0u;
     } else {
-      auto see = [&](int s, bool first) {
-        if (s >= 0 && s < p.num_ids) {
-          lo = min(lo, static_cast<uint32_t>(s));
-          hi1 = max(hi1, static_cast<uint32_t>(s) + 1u);
-          ++nvr;
-          nv0 += first ? 1u : 0u;
-        }
-      };
-      if (one_batch) {   // two rows' loads in flight at a time, as the marks below
-        for (int i = 0; i < rows; i += 2) {
-          int va[LPT], vb[LPT];
-          load_batch(row_ids(p, r0 + i), row_len(p, r0 + i), 0, va);
-          const bool two = i + 1 < rows;
-          load_batch(row_ids(p, r0 + i + (two ? 1 : 0)), two ? row_len(p, r0 + i + 1) : 0, 0,
-                     vb);
+      // a warp a row (rows w, w + WARPS, ..): its least / greatest valid id and valid entries,
+      // RLPT coalesced loads a lane in flight at a time, then warp reductions; written out as
+      // the row's LO / HI / NV when the host asks (UNION_DENSE: the dense kernels read them)
+      const int lane = tid % 32;
+      for (int i = tid / 32; i < rows; i += WARPS) {
+        const int r = r0 + i;
+        const int n = row_len(p, r);
+        const int32_t* ids = row_ids(p, r);
+        uint32_t rlo = 2147483647u, rhi1 = 0u, rn = 0u;
+        for (int base = 0; base < n; base += 32 * RLPT) {
+          int v[RLPT];
 #pragma unroll
-          for (int q = 0; q < LPT; ++q) {
-            see(va[q], i == 0);
-            see(vb[q], false);
+          for (int u = 0; u < RLPT; ++u) {
+            const int j = base + lane + 32 * u;
+            v[u] = j < n ? __ldg(ids + j) : -1;
+          }
+#pragma unroll
+          for (int u = 0; u < RLPT; ++u) {
+            if (v[u] >= 0 && v[u] < p.num_ids) {
+              rlo = min(rlo, static_cast<uint32_t>(v[u]));
+              rhi1 = max(rhi1, static_cast<uint32_t>(v[u]) + 1u);
+              ++rn;
+            }
           }
         }
-      } else {
-        for (int i = 0; i < rows; ++i) for_row_ids(p, r0 + i, [&](int s) { see(s, i == 0); });
+        rlo = __reduce_min_sync(0xFFFFFFFFu, rlo);
+        rhi1 = __reduce_max_sync(0xFFFFFFFFu, rhi1);
+        rn = __reduce_add_sync(0xFFFFFFFFu, rn);
+        if (lane == 0 && p.lo_out != nullptr) {
+          p.lo_out[r] = rn > 0u ? static_cast<int32_t>(rlo) : p.num_ids;
+          p.hi_out[r] = static_cast<int32_t>(rhi1) - 1;
+          p.nv_out[r] = static_cast<int32_t>(rn);
+        }
+        lo = min(lo, rlo);
+        hi1 = max(hi1, rhi1);
+        nvm = max(nvm, rn);
+        // the sums below add every lane's share: lane 0 holds the warp's rows
+        if (lane == 0) {
+          nvr += rn;
+          nv0 += i == 0 ? rn : 0u;
+        }
       }
     }
     lo = __reduce_min_sync(0xFFFFFFFFu, lo);
@@ -455,11 +478,13 @@ extern "C" int kreg_union_prep(const int32_t* idx, int64_t s_it, const int32_t* 
                                const int32_t* pt, int64_t s_pb, int page_size, int num_ids,
                                int topk, int tile0, int ntiles, int total_q, int rp,
                                int dense_span, int union_pct, int union_dense, int umax,
-                               int count_words, void* stream) {
+                               int count_words, int32_t* lo_out, int32_t* hi_out,
+                               int32_t* nv_out, void* stream) {
   Params p{idx, s_it, lens, lo, hi, nv, flag, usz, slots, s_lt, cnt, s_ct, s_cr, row_req, pt,
            s_pb, page_size, num_ids, topk, tile0, total_q, rp, dense_span, union_pct,
            union_dense,
-           (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2};
+           (num_ids + 31) / 32, umax / 2, count_words > umax / 2 ? count_words : umax / 2,
+           lo == nullptr ? lo_out : nullptr, hi_out, nv_out};
   const size_t bytes = (2 * static_cast<size_t>(p.words) + p.count_words) * 4;
   int dev = 0, limit = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
