@@ -8,7 +8,8 @@ excluded), beside the call's CUDA-graph replay time.
 Providers are `kreg bench sparse_prefill`'s (``h200``, ``table``, ``geometry=...``,
 ``config=...``); ``--old PATHS`` (copies of an earlier ``tile_kernels.py`` and/or
 ``triton_kernels.py``, comma-separated) adds each provider again as ``NAME@old``, run with those
-modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles); ``@old`` is
+modules (an earlier ``triton_kernels.py`` alone runs on the current row tiles), or only the
+``NAME@old`` ones ``--configs`` names; ``@old`` is
 the only suffix a provider takes, and any other ends the probe before GPU work. Every output is
 checked against the fp32 reference first (the bench's rule); then all providers are timed in one
 interleaved window of CUDA-graph replays (``registry.tuning.measure``), and each is profiled: one
@@ -61,6 +62,7 @@ def main() -> int:
             ap.error(f"--configs: {prov!r} runs the earlier kernels, which --old PATHS names "
                      f"(copies of an earlier tile_kernels.py and/or triton_kernels.py)")
     import importlib.util
+    import inspect
 
     import backends.sparse_prefill.triton_kernels as tk
     from registry.tuning import Trial, measure
@@ -81,11 +83,14 @@ def main() -> int:
         old_rows = new_rows
     elif old_rows is not None:  # the current entry point on the earlier row tiles
         rows0 = old_rows
+        takes_chunk = "chunk_ids" in inspect.signature(rows0).parameters
 
         def old_rows(*args, chunk_ids=None, rows0=rows0):  # type: ignore[no-redef]
-            if chunk_ids is not None:
+            if chunk_ids is None:
+                return rows0(*args)
+            if not takes_chunk:
                 raise SystemExit("--old: that tile_kernels.py has no position-space union")
-            return rows0(*args)
+            return rows0(*args, chunk_ids=chunk_ids)
     case = BenchCase(kind=a.kind, group_size=a.group_size, kv_len=a.kv_len, total_q=a.total_q,
                      indices=a.indices, overlap=a.overlap)
     inp = make_inputs(case, "cuda")
@@ -93,8 +98,8 @@ def main() -> int:
     print(f"# {case.label()} {index_overlap(case, inp)}", flush=True)
     ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
     provs = a.configs.split(",")
-    if old_rows is not None:
-        provs += [p + "@old" for p in provs]
+    if old_rows is not None and not any("old" in p.split("@")[1:] for p in provs):
+        provs += [p + "@old" for p in provs]   # unless --configs names its @old ones
     calls = {}
     for prov in provs:
         base, *flags = prov.split("@")
