@@ -45,7 +45,8 @@ Providers (``--providers``, comma separated):
   (CHUNK_MODE=pretranslate), ``stage`` (CHUNK_MODE=staged), ``rev`` (REVERSE_ROWS=1),
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``uc`` (UNION_PREP=cuda: the
-  union's pre-pass in one CUDA kernel), ``xh`` (TILE_HEADS=group: row tiles of the group's
+  union's pre-pass in one CUDA kernel), ``uws`` (UNION_ENGINE=gluon_ws: the union tiles on the
+  warp-specialized Gluon kernel), ``xh`` (TILE_HEADS=group: row tiles of the group's
   heads exactly), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
   (UNION_TILE: the union tiles' own geometry, e.g. ``dense250:union300:ut128x64x8x2``),
   ``udN`` (UNION_DENSE=N: the union path may take DENSE's tiles, e.g. ``dense250:union300:ud80``),
@@ -211,7 +212,7 @@ _OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"
          "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2), "lean": ("LEAN", 1),
          "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
          "wg": ("ENGINE", "gluon_wgmma"), "uc": ("UNION_PREP", "cuda"),
-         "xh": ("TILE_HEADS", "group")}
+         "uws": ("UNION_ENGINE", "gluon_ws"), "xh": ("TILE_HEADS", "group")}
 
 
 def probe_header(timing: str) -> str:
@@ -267,7 +268,7 @@ def format_geometry(cfg: dict[str, Any]) -> str:
     s = "x".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
     rev = {v: k for k, v in _OPTS.items() if k != "fused"}
     for key in ("CHUNK_MODE", "REVERSE_ROWS", "SPLIT_QK", "SPLIT_V", "LEAN", "OFFS32",
-                "SLOT_ORDER", "ENGINE", "UNION_PREP", "TILE_HEADS"):
+                "SLOT_ORDER", "ENGINE", "UNION_PREP", "UNION_ENGINE", "TILE_HEADS"):
         if key in cfg and (key, cfg[key]) in rev:
             s += ":" + rev[(key, cfg[key])]
     if cfg.get("DENSE"):

@@ -121,6 +121,16 @@ UNION_PREP      "triton"   UNION's pre-pass: "triton", the four Triton kernels a
                            union configs take it (chunk g6, session 45, H100: 0.889x the
                            Triton pre-pass's time on top-k rows, 0.948x on the walk at KV 8K;
                            prefill g6 at KV 8K, beside the dense tiles).
+UNION_ENGINE    "triton"   the union tiles' attention kernel: "triton" (``_union_fwd``: K/V rows
+                           gathered by pointer loads, Triton's two buffers, the next step's
+                           copies issued after this step's second MMA); "gluon_ws", a
+                           warp-specialized Gluon kernel (``union_ws.py``: four producer warps
+                           gather K/V by cp.async into a two-stage ring on mbarriers while two
+                           consumer warpgroups run the MMAs and the softmax), sm_90, 16-bit
+                           K/V, head_dim 256 and 128-line tiles of 64 positions a step filled
+                           by the rows' heads; elsewhere the Triton kernel runs, logged once.
+                           Prepared in session 47, not yet run on a GPU: no policy or tuner
+                           candidate takes it.
 UNION_DENSE     0          with DENSE and UNION both on, B > 0 lets the union path take DENSE's
                            tiles too: the union pre-pass runs first and decides every tile, and
                            a tile DENSE's rule takes goes union when its exact union has at
@@ -199,13 +209,14 @@ DEFAULT_VARIANT: dict[str, Any] = {"CHUNK_MODE": "fused", "REVERSE_ROWS": 0, "MA
                                    "SPLIT_QK": 1, "SPLIT_V": 1, "LEAN": 0, "OFFS32": 0,
                                    "SLOT_ORDER": 0, "DENSE": 0, "DENSE_TILE": "128x32x8x3",
                                    "UNION": 0, "UNION_PREP": "triton", "UNION_TILE": "",
-                                   "UNION_DENSE": 0,
+                                   "UNION_DENSE": 0, "UNION_ENGINE": "triton",
                                    "TILE_HEADS": "pow2", "ENGINE": "triton"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", "staged"),
                                         "REVERSE_ROWS": (0, 1), "SPLIT_QK": (1, 2),
                                         "SPLIT_V": (1, 2), "LEAN": (0, 1), "OFFS32": (0, 1),
                                         "SLOT_ORDER": (0, 1),
                                         "UNION_PREP": ("triton", "cuda"),
+                                        "UNION_ENGINE": ("triton", "gluon_ws"),
                                         "TILE_HEADS": ("pow2", "group"),
                                         "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # Keys (and one value) removed by issue 26's clean-up: no policy, default, tuner or table
@@ -234,8 +245,8 @@ REMOVED_VALUES: dict[tuple[str, Any], tuple[str, str]] = {
 # the keys the Gluon engines take besides the geometry (gluon_kernels.py); the others must stay
 # at their defaults
 _GLUON_KEYS = frozenset({"ENGINE", "OFFS32", "SLOT_ORDER", "CHUNK_MODE", "MAXNREG", "DENSE",
-                         "UNION", "UNION_PREP", "UNION_TILE", "UNION_DENSE", "DENSE_TILE",
-                         "TILE_HEADS"})
+                         "UNION", "UNION_PREP", "UNION_TILE", "UNION_DENSE", "UNION_ENGINE",
+                         "DENSE_TILE", "TILE_HEADS"})
 _MAX_HEAD_DIM = 256
 #: DENSE's and UNION's thresholds at most (percent): the kernels multiply them in int64 by a
 #: tile's valid entries (RP x topk, topk <= 65535), far from int64's limit at this bound; 10**6
@@ -313,6 +324,9 @@ def validate_config(config: dict[str, Any], group_size: int, head_dim: int) -> N
         raise ConfigError(f"UNION_DENSE={ud} hands DENSE's tiles to the union path, so it needs "
                           f"DENSE and UNION both on (got DENSE={var['DENSE']}, "
                           f"UNION={var['UNION']}): set both, or drop UNION_DENSE")
+    if var["UNION_ENGINE"] != "triton" and not var["UNION"]:
+        raise ConfigError(f"UNION_ENGINE={var['UNION_ENGINE']!r} runs the union tiles, and this "
+                          f"config has none (UNION=0): set UNION, or drop UNION_ENGINE")
     if var["TILE_HEADS"] != "pow2" and not (var["DENSE"] or var["UNION"]):
         raise ConfigError(f"TILE_HEADS={var['TILE_HEADS']!r} shapes the DENSE and UNION row "
                           f"tiles, and this config has neither: set DENSE or UNION, or drop "
@@ -464,6 +478,9 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
         if var["UNION_PREP"] == "cuda":
             over += ("; pre-pass: one CUDA kernel a tile (built with nvcc on first use; the "
                      "Triton pre-pass where it cannot be had)")
+        if var["UNION_ENGINE"] == "gluon_ws":
+            over += ("; attention: the warp-specialized Gluon kernel (sm_90, 16-bit K/V, head_dim "
+                     "256; the Triton union kernel elsewhere)")
         if var["UNION_DENSE"] and var["DENSE"]:
             over += (f"; tried first on the dense tiles too: one whose union is <= "
                      f"{var['UNION_DENSE']}% of its span goes union (UNION_DENSE; one whose "

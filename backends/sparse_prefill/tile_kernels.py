@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
+from backends.sparse_prefill import union_ws
 from backends.sparse_prefill.config import _dense_tile_geometry, tile_rows, union_tile
 from registry.errors import ConfigError
 
@@ -881,6 +882,25 @@ def _cuda_prep(var: dict[str, Any], idx: Any, num_ids: int, umax: int) -> bool:
 _PREP_LOGGED: set[str] = set()
 
 
+def _ws_engine(var: dict[str, Any], q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> bool:
+    """Whether this call's union tiles run on the warp-specialized Gluon kernel
+    (UNION_ENGINE="gluon_ws" where it can run; otherwise the Triton one, logged once a
+    reason)."""
+    if var["UNION_ENGINE"] != "gluon_ws":
+        return False
+    why = union_ws.unsupported(q, k, hp, rp, bm, bn)
+    if why is not None and why not in _WS_LOGGED:
+        import logging
+
+        _WS_LOGGED.add(why)
+        logging.getLogger("kreg").warning("sparse_prefill UNION_ENGINE='gluon_ws': the Triton "
+                                          "union kernel runs instead (%s)", why)
+    return why is None
+
+
+_WS_LOGGED: set[str] = set()
+
+
 def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any,
            qk_scale: float, var: dict[str, Any], dot_prec: Any, d_pad: int,
            stats: tuple[Any, Any, Any] | None, dense_span: int, flag: Any = None,
@@ -931,6 +951,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
     slots = torch.empty((chunk, umax), device=dev, dtype=torch.int32)
     cnt = torch.empty((chunk, rp, umax // 2), device=dev, dtype=torch.int32)
     scratch = None
+    ws = _ws_engine(var, q, k, hp, rp, bm, bn)
     # UNION_DENSE without statistics: the CUDA pre-pass counts them and writes them here
     stats_out = None
     if cuda_prep and stats is None and union_dense:
@@ -956,6 +977,10 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
             union_prep_triton(idx, lens, has_lens, stats, flag, dense_span, pct, rp, umax,
                               num_ids, by_req, tile0=tile0, ntiles=nt, out=(usz, slots, cnt),
                               scratch=scratch, union_dense=union_dense)
+        if ws:
+            union_ws.launch(q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q,
+                            tile0, nt, hp, bool(var["REVERSE_ROWS"]), slack, offs32)
+            continue
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -32,7 +32,8 @@
 # pre-pass's GPU tests and its A/B in union_phases), union-stages (issue #26: the union kernel at 2-4 pipeline stages),
 # prep-stats (issue #26: the CUDA pre-pass counting its tiles' statistics, A/B against the
 # previous commit's kernels in .device/old),
-# union-dense (issue #26: UNION_DENSE's A/B at prefill g6), gpu26 (issue #26: union GPU tests through dispatch and of the CUDA pre-pass, the dispatch GPU
+# union-dense (issue #26: UNION_DENSE's A/B at prefill g6), union-ws (issue #26: the
+# warp-specialized Gluon union kernel's GPU tests and A/B at g6, ncu), gpu26 (issue #26: union GPU tests through dispatch and of the CUDA pre-pass, the dispatch GPU
 # tests, memcheck of sparse_prefill when GPU26_SANITIZE is set), exact-heads (issue #26: union tiles of the
 # group's heads exactly, TILE_HEADS="group": GPU tests and union_phases), fi-build and fi-wait (FlashInfer's top-k JIT build
 # in the background, then its modules packed into $OUT/fiws.tgz), cluster (the CUDA
@@ -420,6 +421,26 @@ for step in "$@"; do
           echo "rc=$?"; grep -v "^#" "$OUT/union_dense_${kv}_$ix.log" | grep -v "max err" | tail -40
         done
       done ;;
+    union-ws)
+      # issue 26: UNION_ENGINE="gluon_ws", the warp-specialized Gluon union kernel (session 47,
+      # not yet run on a GPU): its GPU tests unless UWS_SKIP_TESTS is set, then union_phases at
+      # group 6, KV 8192, the kinds in UWS_KINDS (default prefill chunk), both index sets: h200
+      # against the same config (the policy's) with its union tiles on gluon_ws (:uws); then ncu
+      # of _union_ws on top-k rows unless UWS_SKIP_NCU is set
+      [ -n "${UWS_SKIP_TESTS:-}" ] || union_gpu_tests union_ws "${UWS_TEST_TIMEOUT:-240}" "union_ws"
+      F=8x16x1x2:rev:split2:v2:lean:o32
+      PF=geometry=$F:uc:dense250:union300:ut128x64x8x2:ud60
+      for kind in ${UWS_KINDS:-prefill chunk}; do
+        P=$PF; [ $kind = chunk ] && P=geometry=$F:pre:union300:dt128x64x8x2:uc
+        for ix in topk walk; do
+          stage "union-ws: $kind g6 KV 8192 $ix"
+          timeout ${UWS_TIMEOUT:-100} python3 benchmarks/probes/union_phases.py --kind $kind \
+            --group-size 6 --kv-len 8192 --indices $ix --iters 3 --configs "h200,$P:uws" \
+            > "$OUT/union_ws_${kind}_$ix.log" 2>&1
+          echo "rc=$?"; grep -v "^#" "$OUT/union_ws_${kind}_$ix.log" | grep -v "max err" | tail -16
+        done
+      done
+      [ -n "${UWS_SKIP_NCU:-}" ] || ncu_kernel "_union_ws|topk|python3 benchmarks/probes/union_phases.py --kind prefill --group-size 6 --kv-len 8192 --indices topk --iters 1 --configs $PF:uws" ;;
     prep-stats)
       # issue 26: the CUDA pre-pass taking its tiles' statistics from their ids (no _row_stats
       # launch without DENSE tiles) against the same tree's kernels with the statistics given:

@@ -116,7 +116,7 @@ def wgmma_waits(norm: str) -> tuple[int, int]:
 
 #: the row-tile kernels --wgmma checks (their tables, their kernels)
 ROW_TILE_TABLES = ("H200_DENSE_CONFIGS", "H200_UNION_CONFIGS")
-ROW_TILE_KERNELS = ("_dense_fwd", "_union_fwd")
+ROW_TILE_KERNELS = ("_dense_fwd", "_union_fwd", "_union_ws")
 
 
 def shipped_configs() -> list[tuple[str, str, int, int, dict[str, Any]]]:
@@ -210,10 +210,10 @@ def digests(sass_dir: str = "", wgmma: bool = False, extra: list[str] | None = N
             ) -> dict[str, str]:
     from triton.backends.compiler import GPUTarget
 
-    from backends.sparse_prefill import gluon_kernels, triton_kernels
+    from backends.sparse_prefill import gluon_kernels, triton_kernels, union_ws
     from backends.sparse_prefill.triton_kernels import sparse_prefill_triton
 
-    mods = [triton_kernels, gluon_kernels]
+    mods = [triton_kernels, gluon_kernels, union_ws]
     try:
         from backends.sparse_prefill import tile_kernels
         mods.append(tile_kernels)
@@ -221,6 +221,7 @@ def digests(sass_dir: str = "", wgmma: bool = False, extra: list[str] | None = N
         pass
     target = GPUTarget("cuda", 90, 32)
     gluon_kernels.check_gluon = lambda q, engine="gluon": None   # no GPU here: nothing runs
+    union_ws.unsupported = lambda *a: None   # (UNION_ENGINE="gluon_ws" on CPU tensors)
     cap = Capture(*mods)
     out: dict[str, str] = {}
     try:

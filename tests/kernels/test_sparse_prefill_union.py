@@ -1048,3 +1048,135 @@ def test_cuda_pre_pass_without_nvcc_says_what_runs_and_the_fix(
     assert text.count("unavailable") == 1, text
     assert "the Triton pre-pass runs instead" in text and "needs nvcc" in text, text
     assert "UNION_PREP='triton'" in text and "KREG_SELECT_INDEXER_TOPK" not in text, text
+
+
+# ------------------------------------------------- the warp-specialized union kernel (gluon_ws)
+
+
+def test_union_engine_config_explain_and_geometry() -> None:
+    # UNION_ENGINE: "triton" (default) or "gluon_ws", only with UNION; explain names the kernel
+    # and where it falls back; the bench's ``:uws`` suffix round-trips
+    from backends.sparse_prefill.bench import format_geometry, parse_geometry
+    from backends.sparse_prefill.config import describe_path
+
+    cfg = {**BASE, "UNION": 300, "DENSE_TILE": "128x64x8x2", "UNION_ENGINE": "gluon_ws"}
+    validate_config(cfg, 6, 256)
+    text = describe_path(cfg)
+    assert "attention: the warp-specialized Gluon kernel (sm_90, 16-bit K/V, head_dim 256; " \
+        "the Triton union kernel elsewhere)" in text, text
+    assert "warp-specialized" not in describe_path({**cfg, "UNION_ENGINE": "triton"})
+    with pytest.raises(ConfigError, match=r"UNION_ENGINE='gluon_ws' runs the union tiles, "
+                                          r"and this config has none \(UNION=0\): set UNION"):
+        validate_config({**BASE, "UNION_ENGINE": "gluon_ws"}, 6, 256)
+    with pytest.raises(ConfigError, match=r"UNION_ENGINE='cuda': expected one of"):
+        validate_config({**cfg, "UNION_ENGINE": "cuda"}, 6, 256)
+    spec = "8x16x1x2:rev:o32:uc:uws:dense250:union300:ut128x64x8x2:ud60"
+    geo = parse_geometry(spec)
+    assert geo["UNION_ENGINE"] == "gluon_ws"
+    assert parse_geometry(format_geometry(geo)) == geo
+
+
+def test_union_ws_scope_names_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # union_ws.unsupported: None only for sm_90, 16-bit K/V, head_dim 256 and 128-line tiles of
+    # 64 positions filled by the rows' heads; otherwise the reason (which explain's fallback logs)
+    from types import SimpleNamespace
+
+    from backends.sparse_prefill import union_ws
+
+    if union_ws._IMPORT_ERROR is not None:
+        pytest.skip(f"this Triton has no Gluon: {union_ws._IMPORT_ERROR}")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: cap[0])
+
+    def ask(dtype: Any = torch.bfloat16, d: int = 256, hp: int = 8, rp: int = 16,
+            bm: int = 128, bn: int = 64, dev: str = "cuda") -> str | None:
+        q = SimpleNamespace(device=torch.device(dev), shape=(64, 6, d))
+        k = SimpleNamespace(dtype=dtype)
+        return union_ws.unsupported(q, k, hp, rp, bm, bn)
+
+    assert ask() is None and ask(torch.float16) is None
+    assert "float32" in ask(torch.float32)
+    assert "head_dim 128" in ask(d=128)
+    assert "TILE_HEADS='pow2'" in ask(rp=21, hp=6)   # exact-head tiles: 126 of 128 lines
+    assert "64 positions" in ask(bn=32)
+    assert "sm_90" in ask(dev="cpu")
+    cap[0] = (10, 0)
+    assert "sm_90" in ask()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "interpreter" in ask()
+
+
+def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
+        poisoned: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    # UNION_ENGINE="gluon_ws" where the Gluon kernel cannot run (the interpreter, CPU tensors):
+    # the Triton union kernel runs, outputs and paths are the rule's and equal to the Triton
+    # engine's, and the reason is logged once
+    q, k, v, idx, lengths = _shared_case(4, group=6, hkv=1, dtype=torch.float16)
+    want = _tile_paths(idx, lengths, k.shape[0], _rp("32x16x4x2", 6), 250)
+    assert UNION in want
+    cfg = {**BASE, "UNION": 250, "DENSE_TILE": "32x16x4x2"}
+    base_out, _ = _run(q, k, v, idx, cfg, lengths=lengths)
+    with caplog.at_level("WARNING", logger="kreg"):
+        tile_kernels._WS_LOGGED.clear()
+        ws_out, _ = _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
+        _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
+    assert [p.tolist() for p in poisoned] == [want] * 3
+    assert torch.equal(ws_out, base_out)
+    assert caplog.text.count("the Triton union kernel runs instead") == 1, caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _wgmma_gpu(), reason="UNION_ENGINE='gluon_ws' needs an sm_90 GPU")
+@pytest.mark.parametrize("indices", ["topk", "walk"])
+@pytest.mark.parametrize("kind,dtype", [("prefill", "bfloat16"), ("prefill", "float16"),
+                                        ("chunk", "bfloat16")])
+def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, indices: str,
+                                                      poisoned: list[Any]) -> None:
+    # the H200 family's group-6 union config (prefill: dense + union tiles, UNION_DENSE; chunk:
+    # union tiles over positions) with its union tiles on the warp-specialized kernel against
+    # the same config on the Triton union kernel, at the seed's shapes (4096 rows, head_dim
+    # 256): the same tiles' paths, every output within the dtype's bound of the fp32
+    # reference, and close to the Triton kernel's (same arithmetic, another summation order);
+    # then a NaN V row in a slot of a union tile that only some of its rows select: every tile
+    # holding it hands back (FLAG 0) and the gathering kernel computes them by the op's rules
+    from backends.sparse_prefill.bench import BenchCase, make_inputs
+    from plugins.nvidia_hopper import H200_UNION_CONFIGS
+
+    inp = make_inputs(BenchCase(kind=kind, group_size=6, kv_heads=1, total_q=4096,
+                                kv_len=4096 if kind == "prefill" else 16384, indices=indices,
+                                dtype=dtype), "cuda")
+    q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
+    base = dict(H200_UNION_CONFIGS[(kind, 6)])
+    ws = {**base, "UNION_ENGINE": "gluon_ws"}
+    from backends.sparse_prefill import union_ws
+
+    ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
+    tri = sparse_prefill_triton(q, k, v, idx, config=base, **kw)
+    got = sparse_prefill_triton(q, k, v, idx, config=ws, **kw)
+    torch.cuda.synchronize()
+    tri_paths, ws_paths = (p.tolist() for p in poisoned[-2:])
+    assert ws_paths == tri_paths
+    if indices == "topk":
+        assert ws_paths.count(UNION) > 0, ws_paths
+    assert compare(got, ref) is None
+    bound = error_bound(getattr(torch, dtype))
+    assert (got.float() - ref).abs().max().item() <= bound
+    assert (got.float() - tri.float()).abs().max().item() <= bound
+    assert union_ws.unsupported(q, k, 8, 16, 128, 64) is None
+    # NaN V in a slot some union tile's rows select and others do not (prefill: the ids are
+    # slots; chunk ids are positions)
+    if kind == "chunk" or UNION not in ws_paths:
+        return
+    t = ws_paths.index(UNION)
+    rows = idx[t * 16: (t + 1) * 16]   # RP 16: group 6 on 128-line tiles
+    first = set(rows[0].tolist())
+    lone = next((s for s in rows[-1].tolist() if 0 <= s < k.shape[0] and s not in first), None)
+    assert lone is not None, "the tile's last row adds nothing to its first"
+    v2 = v.clone()
+    v2[lone] = float("nan")
+    ref2 = sparse_prefill_reference(q, k, v2, idx, out_dtype=torch.float32, **kw)
+    got2 = sparse_prefill_triton(q, k, v2, idx, config=ws, **kw)
+    torch.cuda.synchronize()
+    assert poisoned[-1].tolist()[t] == GATHER   # handed back
+    assert compare(got2, ref2) is None

@@ -1,0 +1,279 @@
+"""The union tiles' attention on a warp-specialized Gluon kernel (``UNION_ENGINE="gluon_ws"``,
+issue 26; Hopper, sm_90).
+
+The Triton union kernel (``tile_kernels._union_fwd``) spends about a third of its time waiting
+for its gathered K/V rows: Triton gives them two buffers and issues the next step's copies
+after this step's second MMA (docs/notes/sparse_prefill.md, "Session 44"). Here the gathers
+move to their own warps:
+
+* **producer** (a worker partition of 4 warps, few registers): per step of ``BLOCK_N`` union
+  positions it loads their slots, waits until the consumers have released the ring stage, and
+  issues the K and V rows as cp.async copies (``[BLOCK_N, 64]`` head-dim chunks, zero-filled
+  past the union) that arrive on the stage's ``ready`` barrier when they land;
+* **consumer** (the default partition, 8 warps: two warpgroups over the tile's 128 query lines)
+  waits on ``ready``, runs S = Q K^T on wgmma (Q in shared memory), reads its lines' 16-bit
+  counts while that runs, the count-weighted online softmax of ``_counted_step`` (the same
+  rescale slack), then O += P V with P from registers, and releases the stage (``empty``).
+
+With two stages the copies of step i + 1 are in flight during all of step i, not issued at its
+end. Same contract as ``_union_fwd``: only tiles whose FLAG is 2, a line's weight of position u
+is ``count * exp2(score)`` (-inf where its row's count is 0), padding lines and rows past the
+end store nothing, and a program whose accumulator holds a NaN stores nothing and sets
+``FLAG[tile] = 0`` (the gathering kernel, which runs after, computes those rows).
+
+Scope (:func:`unsupported` says why not, and the Triton union kernel runs then, logged once):
+a CUDA device of compute capability 9.0, K/V in float16 or bfloat16, head_dim 256 (the
+seed's; four 64-wide chunks), union tiles of 128 lines whose rows' heads fill them
+(``TILE_HEADS="pow2"``), 64 positions a step; not under ``TRITON_INTERPRET=1`` (Gluon has no
+interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["BLOCK_M", "BLOCK_N", "launch", "unsupported"]
+
+BLOCK_M = 128
+BLOCK_N = 64
+#: ring stages of K and V (two: Q's 64 KB and 2 x 64 KB of K/V at head_dim 256)
+STAGES = 2
+#: the producer partition's warps and registers
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 48
+
+try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
+else:
+    _IMPORT_ERROR = None
+    # ``async_copy_global_to_shared`` in Triton 3.5-3.6, ``async_load`` later
+    _cp_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _uws_produce(K_h, V_h, SL_t, kbuf, vbuf, ready, empty, n_u, nsteps, s_kt, s_vt,
+                     NC: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                     OFFS32: gl.constexpr):
+        """The producer: each step's slots, then its K and V rows into ring stage i % NS once
+        the consumers released it (``empty``), arriving on ``ready`` when they land."""
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+        offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        for i in range(nsteps):
+            st = i % NS
+            u = i * BN + offs_n
+            u_ok = u < n_u
+            slot = gl.load(SL_t + u, mask=u_ok, other=0)   # before the wait: its latency hides
+            if not OFFS32:
+                slot = slot.to(gl.int64)
+            m = u_ok[:, None] & (offs_c >= 0)[None, :]
+            koff = (slot * s_kt)[:, None] + offs_c[None, :]
+            voff = (slot * s_vt)[:, None] + offs_c[None, :]
+            # the stage's previous use (step i - NS) released; the first round passes at once
+            mbarrier.wait(empty.index(st), ((i // NS) & 1) ^ 1)
+            for c in gl.static_range(NC):
+                _cp_load(kbuf.index(st * NC + c), K_h + koff + c * 64, mask=m,
+                         eviction_policy="evict_last")
+            for c in gl.static_range(NC):
+                _cp_load(vbuf.index(st * NC + c), V_h + voff + c * 64, mask=m,
+                         eviction_policy="evict_last")
+            cp.mbarrier_arrive(ready.index(st), increment_count=False)
+
+    @gluon.jit
+    def _uws_consume(Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, ready, empty, t, h, hh0, r0,
+                     total_q, group, n_u, nsteps, qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh,
+                     NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
+                     NS: gl.constexpr, SLACK: gl.constexpr, num_warps: gl.constexpr):
+        """The consumer (module doc): Q into shared memory, the steps, then O / l stored."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                        warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BN, 16])
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                        warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, 64, 16])
+        p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        dt: gl.constexpr = Q.dtype.element_ty
+        # the lines: m -> row r0 + m // HP, head hh0 + m % HP (``_tile_lines``)
+        lm = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+        lc = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        l_row = r0 + lm // HP
+        l_head = hh0 + lm % HP
+        l_ok = (l_row < total_q) & (l_head < group)
+        q_ptr = (Q + l_row.to(gl.int64)[:, None] * s_qt + (h * group + l_head)[:, None] * s_qh
+                 + lc[None, :])
+        for c in gl.static_range(NC):   # read once: evict-first
+            qbuf.index(c).store(gl.load(q_ptr + c * 64, mask=l_ok[:, None] & (lc >= 0)[None, :],
+                                        other=0.0, eviction_policy="evict_first"))
+        fence_async_shared()
+        # the scores' lines and positions, for the counts
+        sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+        sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
+        s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
+        c_row = (sm // HP).to(gl.int64) * s_cr
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
+        a0 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a1 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a2 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a3 = gl.zeros([BM, 64], gl.float32, mma_o)
+        for i in range(nsteps):
+            st = i % NS
+            mbarrier.wait(ready.index(st), (i // NS) & 1)
+            fence_async_shared()   # the copies (generic proxy) before wgmma reads them
+            s = warpgroup_mma(qbuf.index(0), kbuf.index(st * NC).permute((1, 0)),
+                              gl.zeros([BM, BN], gl.float32, mma_s), use_acc=False,
+                              is_async=True)
+            for c in gl.static_range(1, NC):
+                s = warpgroup_mma(qbuf.index(c), kbuf.index(st * NC + c).permute((1, 0)), s,
+                                  is_async=True)
+            # the lines' counts of these positions (16-bit fields, read as int16) while the
+            # scores run
+            u = i * BN + sn
+            cnt = gl.load(CNT_t + c_row[:, None] + u[None, :],
+                          mask=s_ok[:, None] & (u < n_u)[None, :], other=0)
+            cnt = cnt.to(gl.int32) & 0xFFFF
+            s = warpgroup_mma_wait(0, deps=[s])
+            s = gl.where(cnt > 0, s * qk_scale, float("-inf"))
+            m_blk = gl.max(s, 1)
+            grow = m_blk > m_i + SLACK   # a line's first finite block always (m_i = -inf)
+            if gl.max(grow.to(gl.int32), 0) > 0:
+                alpha = gl.exp2(gl.where(grow, m_i, 0.0) - gl.where(grow, m_blk, 0.0))
+                ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+                a0 = a0 * ao
+                a1 = a1 * ao
+                a2 = a2 * ao
+                a3 = a3 * ao
+                l_i = l_i * alpha
+                m_i = gl.where(grow, m_blk, m_i)
+            m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
+            p = gl.exp2(s - m_use[:, None]) * cnt.to(gl.float32)
+            l_i += gl.sum(p, 1)
+            pa = gl.convert_layout(p.to(dt), p_op)
+            a0 = warpgroup_mma(pa, vbuf.index(st * NC), a0, is_async=True)
+            a1 = warpgroup_mma(pa, vbuf.index(st * NC + 1), a1, is_async=True)
+            a2 = warpgroup_mma(pa, vbuf.index(st * NC + 2), a2, is_async=True)
+            a3 = warpgroup_mma(pa, vbuf.index(st * NC + 3), a3, is_async=True)
+            a0, a1, a2, a3 = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
+            mbarrier.arrive(empty.index(st), count=1)   # (every warp's MMAs done before it)
+        # NaN hand-back (``_hand_back``): a zero weight times a non-finite V value
+        nan = (gl.max(gl.max((a0 != a0).to(gl.int32), 1), 0)
+               + gl.max(gl.max((a1 != a1).to(gl.int32), 1), 0)
+               + gl.max(gl.max((a2 != a2).to(gl.int32), 1), 0)
+               + gl.max(gl.max((a3 != a3).to(gl.int32), 1), 0)) > 0
+        gl.store(FLAG + t, 0, mask=nan)
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        inv = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, mma_o))[:, None]
+        om = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_o))
+        oc = gl.arange(0, 64, layout=gl.SliceLayout(0, mma_o))
+        o_row = r0 + om // HP
+        o_head = hh0 + om % HP
+        o_ok = (o_row < total_q) & (o_head < group) & (nan == 0)
+        o_ptr = (OUT + o_row.to(gl.int64)[:, None] * s_ot + (h * group + o_head)[:, None] * s_oh
+                 + oc[None, :])
+        om_ok = o_ok[:, None] & (oc >= 0)[None, :]
+        gl.store(o_ptr, (a0 * inv).to(OUT.dtype.element_ty), mask=om_ok)
+        gl.store(o_ptr + 64, (a1 * inv).to(OUT.dtype.element_ty), mask=om_ok)
+        gl.store(o_ptr + 128, (a2 * inv).to(OUT.dtype.element_ty), mask=om_ok)
+        gl.store(o_ptr + 192, (a3 * inv).to(OUT.dtype.element_ty), mask=om_ok)
+
+    @gluon.jit
+    def _union_ws(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, tile0, ntiles,
+                  s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
+                  NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
+                  NS: gl.constexpr, REVERSE_ROWS: gl.constexpr, SLACK: gl.constexpr,
+                  OFFS32: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr,
+                  num_warps: gl.constexpr):
+        """Tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``; REVERSE_ROWS: the
+        last first) when its FLAG is 2, HP heads of KV head ``program_id(1) // ceil(group /
+        HP)``: ``_union_fwd``'s grid and arguments (``CNT`` as int16, ``s_ct`` / ``s_cr`` in
+        its elements)."""
+        RP: gl.constexpr = BM // HP
+        pid = gl.program_id(0)
+        if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
+            lt = ntiles - 1 - pid
+        else:
+            lt = pid
+        t = tile0 + lt
+        if gl.load(FLAG + t) != 2:   # another path's tile: nothing to do
+            return
+        chunks = gl.cdiv(group, HP)
+        h = gl.program_id(1) // chunks
+        hh0 = (gl.program_id(1) % chunks) * HP
+        n_u = gl.load(USZ + t)
+        nsteps = gl.maximum(gl.cdiv(n_u, BN), 1)
+        dt: gl.constexpr = K.dtype.element_ty
+        sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)
+        qbuf = gl.allocate_shared_memory(dt, [NC, BM, 64], sw)
+        kbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
+        vbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
+        ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        for st in gl.static_range(NS):
+            mbarrier.init(ready.index(st), count=P_WARPS * 32)   # every producer thread's copies
+            mbarrier.init(empty.index(st), count=1)              # the consumer partition
+        K_h = K + h.to(gl.int64) * s_kh
+        V_h = V + h.to(gl.int64) * s_vh
+        SL_t = SLOTS + lt.to(gl.int64) * s_lt
+        CNT_t = CNT + lt.to(gl.int64) * s_ct
+        gl.warp_specialize(
+            [(_uws_consume, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, ready, empty, t, h, hh0,
+                             t * RP, total_q, group, n_u, nsteps, qk_scale, s_qt, s_qh, s_cr,
+                             s_ot, s_oh, NC, BM, BN, HP, NS, SLACK, num_warps)),
+             (_uws_produce, (K_h, V_h, SL_t, kbuf, vbuf, ready, empty, n_u, nsteps, s_kt, s_vt,
+                             NC, BN, NS, OFFS32))],
+            [P_WARPS], [P_REGS])
+
+
+def unsupported(q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> str | None:
+    """Why the warp-specialized union kernel cannot run this call (None: it can)."""
+    import torch
+
+    if _IMPORT_ERROR is not None:
+        return f"Gluon is not importable ({_IMPORT_ERROR})"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1: Gluon has no interpreter"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "it is built for sm_90 (wgmma, setmaxnreg)"
+    if k.dtype not in (torch.float16, torch.bfloat16):
+        return f"K/V are {k.dtype}; it takes float16 or bfloat16"
+    if q.shape[-1] != 256:
+        return f"head_dim {q.shape[-1]}; it takes 256 (four 64-wide chunks)"
+    if (bm, bn) != (BLOCK_M, BLOCK_N) or rp * hp != bm:
+        return (f"union tiles of {bm} lines, {bn} positions a step, {rp} rows x {hp} heads; it "
+                f"takes {BLOCK_M} lines filled by the rows' heads (TILE_HEADS='pow2') and "
+                f"{BLOCK_N} positions")
+    return None
+
+
+def launch(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, out: Any,
+           qk_scale: float, group: int, total_q: int, tile0: int, nt: int, hp: int,
+           reverse: bool, slack: float, offs32: bool) -> None:
+    """One launch over tiles ``tile0 .. tile0 + nt`` (scratch rows ``0 .. nt``), on the grid
+    of ``_union_fwd``; :func:`unsupported` must have said None."""
+    import torch
+    import triton
+
+    hkv = k.shape[1]
+    c16 = cnt.view(torch.int16)   # the 16-bit fields, slot position u at element u of a row
+    _union_ws[(nt, hkv * triton.cdiv(group, hp))](
+        q, k, v, flag, usz, slots, c16, out, qk_scale, group, total_q, tile0, nt,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        slots.stride(0), c16.stride(0), c16.stride(1), out.stride(0), out.stride(1),
+        NC=q.shape[-1] // 64, BM=BLOCK_M, BN=BLOCK_N, HP=hp, NS=STAGES, REVERSE_ROWS=reverse,
+        SLACK=slack, OFFS32=offs32, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS,
+        num_warps=8)
