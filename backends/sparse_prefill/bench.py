@@ -46,9 +46,10 @@ Providers (``--providers``, comma separated):
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``uc`` (UNION_PREP=cuda: the
   union's pre-pass in one CUDA kernel), ``uws`` (UNION_ENGINE=gluon_ws: the union tiles on the
-  warp-specialized Gluon kernel), ``xh`` (TILE_HEADS=group: row tiles of the group's
-  heads exactly), ``dtBMxBNxWxS`` (DENSE_TILE), ``utBMxBNxWxS``
-  (UNION_TILE: the union tiles' own geometry, e.g. ``dense250:union300:ut128x64x8x2``),
+  warp-specialized Gluon kernel; ``uwso``: gluon_ws_overlap, its softmax under the PV MMAs),
+  ``xh`` (TILE_HEADS=group: row tiles of the group's heads exactly), ``dtBMxBNxWxS``
+  (DENSE_TILE), ``utBMxBNxWxS`` (UNION_TILE: the union tiles' own geometry, e.g.
+  ``dense250:union300:ut128x64x8x2``),
   ``udN`` (UNION_DENSE=N: the union path may take DENSE's tiles, e.g. ``dense250:union300:ud80``),
   ``rN`` (MAXNREG=N), ``gl`` (ENGINE=gluon: the Gluon kernel, BM its query lines, S its ring
   stages), ``wg`` (ENGINE=gluon_wgmma: the Gluon wgmma kernel, BMx64x4x2),
@@ -212,7 +213,8 @@ _OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"
          "split2": ("SPLIT_QK", 2), "v2": ("SPLIT_V", 2), "lean": ("LEAN", 1),
          "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
          "wg": ("ENGINE", "gluon_wgmma"), "uc": ("UNION_PREP", "cuda"),
-         "uws": ("UNION_ENGINE", "gluon_ws"), "xh": ("TILE_HEADS", "group")}
+         "uws": ("UNION_ENGINE", "gluon_ws"), "uwso": ("UNION_ENGINE", "gluon_ws_overlap"),
+         "xh": ("TILE_HEADS", "group")}
 
 
 def probe_header(timing: str) -> str:

@@ -884,17 +884,17 @@ _PREP_LOGGED: set[str] = set()
 
 def _ws_engine(var: dict[str, Any], q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> bool:
     """Whether this call's union tiles run on the warp-specialized Gluon kernel
-    (UNION_ENGINE="gluon_ws" where it can run; otherwise the Triton one, logged once a
-    reason)."""
-    if var["UNION_ENGINE"] != "gluon_ws":
+    (UNION_ENGINE="gluon_ws" or "gluon_ws_overlap" where it can run; otherwise the Triton
+    one, logged once a reason)."""
+    if var["UNION_ENGINE"] == "triton":
         return False
     why = union_ws.unsupported(q, k, hp, rp, bm, bn)
     if why is not None and why not in _WS_LOGGED:
         import logging
 
         _WS_LOGGED.add(why)
-        logging.getLogger("kreg").warning("sparse_prefill UNION_ENGINE='gluon_ws': the Triton "
-                                          "union kernel runs instead (%s)", why)
+        logging.getLogger("kreg").warning("sparse_prefill UNION_ENGINE=%r: the Triton union "
+                                          "kernel runs instead (%s)", var["UNION_ENGINE"], why)
     return why is None
 
 
@@ -979,7 +979,8 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
                               scratch=scratch, union_dense=union_dense)
         if ws:
             union_ws.launch(q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q,
-                            tile0, nt, hp, bool(var["REVERSE_ROWS"]), slack, offs32)
+                            tile0, nt, hp, bool(var["REVERSE_ROWS"]), slack, offs32,
+                            overlap=var["UNION_ENGINE"] == "gluon_ws_overlap")
             continue
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,

@@ -64,40 +64,14 @@ else:
 if _IMPORT_ERROR is None:
 
     @gluon.jit
-    def _uws_produce(K_h, V_h, SL_t, kbuf, vbuf, ready, empty, n_u, nsteps, s_kt, s_vt,
-                     NC: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
-                     OFFS32: gl.constexpr):
-        """The producer: each step's slots, then its K and V rows into ring stage i % NS once
-        the consumers released it (``empty``), arriving on ``ready`` when they land."""
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
-        offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        for i in range(nsteps):
-            st = i % NS
-            u = i * BN + offs_n
-            u_ok = u < n_u
-            slot = gl.load(SL_t + u, mask=u_ok, other=0)   # before the wait: its latency hides
-            if not OFFS32:
-                slot = slot.to(gl.int64)
-            m = u_ok[:, None] & (offs_c >= 0)[None, :]
-            koff = (slot * s_kt)[:, None] + offs_c[None, :]
-            voff = (slot * s_vt)[:, None] + offs_c[None, :]
-            # the stage's previous use (step i - NS) released; the first round passes at once
-            mbarrier.wait(empty.index(st), ((i // NS) & 1) ^ 1)
-            for c in gl.static_range(NC):
-                _cp_load(kbuf.index(st * NC + c), K_h + koff + c * 64, mask=m,
-                         eviction_policy="evict_last")
-            for c in gl.static_range(NC):
-                _cp_load(vbuf.index(st * NC + c), V_h + voff + c * 64, mask=m,
-                         eviction_policy="evict_last")
-            cp.mbarrier_arrive(ready.index(st), increment_count=False)
-
-    @gluon.jit
-    def _uws_consume(Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, ready, empty, t, h, hh0, r0,
-                     total_q, group, n_u, nsteps, qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh,
-                     NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
-                     NS: gl.constexpr, SLACK: gl.constexpr, num_warps: gl.constexpr):
-        """The consumer (module doc): Q into shared memory, the steps, then O / l stored."""
+    def _uws_consume(Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready, kempty, vempty, t,
+                     h, hh0, r0, total_q, group, n_u, nsteps, qk_scale, s_qt, s_qh, s_cr, s_ot,
+                     s_oh, NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                     HP: gl.constexpr, NS: gl.constexpr, SLACK: gl.constexpr,
+                     num_warps: gl.constexpr):
+        """The consumer (module doc), each step in order: scores (the counts load while they
+        run; K's stage released once they are done), softmax, O rescaled where a max moved,
+        O += P V, V's stage released."""
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
                                                         warps_per_cta=[num_warps, 1],
                                                         instr_shape=[16, BN, 16])
@@ -105,21 +79,8 @@ if _IMPORT_ERROR is None:
                                                         warps_per_cta=[num_warps, 1],
                                                         instr_shape=[16, 64, 16])
         p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         dt: gl.constexpr = Q.dtype.element_ty
-        # the lines: m -> row r0 + m // HP, head hh0 + m % HP (``_tile_lines``)
-        lm = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
-        lc = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        l_row = r0 + lm // HP
-        l_head = hh0 + lm % HP
-        l_ok = (l_row < total_q) & (l_head < group)
-        q_ptr = (Q + l_row.to(gl.int64)[:, None] * s_qt + (h * group + l_head)[:, None] * s_qh
-                 + lc[None, :])
-        for c in gl.static_range(NC):   # read once: evict-first
-            qbuf.index(c).store(gl.load(q_ptr + c * 64, mask=l_ok[:, None] & (lc >= 0)[None, :],
-                                        other=0.0, eviction_policy="evict_first"))
-        fence_async_shared()
-        # the scores' lines and positions, for the counts
+        _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
         sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
         sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
         s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
@@ -132,44 +93,122 @@ if _IMPORT_ERROR is None:
         a3 = gl.zeros([BM, 64], gl.float32, mma_o)
         for i in range(nsteps):
             st = i % NS
-            mbarrier.wait(ready.index(st), (i // NS) & 1)
+            ph = (i // NS) & 1
+            mbarrier.wait(kready.index(st), ph)
             fence_async_shared()   # the copies (generic proxy) before wgmma reads them
-            s = warpgroup_mma(qbuf.index(0), kbuf.index(st * NC).permute((1, 0)),
-                              gl.zeros([BM, BN], gl.float32, mma_s), use_acc=False,
-                              is_async=True)
-            for c in gl.static_range(1, NC):
-                s = warpgroup_mma(qbuf.index(c), kbuf.index(st * NC + c).permute((1, 0)), s,
-                                  is_async=True)
-            # the lines' counts of these positions (16-bit fields, read as int16) while the
-            # scores run
-            u = i * BN + sn
-            cnt = gl.load(CNT_t + c_row[:, None] + u[None, :],
-                          mask=s_ok[:, None] & (u < n_u)[None, :], other=0)
-            cnt = cnt.to(gl.int32) & 0xFFFF
+            s = _uws_scores(qbuf, kbuf, st, NC, BM, BN, mma_s)
+            cnt = _uws_counts(CNT_t, c_row, s_ok, i * BN + sn, n_u)
             s = warpgroup_mma_wait(0, deps=[s])
-            s = gl.where(cnt > 0, s * qk_scale, float("-inf"))
-            m_blk = gl.max(s, 1)
-            grow = m_blk > m_i + SLACK   # a line's first finite block always (m_i = -inf)
-            if gl.max(grow.to(gl.int32), 0) > 0:
-                alpha = gl.exp2(gl.where(grow, m_i, 0.0) - gl.where(grow, m_blk, 0.0))
+            mbarrier.arrive(kempty.index(st), count=1)   # (every warp's MMAs done before it)
+            p, m_i, moved, alpha = _uws_softmax(s, cnt, m_i, qk_scale, SLACK)
+            if moved:
                 ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
                 a0 = a0 * ao
                 a1 = a1 * ao
                 a2 = a2 * ao
                 a3 = a3 * ao
                 l_i = l_i * alpha
-                m_i = gl.where(grow, m_blk, m_i)
-            m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
-            p = gl.exp2(s - m_use[:, None]) * cnt.to(gl.float32)
             l_i += gl.sum(p, 1)
             pa = gl.convert_layout(p.to(dt), p_op)
-            a0 = warpgroup_mma(pa, vbuf.index(st * NC), a0, is_async=True)
-            a1 = warpgroup_mma(pa, vbuf.index(st * NC + 1), a1, is_async=True)
-            a2 = warpgroup_mma(pa, vbuf.index(st * NC + 2), a2, is_async=True)
-            a3 = warpgroup_mma(pa, vbuf.index(st * NC + 3), a3, is_async=True)
+            mbarrier.wait(vready.index(st), ph)
+            fence_async_shared()
+            a0, a1, a2, a3 = _uws_pv(pa, vbuf, st, a0, a1, a2, a3, NC)
             a0, a1, a2, a3 = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
-            mbarrier.arrive(empty.index(st), count=1)   # (every warp's MMAs done before it)
-        # NaN hand-back (``_hand_back``): a zero weight times a non-finite V value
+            mbarrier.arrive(vempty.index(st), count=1)
+        _uws_store(OUT, FLAG, t, a0, a1, a2, a3, l_i, h, hh0, r0, total_q, group, s_ot, s_oh,
+                   BM, HP, mma_o)
+
+    @gluon.jit
+    def _uws_produce(K_h, V_h, SL_t, kbuf, vbuf, kready, vready, kempty, vempty, n_u, nsteps,
+                     s_kt, s_vt, NC: gl.constexpr, BN: gl.constexpr, NS: gl.constexpr,
+                     OFFS32: gl.constexpr):
+        """The producer: each step's slots (loaded before the waits: their latency hides),
+        then its K rows into ring stage i % NS once K of step i - NS is scored (``kempty``),
+        its V rows once V of step i - NS is used (``vempty``), each arriving on its ``ready``
+        barrier when the copies land. K and V release apart, so K of step i + 1 can go out
+        while V of step i - 1 is still read."""
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+        offs_c = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        for i in range(nsteps):
+            st = i % NS
+            free = ((i // NS) & 1) ^ 1   # the first round passes at once
+            u = i * BN + offs_n
+            u_ok = u < n_u
+            slot = gl.load(SL_t + u, mask=u_ok, other=0)
+            if not OFFS32:
+                slot = slot.to(gl.int64)
+            m = u_ok[:, None] & (offs_c >= 0)[None, :]
+            koff = (slot * s_kt)[:, None] + offs_c[None, :]
+            voff = (slot * s_vt)[:, None] + offs_c[None, :]
+            mbarrier.wait(kempty.index(st), free)
+            for c in gl.static_range(NC):
+                _cp_load(kbuf.index(st * NC + c), K_h + koff + c * 64, mask=m,
+                         eviction_policy="evict_last")
+            cp.mbarrier_arrive(kready.index(st), increment_count=False)
+            mbarrier.wait(vempty.index(st), free)
+            for c in gl.static_range(NC):
+                _cp_load(vbuf.index(st * NC + c), V_h + voff + c * 64, mask=m,
+                         eviction_policy="evict_last")
+            cp.mbarrier_arrive(vready.index(st), increment_count=False)
+
+    @gluon.jit
+    def _uws_scores(qbuf, kbuf, st, NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                    mma_s: gl.constexpr):
+        """S = Q K^T of ring stage ``st``: NC asynchronous wgmma groups (not waited)."""
+        s = warpgroup_mma(qbuf.index(0), kbuf.index(st * NC).permute((1, 0)),
+                          gl.zeros([BM, BN], gl.float32, mma_s), use_acc=False, is_async=True)
+        for c in gl.static_range(1, NC):
+            s = warpgroup_mma(qbuf.index(c), kbuf.index(st * NC + c).permute((1, 0)), s,
+                              is_async=True)
+        return s
+
+    @gluon.jit
+    def _uws_counts(CNT_t, c_row, s_ok, u, n_u):
+        """The lines' counts of union positions ``u`` (the 16-bit fields read as int16; 0 for
+        padding lines and positions past the union)."""
+        cnt = gl.load(CNT_t + c_row[:, None] + u[None, :],
+                      mask=s_ok[:, None] & (u < n_u)[None, :], other=0)
+        return cnt.to(gl.int32) & 0xFFFF
+
+    @gluon.jit
+    def _uws_softmax(s, cnt, m_i, qk_scale, SLACK: gl.constexpr):
+        """``_counted_step``'s softmax on a step's scores: (p, the new running max, whether
+        some line's max moved by more than SLACK, the factor that takes the accumulator and
+        the sums to the new max)."""
+        s = gl.where(cnt > 0, s * qk_scale, float("-inf"))
+        m_blk = gl.max(s, 1)
+        grow = m_blk > m_i + SLACK   # a line's first finite block always (m_i = -inf)
+        moved = gl.max(grow.to(gl.int32), 0) > 0
+        alpha = gl.exp2(gl.where(grow, m_i, 0.0) - gl.where(grow, m_blk, 0.0))
+        m_new = gl.where(grow, m_blk, m_i)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_use[:, None]) * cnt.to(gl.float32)
+        return p, m_new, moved, alpha
+
+    @gluon.jit
+    def _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC: gl.constexpr,
+                    BM: gl.constexpr, HP: gl.constexpr, num_warps: gl.constexpr):
+        """The tile's query lines into shared memory (line m: row r0 + m // HP, head
+        hh0 + m % HP, as ``_tile_lines``; zeros for padding lines), fenced for wgmma."""
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        lm = gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+        lc = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        l_row = r0 + lm // HP
+        l_head = hh0 + lm % HP
+        l_ok = (l_row < total_q) & (l_head < group)
+        q_ptr = (Q + l_row.to(gl.int64)[:, None] * s_qt + (h * group + l_head)[:, None] * s_qh
+                 + lc[None, :])
+        for c in gl.static_range(NC):   # read once: evict-first
+            qbuf.index(c).store(gl.load(q_ptr + c * 64, mask=l_ok[:, None] & (lc >= 0)[None, :],
+                                        other=0.0, eviction_policy="evict_first"))
+        fence_async_shared()
+
+    @gluon.jit
+    def _uws_store(OUT, FLAG, t, a0, a1, a2, a3, l_i, h, hh0, r0, total_q, group, s_ot, s_oh,
+                   BM: gl.constexpr, HP: gl.constexpr, mma_o: gl.constexpr):
+        """O / l into the tile's real lines; nothing, and ``FLAG[t] = 0``, when the
+        accumulator holds a NaN (``_hand_back``: a zero weight times a non-finite V value)."""
         nan = (gl.max(gl.max((a0 != a0).to(gl.int32), 1), 0)
                + gl.max(gl.max((a1 != a1).to(gl.int32), 1), 0)
                + gl.max(gl.max((a2 != a2).to(gl.int32), 1), 0)
@@ -185,22 +224,110 @@ if _IMPORT_ERROR is None:
         o_ptr = (OUT + o_row.to(gl.int64)[:, None] * s_ot + (h * group + o_head)[:, None] * s_oh
                  + oc[None, :])
         om_ok = o_ok[:, None] & (oc >= 0)[None, :]
-        gl.store(o_ptr, (a0 * inv).to(OUT.dtype.element_ty), mask=om_ok)
-        gl.store(o_ptr + 64, (a1 * inv).to(OUT.dtype.element_ty), mask=om_ok)
-        gl.store(o_ptr + 128, (a2 * inv).to(OUT.dtype.element_ty), mask=om_ok)
-        gl.store(o_ptr + 192, (a3 * inv).to(OUT.dtype.element_ty), mask=om_ok)
+        dt: gl.constexpr = OUT.dtype.element_ty
+        gl.store(o_ptr, (a0 * inv).to(dt), mask=om_ok)
+        gl.store(o_ptr + 64, (a1 * inv).to(dt), mask=om_ok)
+        gl.store(o_ptr + 128, (a2 * inv).to(dt), mask=om_ok)
+        gl.store(o_ptr + 192, (a3 * inv).to(dt), mask=om_ok)
+
+    @gluon.jit
+    def _uws_pv(pa, vbuf, st, a0, a1, a2, a3, NC: gl.constexpr):
+        """O += P V of ring stage ``st`` into the four head-dim chunks (NC asynchronous wgmma
+        groups, not waited)."""
+        a0 = warpgroup_mma(pa, vbuf.index(st * NC), a0, is_async=True)
+        a1 = warpgroup_mma(pa, vbuf.index(st * NC + 1), a1, is_async=True)
+        a2 = warpgroup_mma(pa, vbuf.index(st * NC + 2), a2, is_async=True)
+        a3 = warpgroup_mma(pa, vbuf.index(st * NC + 3), a3, is_async=True)
+        return a0, a1, a2, a3
+
+    @gluon.jit
+    def _uws_consume_overlap(Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready, kempty,
+                             vempty, t, h, hh0, r0, total_q, group, n_u, nsteps, qk_scale, s_qt,
+                             s_qh, s_cr, s_ot, s_oh, NC: gl.constexpr, BM: gl.constexpr,
+                             BN: gl.constexpr, HP: gl.constexpr, NS: gl.constexpr,
+                             SLACK: gl.constexpr, num_warps: gl.constexpr):
+        """The consumer with the softmax of step i under the PV MMAs of step i - 1 (FA3's
+        intra-warpgroup overlap): scores of step i issued, then O += P_{i-1} V_{i-1}, the
+        scores waited for (the PV groups left in flight), K's stage released, the softmax,
+        then the PV waited for, V's stage released and O rescaled to the new maxima."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                        warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BN, 16])
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                        warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, 64, 16])
+        p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
+        dt: gl.constexpr = Q.dtype.element_ty
+        _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
+        sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+        sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
+        s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
+        c_row = (sm // HP).to(gl.int64) * s_cr
+        a0 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a1 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a2 = gl.zeros([BM, 64], gl.float32, mma_o)
+        a3 = gl.zeros([BM, 64], gl.float32, mma_o)
+        # step 0: its scores and softmax (the accumulator is still zero: nothing to rescale);
+        # a step's P is carried to the next as the PV MMA's bf16 / fp16 operand
+        mbarrier.wait(kready.index(0), 0)
+        fence_async_shared()
+        s = _uws_scores(qbuf, kbuf, 0, NC, BM, BN, mma_s)
+        cnt = _uws_counts(CNT_t, c_row, s_ok, sn, n_u)
+        s = warpgroup_mma_wait(0, deps=[s])
+        mbarrier.arrive(kempty.index(0), count=1)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
+        p, m_i, moved, alpha = _uws_softmax(s, cnt, m_i, qk_scale, SLACK)
+        l_i = gl.sum(p, 1)
+        pa = gl.convert_layout(p.to(dt), p_op)
+        for i in range(1, nsteps):
+            st = i % NS
+            sp = (i - 1) % NS
+            mbarrier.wait(kready.index(st), (i // NS) & 1)
+            fence_async_shared()
+            s = _uws_scores(qbuf, kbuf, st, NC, BM, BN, mma_s)
+            mbarrier.wait(vready.index(sp), ((i - 1) // NS) & 1)
+            fence_async_shared()
+            a0, a1, a2, a3 = _uws_pv(pa, vbuf, sp, a0, a1, a2, a3, NC)
+            s = warpgroup_mma_wait(NC, deps=[s])   # the scores; the NC PV groups in flight
+            mbarrier.arrive(kempty.index(st), count=1)
+            # the counts only now (fewer registers live beside the MMAs in flight)
+            cnt = _uws_counts(CNT_t, c_row, s_ok, i * BN + sn, n_u)
+            p, m_new, moved, alpha = _uws_softmax(s, cnt, m_i, qk_scale, SLACK)
+            p_sum = gl.sum(p, 1)
+            a0, a1, a2, a3 = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
+            mbarrier.arrive(vempty.index(sp), count=1)
+            # P's operand registers only now: the PV MMAs read the previous ones until here (a
+            # register an in-flight wgmma reads must not be written: ptxas would serialize)
+            pa = gl.convert_layout(p.to(dt), p_op)
+            if moved:
+                ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+                a0 = a0 * ao
+                a1 = a1 * ao
+                a2 = a2 * ao
+                a3 = a3 * ao
+                l_i = l_i * alpha
+            l_i += p_sum
+            m_i = m_new
+        sp = (nsteps - 1) % NS
+        mbarrier.wait(vready.index(sp), ((nsteps - 1) // NS) & 1)
+        fence_async_shared()
+        a0, a1, a2, a3 = _uws_pv(pa, vbuf, sp, a0, a1, a2, a3, NC)
+        a0, a1, a2, a3 = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
+        _uws_store(OUT, FLAG, t, a0, a1, a2, a3, l_i, h, hh0, r0, total_q, group, s_ot, s_oh,
+                   BM, HP, mma_o)
 
     @gluon.jit
     def _union_ws(Q, K, V, FLAG, USZ, SLOTS, CNT, OUT, qk_scale, group, total_q, tile0, ntiles,
                   s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
                   NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
                   NS: gl.constexpr, REVERSE_ROWS: gl.constexpr, SLACK: gl.constexpr,
-                  OFFS32: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  OFFS32: gl.constexpr, OVERLAP: gl.constexpr, P_WARPS: gl.constexpr,
+                  P_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``; REVERSE_ROWS: the
         last first) when its FLAG is 2, HP heads of KV head ``program_id(1) // ceil(group /
         HP)``: ``_union_fwd``'s grid and arguments (``CNT`` as int16, ``s_ct`` / ``s_cr`` in
-        its elements)."""
+        its elements). OVERLAP: the consumer that runs a step's softmax under the previous
+        step's PV MMAs (``_uws_consume_overlap``), else the in-order one."""
         RP: gl.constexpr = BM // HP
         pid = gl.program_id(0)
         if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -221,22 +348,41 @@ if _IMPORT_ERROR is None:
         qbuf = gl.allocate_shared_memory(dt, [NC, BM, 64], sw)
         kbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
         vbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
-        ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        bl: gl.constexpr = mbarrier.MBarrierLayout()
+        kready = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
+        vready = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
+        kempty = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
+        vempty = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
         for st in gl.static_range(NS):
-            mbarrier.init(ready.index(st), count=P_WARPS * 32)   # every producer thread's copies
-            mbarrier.init(empty.index(st), count=1)              # the consumer partition
+            # ready: every producer thread's copies; empty: the consumer partition's one arrive
+            mbarrier.init(kready.index(st), count=P_WARPS * 32)
+            mbarrier.init(vready.index(st), count=P_WARPS * 32)
+            mbarrier.init(kempty.index(st), count=1)
+            mbarrier.init(vempty.index(st), count=1)
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
         SL_t = SLOTS + lt.to(gl.int64) * s_lt
         CNT_t = CNT + lt.to(gl.int64) * s_ct
-        gl.warp_specialize(
-            [(_uws_consume, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, ready, empty, t, h, hh0,
-                             t * RP, total_q, group, n_u, nsteps, qk_scale, s_qt, s_qh, s_cr,
-                             s_ot, s_oh, NC, BM, BN, HP, NS, SLACK, num_warps)),
-             (_uws_produce, (K_h, V_h, SL_t, kbuf, vbuf, ready, empty, n_u, nsteps, s_kt, s_vt,
-                             NC, BN, NS, OFFS32))],
-            [P_WARPS], [P_REGS])
+        # (the partitions' arguments spelled out in each call: a tuple held in a variable
+        # loses its constexpr members)
+        if OVERLAP:
+            gl.warp_specialize(
+                [(_uws_consume_overlap, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready,
+                                         kempty, vempty, t, h, hh0, t * RP, total_q, group, n_u,
+                                         nsteps, qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh, NC, BM,
+                                         BN, HP, NS, SLACK, num_warps)),
+                 (_uws_produce, (K_h, V_h, SL_t, kbuf, vbuf, kready, vready, kempty, vempty,
+                                 n_u, nsteps, s_kt, s_vt, NC, BN, NS, OFFS32))],
+                [P_WARPS], [P_REGS])
+        else:
+            gl.warp_specialize(
+                [(_uws_consume, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready, kempty,
+                                 vempty, t, h, hh0, t * RP, total_q, group, n_u, nsteps,
+                                 qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh, NC, BM, BN, HP, NS,
+                                 SLACK, num_warps)),
+                 (_uws_produce, (K_h, V_h, SL_t, kbuf, vbuf, kready, vready, kempty, vempty,
+                                 n_u, nsteps, s_kt, s_vt, NC, BN, NS, OFFS32))],
+                [P_WARPS], [P_REGS])
 
 
 def unsupported(q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> str | None:
@@ -262,7 +408,7 @@ def unsupported(q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> str | Non
 
 def launch(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, out: Any,
            qk_scale: float, group: int, total_q: int, tile0: int, nt: int, hp: int,
-           reverse: bool, slack: float, offs32: bool) -> None:
+           reverse: bool, slack: float, offs32: bool, overlap: bool = False) -> None:
     """One launch over tiles ``tile0 .. tile0 + nt`` (scratch rows ``0 .. nt``), on the grid
     of ``_union_fwd``; :func:`unsupported` must have said None."""
     import torch
@@ -275,5 +421,6 @@ def launch(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, ou
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         slots.stride(0), c16.stride(0), c16.stride(1), out.stride(0), out.stride(1),
         NC=q.shape[-1] // 64, BM=BLOCK_M, BN=BLOCK_N, HP=hp, NS=STAGES, REVERSE_ROWS=reverse,
-        SLACK=slack, OFFS32=offs32, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS,
+        SLACK=slack, OFFS32=offs32, OVERLAP=overlap, P_WARPS=PRODUCER_WARPS,
+        P_REGS=PRODUCER_REGS,
         num_warps=8)

@@ -1065,15 +1065,19 @@ def test_union_engine_config_explain_and_geometry() -> None:
     assert "attention: the warp-specialized Gluon kernel (sm_90, 16-bit K/V, head_dim 256; " \
         "the Triton union kernel elsewhere)" in text, text
     assert "warp-specialized" not in describe_path({**cfg, "UNION_ENGINE": "triton"})
+    assert "under the previous step's PV MMAs" not in text
+    lap = describe_path({**cfg, "UNION_ENGINE": "gluon_ws_overlap"})
+    assert "attention: the warp-specialized Gluon kernel, each step's softmax under the " \
+        "previous step's PV MMAs (sm_90" in lap, lap
     with pytest.raises(ConfigError, match=r"UNION_ENGINE='gluon_ws' runs the union tiles, "
                                           r"and this config has none \(UNION=0\): set UNION"):
         validate_config({**BASE, "UNION_ENGINE": "gluon_ws"}, 6, 256)
     with pytest.raises(ConfigError, match=r"UNION_ENGINE='cuda': expected one of"):
         validate_config({**cfg, "UNION_ENGINE": "cuda"}, 6, 256)
-    spec = "8x16x1x2:rev:o32:uc:uws:dense250:union300:ut128x64x8x2:ud60"
-    geo = parse_geometry(spec)
-    assert geo["UNION_ENGINE"] == "gluon_ws"
-    assert parse_geometry(format_geometry(geo)) == geo
+    for sfx, engine in (("uws", "gluon_ws"), ("uwso", "gluon_ws_overlap")):
+        geo = parse_geometry(f"8x16x1x2:rev:o32:uc:{sfx}:dense250:union300:ut128x64x8x2:ud60")
+        assert geo["UNION_ENGINE"] == engine
+        assert parse_geometry(format_geometry(geo)) == geo
 
 
 def test_union_ws_scope_names_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1121,9 +1125,12 @@ def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
         tile_kernels._WS_LOGGED.clear()
         ws_out, _ = _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
         _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
-    assert [p.tolist() for p in poisoned] == [want] * 3
-    assert torch.equal(ws_out, base_out)
+        lap_out, _ = _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws_overlap"},
+                          lengths=lengths)
+    assert [p.tolist() for p in poisoned] == [want] * 4
+    assert torch.equal(ws_out, base_out) and torch.equal(lap_out, base_out)
     assert caplog.text.count("the Triton union kernel runs instead") == 1, caplog.text
+    assert "UNION_ENGINE='gluon_ws'" in caplog.text, caplog.text
 
 
 @pytest.mark.gpu
@@ -1131,10 +1138,12 @@ def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
 @pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("kind,dtype", [("prefill", "bfloat16"), ("prefill", "float16"),
                                         ("chunk", "bfloat16")])
+@pytest.mark.parametrize("engine", ["gluon_ws", "gluon_ws_overlap"])
 def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, indices: str,
-                                                      poisoned: list[Any]) -> None:
+                                                      engine: str, poisoned: list[Any]) -> None:
     # the H200 family's group-6 union config (prefill: dense + union tiles, UNION_DENSE; chunk:
-    # union tiles over positions) with its union tiles on the warp-specialized kernel against
+    # union tiles over positions) with its union tiles on the warp-specialized kernel (in
+    # order, and with the softmax under the previous step's PV MMAs) against
     # the same config on the Triton union kernel, at the seed's shapes (4096 rows, head_dim
     # 256): the same tiles' paths, every output within the dtype's bound of the fp32
     # reference, and close to the Triton kernel's (same arithmetic, another summation order);
@@ -1148,7 +1157,7 @@ def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, ind
                                 dtype=dtype), "cuda")
     q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
     base = dict(H200_UNION_CONFIGS[(kind, 6)])
-    ws = {**base, "UNION_ENGINE": "gluon_ws"}
+    ws = {**base, "UNION_ENGINE": engine}
     from backends.sparse_prefill import union_ws
 
     ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
