@@ -46,7 +46,8 @@ Providers (``--providers``, comma separated):
   ``split2`` (SPLIT_QK=2), ``v2`` (SPLIT_V=2), ``lean`` (LEAN=1), ``o32`` (OFFS32=1), ``ord1``
   (SLOT_ORDER=1), ``denseN`` (DENSE=N), ``unionN`` (UNION=N), ``uc`` (UNION_PREP=cuda: the
   union's pre-pass in one CUDA kernel), ``uws`` (UNION_ENGINE=gluon_ws: the union tiles on the
-  warp-specialized Gluon kernel; ``uwso``: gluon_ws_overlap, its softmax under the PV MMAs),
+  warp-specialized Gluon kernel; ``uwso``: gluon_ws_overlap, its softmax under the PV MMAs;
+  ``uws2``: gluon_ws_2wg, two consumer warpgroups),
   ``xh`` (TILE_HEADS=group: row tiles of the group's heads exactly), ``dtBMxBNxWxS``
   (DENSE_TILE), ``utBMxBNxWxS`` (UNION_TILE: the union tiles' own geometry, e.g.
   ``dense250:union300:ut128x64x8x2``),
@@ -214,6 +215,7 @@ _OPTS = {"pre": ("CHUNK_MODE", "pretranslate"), "stage": ("CHUNK_MODE", "staged"
          "o32": ("OFFS32", 1), "ord1": ("SLOT_ORDER", 1), "gl": ("ENGINE", "gluon"),
          "wg": ("ENGINE", "gluon_wgmma"), "uc": ("UNION_PREP", "cuda"),
          "uws": ("UNION_ENGINE", "gluon_ws"), "uwso": ("UNION_ENGINE", "gluon_ws_overlap"),
+         "uws2": ("UNION_ENGINE", "gluon_ws_2wg"),
          "xh": ("TILE_HEADS", "group")}
 
 

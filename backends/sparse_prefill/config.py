@@ -130,9 +130,10 @@ UNION_ENGINE    "triton"   the union tiles' attention kernel: "triton" (``_union
                            K/V, head_dim 256 and 128-line tiles of 64 positions a step filled
                            by the rows' heads; elsewhere the Triton kernel runs, logged once.
                            "gluon_ws_overlap": the same with a step's softmax under the
-                           previous step's PV MMAs (FA3's intra-warpgroup overlap). Prepared
-                           in session 47, not yet run on a GPU: no policy or tuner candidate
-                           takes either.
+                           previous step's PV MMAs (FA3's intra-warpgroup overlap);
+                           "gluon_ws_2wg": two consumer partitions of 64 lines each, one's
+                           softmax free to run under the other's MMAs. Prepared in session 47,
+                           not yet run on a GPU: no policy or tuner candidate takes them.
 UNION_DENSE     0          with DENSE and UNION both on, B > 0 lets the union path take DENSE's
                            tiles too: the union pre-pass runs first and decides every tile, and
                            a tile DENSE's rule takes goes union when its exact union has at
@@ -219,7 +220,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {"CHUNK_MODE": ("fused", "pretranslate", 
                                         "SLOT_ORDER": (0, 1),
                                         "UNION_PREP": ("triton", "cuda"),
                                         "UNION_ENGINE": ("triton", "gluon_ws",
-                                                         "gluon_ws_overlap"),
+                                                         "gluon_ws_overlap", "gluon_ws_2wg"),
                                         "TILE_HEADS": ("pow2", "group"),
                                         "ENGINE": ("triton", "gluon", "gluon_wgmma")}
 # Keys (and one value) removed by issue 26's clean-up: no policy, default, tuner or table
@@ -482,8 +483,10 @@ def describe_path(config: Mapping[str, Any] | None) -> str:
             over += ("; pre-pass: one CUDA kernel a tile (built with nvcc on first use; the "
                      "Triton pre-pass where it cannot be had)")
         if var["UNION_ENGINE"] != "triton":
-            lap = (", each step's softmax under the previous step's PV MMAs"
-                   if var["UNION_ENGINE"] == "gluon_ws_overlap" else "")
+            lap = {"gluon_ws_overlap": ", each step's softmax under the previous step's PV "
+                                       "MMAs",
+                   "gluon_ws_2wg": ", two consumer warpgroups of 64 lines"}.get(
+                       var["UNION_ENGINE"], "")
             over += (f"; attention: the warp-specialized Gluon kernel{lap} (sm_90, 16-bit K/V, "
                      f"head_dim 256; the Triton union kernel elsewhere)")
         if var["UNION_DENSE"] and var["DENSE"]:

@@ -884,8 +884,8 @@ _PREP_LOGGED: set[str] = set()
 
 def _ws_engine(var: dict[str, Any], q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> bool:
     """Whether this call's union tiles run on the warp-specialized Gluon kernel
-    (UNION_ENGINE="gluon_ws" or "gluon_ws_overlap" where it can run; otherwise the Triton
-    one, logged once a reason)."""
+    (UNION_ENGINE="gluon_ws*" where it can run; otherwise the Triton one, logged once a
+    reason)."""
     if var["UNION_ENGINE"] == "triton":
         return False
     why = union_ws.unsupported(q, k, hp, rp, bm, bn)
@@ -980,7 +980,7 @@ def _union(q: Any, k: Any, v: Any, idx: Any, lens: Any, has_lens: bool, out: Any
         if ws:
             union_ws.launch(q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q,
                             tile0, nt, hp, bool(var["REVERSE_ROWS"]), slack, offs32,
-                            overlap=var["UNION_ENGINE"] == "gluon_ws_overlap")
+                            mode=union_ws.MODES[var["UNION_ENGINE"]])
             continue
         _union_fwd[(nt, hkv * triton.cdiv(group, hp))](
             q, k, v, flag, usz, slots, cnt, out, qk_scale, group, total_q, tile0, nt,

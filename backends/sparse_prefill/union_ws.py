@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["BLOCK_M", "BLOCK_N", "launch", "unsupported"]
+__all__ = ["BLOCK_M", "BLOCK_N", "MODES", "launch", "unsupported"]
 
 BLOCK_M = 128
 BLOCK_N = 64
@@ -42,6 +42,11 @@ STAGES = 2
 #: the producer partition's warps and registers
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 48
+#: the second consumer partition's registers (``MODES["gluon_ws_2wg"]``)
+CONSUMER_REGS = 232
+#: UNION_ENGINE -> the kernel's consumer MODE: in order; with the softmax under the previous
+#: step's PV MMAs; two consumer partitions of 64 lines
+MODES = {"gluon_ws": 0, "gluon_ws_overlap": 1, "gluon_ws_2wg": 2}
 
 try:  # Gluon ships with Triton >= 3.5 (experimental); the module imports without it
     from triton.experimental import gluon
@@ -321,13 +326,17 @@ if _IMPORT_ERROR is None:
                   s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_lt, s_ct, s_cr, s_ot, s_oh,
                   NC: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
                   NS: gl.constexpr, REVERSE_ROWS: gl.constexpr, SLACK: gl.constexpr,
-                  OFFS32: gl.constexpr, OVERLAP: gl.constexpr, P_WARPS: gl.constexpr,
-                  P_REGS: gl.constexpr, num_warps: gl.constexpr):
+                  OFFS32: gl.constexpr, MODE: gl.constexpr, P_WARPS: gl.constexpr,
+                  P_REGS: gl.constexpr, C_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Tile ``tile0 + program_id(0)`` (scratch row ``program_id(0)``; REVERSE_ROWS: the
         last first) when its FLAG is 2, HP heads of KV head ``program_id(1) // ceil(group /
         HP)``: ``_union_fwd``'s grid and arguments (``CNT`` as int16, ``s_ct`` / ``s_cr`` in
-        its elements). OVERLAP: the consumer that runs a step's softmax under the previous
-        step's PV MMAs (``_uws_consume_overlap``), else the in-order one."""
+        its elements). MODE (``MODES``): 0 one in-order consumer of 8 warps over the 128 lines;
+        1 the same consumer with a step's softmax under the previous step's PV MMAs
+        (``_uws_consume_overlap``); 2 two in-order consumers of 4 warps (64 lines each, the
+        second a worker partition of C_REGS registers), whose steps drift apart so that one's
+        softmax can run under the other's MMAs (FA3's two consumer warpgroups, without its
+        explicit alternation)."""
         RP: gl.constexpr = BM // HP
         pid = gl.program_id(0)
         if REVERSE_ROWS:  # noqa: SIM108 (constexpr branch in a kernel)
@@ -345,7 +354,8 @@ if _IMPORT_ERROR is None:
         dt: gl.constexpr = K.dtype.element_ty
         sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
-        qbuf = gl.allocate_shared_memory(dt, [NC, BM, 64], sw)
+        CM: gl.constexpr = BM if MODE != 2 else BM // 2   # a consumer's lines
+        qbuf = gl.allocate_shared_memory(dt, [NC, CM, 64], sw)
         kbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
         vbuf = gl.allocate_shared_memory(dt, [NS * NC, BN, 64], sw)
         bl: gl.constexpr = mbarrier.MBarrierLayout()
@@ -354,18 +364,33 @@ if _IMPORT_ERROR is None:
         kempty = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
         vempty = gl.allocate_shared_memory(gl.int64, [NS, 1], bl)
         for st in gl.static_range(NS):
-            # ready: every producer thread's copies; empty: the consumer partition's one arrive
+            # ready: every producer thread's copies; empty: each consumer partition's one arrive
             mbarrier.init(kready.index(st), count=P_WARPS * 32)
             mbarrier.init(vready.index(st), count=P_WARPS * 32)
-            mbarrier.init(kempty.index(st), count=1)
-            mbarrier.init(vempty.index(st), count=1)
+            mbarrier.init(kempty.index(st), count=2 if MODE == 2 else 1)
+            mbarrier.init(vempty.index(st), count=2 if MODE == 2 else 1)
         K_h = K + h.to(gl.int64) * s_kh
         V_h = V + h.to(gl.int64) * s_vh
         SL_t = SLOTS + lt.to(gl.int64) * s_lt
         CNT_t = CNT + lt.to(gl.int64) * s_ct
         # (the partitions' arguments spelled out in each call: a tuple held in a variable
         # loses its constexpr members)
-        if OVERLAP:
+        if MODE == 2:
+            R2: gl.constexpr = CM // HP   # the second consumer's first row in the tile
+            qbuf2 = gl.allocate_shared_memory(dt, [NC, CM, 64], sw)
+            gl.warp_specialize(
+                [(_uws_consume, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready, kempty,
+                                 vempty, t, h, hh0, t * RP, total_q, group, n_u, nsteps,
+                                 qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh, NC, CM, BN, HP, NS,
+                                 SLACK, num_warps)),
+                 (_uws_consume, (Q, OUT, FLAG, CNT_t + R2 * s_cr, qbuf2, kbuf, vbuf, kready,
+                                 vready, kempty, vempty, t, h, hh0, t * RP + R2, total_q, group,
+                                 n_u, nsteps, qk_scale, s_qt, s_qh, s_cr, s_ot, s_oh, NC, CM,
+                                 BN, HP, NS, SLACK, 4)),
+                 (_uws_produce, (K_h, V_h, SL_t, kbuf, vbuf, kready, vready, kempty, vempty,
+                                 n_u, nsteps, s_kt, s_vt, NC, BN, NS, OFFS32))],
+                [4, P_WARPS], [C_REGS, P_REGS])
+        elif MODE == 1:
             gl.warp_specialize(
                 [(_uws_consume_overlap, (Q, OUT, FLAG, CNT_t, qbuf, kbuf, vbuf, kready, vready,
                                          kempty, vempty, t, h, hh0, t * RP, total_q, group, n_u,
@@ -408,9 +433,10 @@ def unsupported(q: Any, k: Any, hp: int, rp: int, bm: int, bn: int) -> str | Non
 
 def launch(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, out: Any,
            qk_scale: float, group: int, total_q: int, tile0: int, nt: int, hp: int,
-           reverse: bool, slack: float, offs32: bool, overlap: bool = False) -> None:
+           reverse: bool, slack: float, offs32: bool, mode: int = 0) -> None:
     """One launch over tiles ``tile0 .. tile0 + nt`` (scratch rows ``0 .. nt``), on the grid
-    of ``_union_fwd``; :func:`unsupported` must have said None."""
+    of ``_union_fwd``, in consumer ``mode`` (``MODES``); :func:`unsupported` must have said
+    None."""
     import torch
     import triton
 
@@ -421,6 +447,5 @@ def launch(q: Any, k: Any, v: Any, flag: Any, usz: Any, slots: Any, cnt: Any, ou
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         slots.stride(0), c16.stride(0), c16.stride(1), out.stride(0), out.stride(1),
         NC=q.shape[-1] // 64, BM=BLOCK_M, BN=BLOCK_N, HP=hp, NS=STAGES, REVERSE_ROWS=reverse,
-        SLACK=slack, OFFS32=offs32, OVERLAP=overlap, P_WARPS=PRODUCER_WARPS,
-        P_REGS=PRODUCER_REGS,
-        num_warps=8)
+        SLACK=slack, OFFS32=offs32, MODE=mode, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS,
+        C_REGS=CONSUMER_REGS, num_warps=4 if mode == 2 else 8)

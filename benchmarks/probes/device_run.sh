@@ -422,11 +422,12 @@ for step in "$@"; do
         done
       done ;;
     union-ws)
-      # issue 26: UNION_ENGINE="gluon_ws" / "gluon_ws_overlap", the warp-specialized Gluon
+      # issue 26: UNION_ENGINE="gluon_ws*", the warp-specialized Gluon
       # union kernel (session 47, not yet run on a GPU): its GPU tests unless UWS_SKIP_TESTS is
       # set, then union_phases at group 6, KV 8192, the kinds in UWS_KINDS (default prefill
       # chunk), both index sets: h200 against the same config (the policy's) with its union
-      # tiles on gluon_ws (:uws) and gluon_ws_overlap (:uwso); then ncu of _union_ws (in order)
+      # tiles on gluon_ws (:uws), gluon_ws_overlap (:uwso) and gluon_ws_2wg (:uws2); then ncu
+      # of _union_ws (in order)
       # on top-k rows unless UWS_SKIP_NCU is set
       [ -n "${UWS_SKIP_TESTS:-}" ] || union_gpu_tests union_ws "${UWS_TEST_TIMEOUT:-240}" "union_ws"
       F=8x16x1x2:rev:split2:v2:lean:o32
@@ -436,7 +437,7 @@ for step in "$@"; do
         for ix in topk walk; do
           stage "union-ws: $kind g6 KV 8192 $ix"
           timeout ${UWS_TIMEOUT:-100} python3 benchmarks/probes/union_phases.py --kind $kind \
-            --group-size 6 --kv-len 8192 --indices $ix --iters 3 --configs "h200,$P:uws,$P:uwso" \
+            --group-size 6 --kv-len 8192 --indices $ix --iters 3 --configs "h200,$P:uws,$P:uwso,$P:uws2" \
             > "$OUT/union_ws_${kind}_$ix.log" 2>&1
           echo "rc=$?"; grep -v "^#" "$OUT/union_ws_${kind}_$ix.log" | grep -v "max err" | tail -16
         done

@@ -1069,12 +1069,16 @@ def test_union_engine_config_explain_and_geometry() -> None:
     lap = describe_path({**cfg, "UNION_ENGINE": "gluon_ws_overlap"})
     assert "attention: the warp-specialized Gluon kernel, each step's softmax under the " \
         "previous step's PV MMAs (sm_90" in lap, lap
+    two = describe_path({**cfg, "UNION_ENGINE": "gluon_ws_2wg"})
+    assert "attention: the warp-specialized Gluon kernel, two consumer warpgroups of 64 " \
+        "lines (sm_90" in two, two
     with pytest.raises(ConfigError, match=r"UNION_ENGINE='gluon_ws' runs the union tiles, "
                                           r"and this config has none \(UNION=0\): set UNION"):
         validate_config({**BASE, "UNION_ENGINE": "gluon_ws"}, 6, 256)
     with pytest.raises(ConfigError, match=r"UNION_ENGINE='cuda': expected one of"):
         validate_config({**cfg, "UNION_ENGINE": "cuda"}, 6, 256)
-    for sfx, engine in (("uws", "gluon_ws"), ("uwso", "gluon_ws_overlap")):
+    for sfx, engine in (("uws", "gluon_ws"), ("uwso", "gluon_ws_overlap"),
+                        ("uws2", "gluon_ws_2wg")):
         geo = parse_geometry(f"8x16x1x2:rev:o32:uc:{sfx}:dense250:union300:ut128x64x8x2:ud60")
         assert geo["UNION_ENGINE"] == engine
         assert parse_geometry(format_geometry(geo)) == geo
@@ -1125,10 +1129,10 @@ def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
         tile_kernels._WS_LOGGED.clear()
         ws_out, _ = _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
         _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws"}, lengths=lengths)
-        lap_out, _ = _run(q, k, v, idx, {**cfg, "UNION_ENGINE": "gluon_ws_overlap"},
-                          lengths=lengths)
-    assert [p.tolist() for p in poisoned] == [want] * 4
-    assert torch.equal(ws_out, base_out) and torch.equal(lap_out, base_out)
+        others = [_run(q, k, v, idx, {**cfg, "UNION_ENGINE": e}, lengths=lengths)[0]
+                  for e in ("gluon_ws_overlap", "gluon_ws_2wg")]
+    assert [p.tolist() for p in poisoned] == [want] * 5
+    assert all(torch.equal(o, base_out) for o in (ws_out, *others))
     assert caplog.text.count("the Triton union kernel runs instead") == 1, caplog.text
     assert "UNION_ENGINE='gluon_ws'" in caplog.text, caplog.text
 
@@ -1138,12 +1142,12 @@ def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
 @pytest.mark.parametrize("indices", ["topk", "walk"])
 @pytest.mark.parametrize("kind,dtype", [("prefill", "bfloat16"), ("prefill", "float16"),
                                         ("chunk", "bfloat16")])
-@pytest.mark.parametrize("engine", ["gluon_ws", "gluon_ws_overlap"])
+@pytest.mark.parametrize("engine", ["gluon_ws", "gluon_ws_overlap", "gluon_ws_2wg"])
 def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, indices: str,
                                                       engine: str, poisoned: list[Any]) -> None:
     # the H200 family's group-6 union config (prefill: dense + union tiles, UNION_DENSE; chunk:
     # union tiles over positions) with its union tiles on the warp-specialized kernel (in
-    # order, and with the softmax under the previous step's PV MMAs) against
+    # order, with the softmax under the previous step's PV MMAs, two consumers) against
     # the same config on the Triton union kernel, at the seed's shapes (4096 rows, head_dim
     # 256): the same tiles' paths, every output within the dtype's bound of the fp32
     # reference, and close to the Triton kernel's (same arithmetic, another summation order);
