@@ -1,5 +1,6 @@
-"""The union tiles' attention on a warp-specialized Gluon kernel (``UNION_ENGINE="gluon_ws"``,
-issue 26; Hopper, sm_90).
+"""The union tiles' attention on a warp-specialized Gluon kernel (``UNION_ENGINE="gluon_ws"``
+and its variants, issue 26; Hopper, sm_90). Prepared in session 47 and compiled for sm_90 with
+Triton 3.6 and 3.9; not yet run on a GPU (docs/notes/sparse_prefill.md, "Session 47").
 
 The Triton union kernel (``tile_kernels._union_fwd``) spends about a third of its time waiting
 for its gathered K/V rows: Triton gives them two buffers and issues the next step's copies
@@ -7,17 +8,22 @@ after this step's second MMA (docs/notes/sparse_prefill.md, "Session 44"). Here 
 move to their own warps:
 
 * **producer** (a worker partition of 4 warps, few registers): per step of ``BLOCK_N`` union
-  positions it loads their slots, waits until the consumers have released the ring stage, and
-  issues the K and V rows as cp.async copies (``[BLOCK_N, 64]`` head-dim chunks, zero-filled
-  past the union) that arrive on the stage's ``ready`` barrier when they land;
+  positions it loads their slots, then issues the K rows once K of two steps back is scored
+  (``kempty``) and the V rows once V of two steps back is used (``vempty``), as cp.async
+  copies (``[BLOCK_N, 64]`` head-dim chunks, zero-filled past the union) that arrive on
+  ``kready`` / ``vready`` when they land;
 * **consumer** (the default partition, 8 warps: two warpgroups over the tile's 128 query lines)
-  waits on ``ready``, runs S = Q K^T on wgmma (Q in shared memory), reads its lines' 16-bit
-  counts while that runs, the count-weighted online softmax of ``_counted_step`` (the same
-  rescale slack), then O += P V with P from registers, and releases the stage (``empty``).
+  waits on ``kready``, runs S = Q K^T on wgmma (Q in shared memory), reads its lines' 16-bit
+  counts while that runs, releases K's stage, the count-weighted online softmax of
+  ``_counted_step`` (the same rescale slack), then waits on ``vready``, O += P V with P from
+  registers, and releases V's stage.
 
 With two stages the copies of step i + 1 are in flight during all of step i, not issued at its
-end. Same contract as ``_union_fwd``: only tiles whose FLAG is 2, a line's weight of position u
-is ``count * exp2(score)`` (-inf where its row's count is 0), padding lines and rows past the
+end. The consumer's schedule is the UNION_ENGINE value (``MODES``): "gluon_ws" as above;
+"gluon_ws_overlap" runs a step's softmax under the previous step's PV MMAs (FA3's
+intra-warpgroup overlap); "gluon_ws_2wg" runs two consumer partitions of 4 warps, 64 lines
+each. Same contract as ``_union_fwd``: only tiles whose FLAG is 2, a line's weight of position
+u is ``count * exp2(score)`` (-inf where its row's count is 0), padding lines and rows past the
 end store nothing, and a program whose accumulator holds a NaN stores nothing and sets
 ``FLAG[tile] = 0`` (the gathering kernel, which runs after, computes those rows).
 
