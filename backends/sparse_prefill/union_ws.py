@@ -92,10 +92,7 @@ if _IMPORT_ERROR is None:
         p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
         dt: gl.constexpr = Q.dtype.element_ty
         _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
-        sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
-        sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
-        s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
-        c_row = (sm // HP).to(gl.int64) * s_cr
+        sn, s_ok, c_row = _uws_lines(r0, hh0, total_q, group, s_cr, BM, BN, HP, mma_s)
         m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
         a0 = gl.zeros([BM, 64], gl.float32, mma_o)
@@ -113,12 +110,7 @@ if _IMPORT_ERROR is None:
             mbarrier.arrive(kempty.index(st), count=1)   # (every warp's MMAs done before it)
             p, m_i, moved, alpha = _uws_softmax(s, cnt, m_i, qk_scale, SLACK)
             if moved:
-                ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
-                a0 = a0 * ao
-                a1 = a1 * ao
-                a2 = a2 * ao
-                a3 = a3 * ao
-                l_i = l_i * alpha
+                a0, a1, a2, a3, l_i = _uws_rescale(a0, a1, a2, a3, l_i, alpha, mma_o)
             l_i += gl.sum(p, 1)
             pa = gl.convert_layout(p.to(dt), p_op)
             mbarrier.wait(vready.index(st), ph)
@@ -173,6 +165,22 @@ if _IMPORT_ERROR is None:
             s = warpgroup_mma(qbuf.index(c), kbuf.index(st * NC + c).permute((1, 0)), s,
                               is_async=True)
         return s
+
+    @gluon.jit
+    def _uws_lines(r0, hh0, total_q, group, s_cr, BM: gl.constexpr, BN: gl.constexpr,
+                   HP: gl.constexpr, mma_s: gl.constexpr):
+        """In the scores' layout: a step's position offsets, which lines are real (row r0 +
+        m // HP before total_q, head hh0 + m % HP in the group) and each line's count row."""
+        sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+        sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
+        s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
+        return sn, s_ok, (sm // HP).to(gl.int64) * s_cr
+
+    @gluon.jit
+    def _uws_rescale(a0, a1, a2, a3, l_i, alpha, mma_o: gl.constexpr):
+        """The accumulator's four chunks and the sums times ``alpha`` (to the new maxima)."""
+        ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+        return a0 * ao, a1 * ao, a2 * ao, a3 * ao, l_i * alpha
 
     @gluon.jit
     def _uws_counts(CNT_t, c_row, s_ok, u, n_u):
@@ -270,10 +278,7 @@ if _IMPORT_ERROR is None:
         p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
         dt: gl.constexpr = Q.dtype.element_ty
         _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
-        sm = gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
-        sn = gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
-        s_ok = ((r0 + sm // HP) < total_q) & ((hh0 + sm % HP) < group)
-        c_row = (sm // HP).to(gl.int64) * s_cr
+        sn, s_ok, c_row = _uws_lines(r0, hh0, total_q, group, s_cr, BM, BN, HP, mma_s)
         a0 = gl.zeros([BM, 64], gl.float32, mma_o)
         a1 = gl.zeros([BM, 64], gl.float32, mma_o)
         a2 = gl.zeros([BM, 64], gl.float32, mma_o)
@@ -311,12 +316,7 @@ if _IMPORT_ERROR is None:
             # register an in-flight wgmma reads must not be written: ptxas would serialize)
             pa = gl.convert_layout(p.to(dt), p_op)
             if moved:
-                ao = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
-                a0 = a0 * ao
-                a1 = a1 * ao
-                a2 = a2 * ao
-                a3 = a3 * ao
-                l_i = l_i * alpha
+                a0, a1, a2, a3, l_i = _uws_rescale(a0, a1, a2, a3, l_i, alpha, mma_o)
             l_i += p_sum
             m_i = m_new
         sp = (nsteps - 1) % NS
