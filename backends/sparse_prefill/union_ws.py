@@ -83,22 +83,15 @@ if _IMPORT_ERROR is None:
         """The consumer (module doc), each step in order: scores (the counts load while they
         run; K's stage released once they are done), softmax, O rescaled where a max moved,
         O += P V, V's stage released."""
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                        warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BN, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                        warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, 64, 16])
+        mma_s: gl.constexpr = _uws_mma(num_warps, BN)    # the scores
+        mma_o: gl.constexpr = _uws_mma(num_warps, 64)    # O's head-dim chunks
         p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
         dt: gl.constexpr = Q.dtype.element_ty
-        _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
-        sn, s_ok, c_row = _uws_lines(r0, hh0, total_q, group, s_cr, BM, BN, HP, mma_s)
+        sn, s_ok, c_row, a0, a1, a2, a3 = _uws_start(
+            Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, s_cr, NC, BM, BN, HP, num_warps,
+            mma_s, mma_o)
         m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
-        a0 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a1 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a2 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a3 = gl.zeros([BM, 64], gl.float32, mma_o)
         for i in range(nsteps):
             st = i % NS
             ph = (i // NS) & 1
@@ -165,6 +158,24 @@ if _IMPORT_ERROR is None:
             s = warpgroup_mma(qbuf.index(c), kbuf.index(st * NC + c).permute((1, 0)), s,
                               is_async=True)
         return s
+
+    @gluon.constexpr_function
+    def _uws_mma(num_warps, n):
+        """The wgmma accumulator layout of ``num_warps`` warps (warpgroups along the lines)
+        and instruction width ``n``."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                         instr_shape=[16, n, 16])
+
+    @gluon.jit
+    def _uws_start(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, s_cr, NC: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, HP: gl.constexpr,
+                   num_warps: gl.constexpr, mma_s: gl.constexpr, mma_o: gl.constexpr):
+        """A consumer's start: its Q lines into shared memory, ``_uws_lines``, and O's four
+        zeroed chunks."""
+        _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
+        sn, s_ok, c_row = _uws_lines(r0, hh0, total_q, group, s_cr, BM, BN, HP, mma_s)
+        zero = gl.zeros([BM, 64], gl.float32, mma_o)
+        return sn, s_ok, c_row, zero, zero, zero, zero
 
     @gluon.jit
     def _uws_lines(r0, hh0, total_q, group, s_cr, BM: gl.constexpr, BN: gl.constexpr,
@@ -269,20 +280,13 @@ if _IMPORT_ERROR is None:
         intra-warpgroup overlap): scores of step i issued, then O += P_{i-1} V_{i-1}, the
         scores waited for (the PV groups left in flight), K's stage released, the softmax,
         then the PV waited for, V's stage released and O rescaled to the new maxima."""
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                        warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BN, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                        warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, 64, 16])
+        mma_s: gl.constexpr = _uws_mma(num_warps, BN)    # the scores
+        mma_o: gl.constexpr = _uws_mma(num_warps, 64)    # O's head-dim chunks
         p_op: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
         dt: gl.constexpr = Q.dtype.element_ty
-        _uws_load_q(Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, NC, BM, HP, num_warps)
-        sn, s_ok, c_row = _uws_lines(r0, hh0, total_q, group, s_cr, BM, BN, HP, mma_s)
-        a0 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a1 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a2 = gl.zeros([BM, 64], gl.float32, mma_o)
-        a3 = gl.zeros([BM, 64], gl.float32, mma_o)
+        sn, s_ok, c_row, a0, a1, a2, a3 = _uws_start(
+            Q, qbuf, h, hh0, r0, total_q, group, s_qt, s_qh, s_cr, NC, BM, BN, HP, num_warps,
+            mma_s, mma_o)
         # step 0: its scores and softmax (the accumulator is still zero: nothing to rescale);
         # a step's P is carried to the next as the PV MMA's bf16 / fp16 operand
         mbarrier.wait(kready.index(0), 0)
