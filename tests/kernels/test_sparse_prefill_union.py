@@ -1140,51 +1140,61 @@ def test_union_ws_off_a_gpu_falls_back_to_the_triton_union_kernel(
 @pytest.mark.gpu
 @pytest.mark.skipif(not _wgmma_gpu(), reason="UNION_ENGINE='gluon_ws' needs an sm_90 GPU")
 @pytest.mark.parametrize("indices", ["topk", "walk"])
-@pytest.mark.parametrize("kind,dtype", [("prefill", "bfloat16"), ("prefill", "float16"),
-                                        ("chunk", "bfloat16")])
+@pytest.mark.parametrize("kind,dtype,cfg_name", [
+    ("prefill", "bfloat16", "union"), ("prefill", "float16", "union"),
+    ("prefill", "bfloat16", "policy"), ("chunk", "bfloat16", "policy")])
 @pytest.mark.parametrize("engine", ["gluon_ws", "gluon_ws_overlap", "gluon_ws_2wg"])
-def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, indices: str,
-                                                      engine: str, poisoned: list[Any]) -> None:
-    # the H200 family's group-6 union config (prefill: dense + union tiles, UNION_DENSE; chunk:
-    # union tiles over positions) with its union tiles on the warp-specialized kernel (in
-    # order, with the softmax under the previous step's PV MMAs, two consumers) against
-    # the same config on the Triton union kernel, at the seed's shapes (4096 rows, head_dim
-    # 256): the same tiles' paths, every output within the dtype's bound of the fp32
-    # reference, and close to the Triton kernel's (same arithmetic, another summation order);
-    # then a NaN V row in a slot of a union tile that only some of its rows select: every tile
-    # holding it hands back (FLAG 0) and the gathering kernel computes them by the op's rules
-    from backends.sparse_prefill.bench import BenchCase, make_inputs
+def test_gpu_union_ws_against_the_triton_union_kernel(kind: str, dtype: str, cfg_name: str,
+                                                      indices: str, engine: str,
+                                                      poisoned: list[Any]) -> None:
+    # the union tiles on the warp-specialized kernel (in order, with the softmax under the
+    # previous step's PV MMAs, two consumers) against the same config on the Triton union
+    # kernel: "union", prefill union tiles alone (128x64x8x2, the CUDA pre-pass) at 4096 rows
+    # and KV 4096 (253 / 189 of 256 tiles union on top-k rows / the walk); "policy", the H200
+    # family's group-6 config (prefill: dense + union tiles with UNION_DENSE=60 at 8192 rows
+    # and KV 8192, where 218 of 512 tiles go union on top-k rows: at KV 4096 none do; chunk:
+    # union tiles over positions at 4096 rows, KV 16384). The same tiles' paths, every output
+    # within the dtype's bound of the fp32 reference and of the Triton kernel's (same
+    # arithmetic, another summation order); then a NaN V row in a slot of a union tile that
+    # only some of its rows select: the tile hands back (FLAG 0) and the gathering kernel
+    # computes it by the op's rules
+    from backends.sparse_prefill import union_ws
+    from backends.sparse_prefill.bench import BenchCase, make_inputs, parse_geometry
     from plugins.nvidia_hopper import H200_UNION_CONFIGS
 
-    inp = make_inputs(BenchCase(kind=kind, group_size=6, kv_heads=1, total_q=4096,
-                                kv_len=4096 if kind == "prefill" else 16384, indices=indices,
-                                dtype=dtype), "cuda")
+    if cfg_name == "union":
+        base = parse_geometry("8x16x1x2:rev:split2:v2:lean:o32:union300:dt128x64x8x2:uc")
+        rows = kv = 4096
+    else:
+        base = dict(H200_UNION_CONFIGS[(kind, 6)])
+        rows, kv = (8192, 8192) if kind == "prefill" else (4096, 16384)
+        if kind == "prefill" and indices == "walk":
+            pytest.skip("the policy's prefill tiles on the walk stay dense or gathered")
+    inp = make_inputs(BenchCase(kind=kind, group_size=6, kv_heads=1, total_q=rows, kv_len=kv,
+                                indices=indices, dtype=dtype), "cuda")
     q, k, v, idx, kw = inp["q"], inp["k"], inp["v"], inp["indices"], inp["kwargs"]
-    base = dict(H200_UNION_CONFIGS[(kind, 6)])
     ws = {**base, "UNION_ENGINE": engine}
-    from backends.sparse_prefill import union_ws
-
+    assert union_ws.unsupported(q, k, 8, 16, 128, 64) is None
     ref = sparse_prefill_reference(q, k, v, idx, out_dtype=torch.float32, **kw)
     tri = sparse_prefill_triton(q, k, v, idx, config=base, **kw)
     got = sparse_prefill_triton(q, k, v, idx, config=ws, **kw)
     torch.cuda.synchronize()
     tri_paths, ws_paths = (p.tolist() for p in poisoned[-2:])
     assert ws_paths == tri_paths
-    if indices == "topk":
+    if indices == "topk" or cfg_name == "union":
         assert ws_paths.count(UNION) > 0, ws_paths
     assert compare(got, ref) is None
     bound = error_bound(getattr(torch, dtype))
     assert (got.float() - ref).abs().max().item() <= bound
     assert (got.float() - tri.float()).abs().max().item() <= bound
-    assert union_ws.unsupported(q, k, 8, 16, 128, 64) is None
     # NaN V in a slot some union tile's rows select and others do not (prefill: the ids are
     # slots; chunk ids are positions)
     if kind == "chunk" or UNION not in ws_paths:
         return
     t = ws_paths.index(UNION)
-    rows = idx[t * 16: (t + 1) * 16]   # RP 16: group 6 on 128-line tiles
-    first = set(rows[0].tolist())
-    lone = next((s for s in rows[-1].tolist() if 0 <= s < k.shape[0] and s not in first), None)
+    ids = idx[t * 16: (t + 1) * 16]   # RP 16: group 6 on 128-line tiles
+    first = set(ids[0].tolist())
+    lone = next((s for s in ids[-1].tolist() if 0 <= s < k.shape[0] and s not in first), None)
     assert lone is not None, "the tile's last row adds nothing to its first"
     v2 = v.clone()
     v2[lone] = float("nan")
